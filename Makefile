@@ -1,0 +1,54 @@
+# The two set-up commands on a fresh machine (README): `make figures` and `make test`.
+# Both create .venv if missing and install the pinned dependencies first.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CORES ?= 2
+CONFIG ?= configs/default.yaml
+FASHION_MNIST ?= /usr/share/datasets/fashion-mnist
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export MPLBACKEND := Agg
+
+.PHONY: figures report test test-fast lint bench data clean
+
+$(STAMP): requirements.txt constraints.txt pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt -c constraints.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+# Fashion-MNIST from Debian's package, installed when missing and apt is usable.
+data:
+	@if [ ! -e $(FASHION_MNIST)/train-images-idx3-ubyte.gz ] && [ ! -e $(FASHION_MNIST)/train-images-idx3-ubyte ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing dataset-fashion-mnist with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; \
+	  else \
+	    echo "Fashion-MNIST is not in $(FASHION_MNIST): run 'sudo apt-get install dataset-fashion-mnist'" \
+	         "or set data.fashion_mnist_dir in your config to a directory holding the four IDX files" >&2; \
+	  fi; \
+	fi
+
+figures: $(STAMP) data
+	snakemake --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete --printshellcmds
+	$(MAKE) report
+
+report: $(STAMP)
+	snakemake --cores 1 --configfile $(CONFIG) --report results/report.html
+
+test: $(STAMP) data
+	pytest -m "" tests
+
+test-fast: $(STAMP) data
+	pytest -m "not slow and not slurm" tests
+
+lint: $(STAMP)
+	ruff check .
+	snakemake --lint --configfile $(CONFIG)
+
+bench: $(STAMP) data
+	for b in benchmarks/bench_*.py; do python $$b || exit 1; done
+
+clean:
+	rm -rf results .snakemake

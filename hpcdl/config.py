@@ -1,0 +1,177 @@
+"""Load and validate a configuration against configs/schema.yaml (the same schema Snakemake's
+validate() uses), fill defaults, and run each study's semantic checks.
+
+Every error is a ConfigError naming the key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import importlib.util
+import json
+from pathlib import Path, PurePosixPath
+
+import yaml
+from jsonschema import Draft202012Validator, validators
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+SCHEMA_PATH = CONFIG_DIR / "schema.yaml"
+STUDIES = ("checkpoint", "hpo", "shuffle", "spatial")
+
+
+class ConfigError(ValueError):
+    """A configuration value that is not allowed; str() names key, value and what is allowed."""
+
+    def __init__(self, key: str, value, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"config key '{key}': {value!r} is not allowed; allowed: {allowed}")
+
+
+def _with_defaults(cls):
+    validate_properties = cls.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if isinstance(sub, dict) and "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return validators.extend(cls, {"properties": set_defaults})
+
+
+_DefaultFillingValidator = _with_defaults(Draft202012Validator)
+
+
+def _registry(schema_dir: Path) -> Registry:
+    def retrieve(uri: str):
+        path = Path(uri.removeprefix("file://"))
+        if not path.is_absolute():
+            path = schema_dir / path
+        return Resource.from_contents(yaml.safe_load(path.read_text()), default_specification=DRAFT202012)
+    return Registry(retrieve=retrieve)
+
+
+def load_schema(path: Path = SCHEMA_PATH) -> dict:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def _key(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<top level>"
+
+
+def _allowed(error) -> str:
+    s, v = error.schema, error.validator
+    if v == "enum":
+        return ", ".join(map(str, s["enum"]))
+    if v == "const":
+        return repr(s["const"])
+    if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        bounds = [f"{op} {s[k]}" for k, op in (("minimum", ">="), ("exclusiveMinimum", ">"),
+                                               ("maximum", "<="), ("exclusiveMaximum", "<")) if k in s]
+        return "a number " + " and ".join(bounds)
+    if v == "type":
+        return f"a value of type {s['type']}"
+    if v in ("minItems", "maxItems"):
+        return f"a list with {'at least' if v == 'minItems' else 'at most'} {s[v]} items"
+    if v in ("minLength", "pattern"):
+        return f"a string matching {s.get('pattern', 'non-empty')}"
+    if v == "additionalProperties":
+        return "known keys: " + ", ".join(sorted(s.get("properties", {})))
+    if v == "required":
+        return "required keys: " + ", ".join(s["required"])
+    if v == "uniqueItems":
+        return "a list without repeated items"
+    return error.message
+
+
+def _to_config_error(error) -> ConfigError:
+    # Report the most specific failing sub-error (e.g. the enum inside an anyOf).
+    while error.context:
+        error = min(error.context, key=lambda e: len(e.relative_schema_path))
+    path = list(error.absolute_path)
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        return ConfigError(_key(path + extra[:1]), error.instance.get(extra[0]) if extra else None,
+                           _allowed(error))
+    if error.validator == "required":
+        missing = [k for k in error.schema["required"] if k not in error.instance]
+        return ConfigError(_key(path + missing[:1]), None, _allowed(error))
+    return ConfigError(_key(path), error.instance, _allowed(error))
+
+
+def validate_config(cfg: dict, schema_path: Path = SCHEMA_PATH) -> dict:
+    """Return a validated deep copy of `cfg` with schema defaults filled in; raise ConfigError."""
+    cfg = copy.deepcopy(dict(cfg))
+    if not isinstance(cfg.get("studies", []), list):
+        raise ConfigError("studies", cfg["studies"], "a list of: " + ", ".join(STUDIES))
+    # Every study that runs gets its block, so its defaults are filled in.
+    for study in cfg.get("studies", STUDIES):
+        if study in STUDIES:
+            cfg.setdefault(study, {})
+    schema = load_schema(schema_path)
+    validator = _DefaultFillingValidator(schema, registry=_registry(Path(schema_path).parent))
+    errors = sorted(validator.iter_errors(cfg), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        raise _to_config_error(errors[0])
+    check_results_dir(cfg["results_dir"])
+    for study in cfg["studies"]:
+        module = f"hpcdl.{study}.checks"
+        if importlib.util.find_spec(f"hpcdl.{study}") and importlib.util.find_spec(module):
+            importlib.import_module(module).check(cfg)
+    return cfg
+
+
+def check_results_dir(value: str) -> None:
+    p = PurePosixPath(value)
+    if p.is_absolute() or ".." in p.parts:
+        # Tests may point results anywhere absolute; configs in the repo stay relative.
+        if p.is_absolute() and ".." not in p.parts:
+            return
+        raise ConfigError("results_dir", value, "a relative path without '..' (outputs stay in the project)")
+
+
+def check_inside(key: str, value: str, base: str) -> Path:
+    """A path option (relative to `base`, normally results_dir) must not escape it."""
+    p = PurePosixPath(value)
+    if p.is_absolute() or ".." in p.parts:
+        raise ConfigError(key, value, f"a relative path inside the results directory {base!r}")
+    return Path(base) / p
+
+
+def read_config_file(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"config file {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                         f"{exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> dict:
+    """Read a YAML/JSON config file, apply top-level overrides, validate, fill defaults."""
+    cfg = read_config_file(path)
+    cfg.update(overrides or {})
+    return validate_config(cfg)
+
+
+def study_config(cfg: dict, study: str) -> dict:
+    """The part of a validated config one study depends on: shared keys plus its own block."""
+    shared = {k: v for k, v in cfg.items() if k not in STUDIES}
+    return {**shared, "studies": [study], study: cfg[study]}
+
+
+def study_dir(cfg: dict, study: str) -> Path:
+    return Path(cfg["results_dir"]) / study

@@ -1,0 +1,168 @@
+"""Atomic writes, tidy tables with provenance sidecars, and claims (DESIGN.md §4)."""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+import time
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+
+import pandas as pd
+
+PROVENANCE_PACKAGES = ("torch", "numpy", "pandas", "matplotlib", "snakemake", "optuna", "safetensors",
+                       "h5py", "jsonschema", "pycompss")
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write to a temp file in the same directory, fsync, rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def _json_default(obj):
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def config_hash(obj) -> str:
+    """sha256 of the canonical JSON form: equal configs hash equal whatever the key order."""
+    canon = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default)
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def git_commit(repo: Path | None = None) -> str:
+    repo = repo or Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if not sha:
+        return "unknown"
+    return sha + ("-dirty" if dirty else "")
+
+
+def package_versions(names=PROVENANCE_PACKAGES) -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+
+
+def provenance(cfg: dict, started_at: float, ended_at: float | None = None) -> dict:
+    ended_at = time.time() if ended_at is None else ended_at
+    slurm = {k: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_NTASKS",
+                                        "SLURM_CPUS_PER_TASK", "SLURM_JOB_NODELIST") if k in os.environ}
+    return {
+        "config_hash": config_hash(cfg),
+        "git_commit": git_commit(),
+        "packages": package_versions(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cores": available_cores(),
+        "start_time": _iso(started_at),
+        "end_time": _iso(ended_at),
+        "duration_s": round(ended_at - started_at, 3),
+        "slurm": slurm,
+    }
+
+
+def provenance_path(table_path: str | Path) -> Path:
+    table_path = Path(table_path)
+    return table_path.with_name(table_path.stem + ".provenance.json")
+
+
+def write_table(df: pd.DataFrame, path: str | Path, cfg: dict, started_at: float) -> Path:
+    """A tidy CSV (one row per measurement) plus its `<name>.provenance.json` sidecar, both atomic."""
+    path = Path(path)
+    if path.suffix != ".csv":
+        raise ValueError(f"tables are CSV files, got {path}")
+    atomic_write_text(path, df.to_csv(index=False))
+    meta = provenance(cfg, started_at)
+    meta.update(table=path.name, rows=len(df), columns=list(map(str, df.columns)))
+    atomic_write_json(provenance_path(path), meta)
+    return path
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"table {path} does not exist (run the study's earlier rules first)")
+    return pd.read_csv(path)
+
+
+def claim(claim_id: str, statement: str, passed: bool, **measured) -> dict:
+    """One headline restated as a check on this run's numbers; a failing claim is a finding."""
+    return {"id": claim_id, "statement": statement, "passed": bool(passed), "measured": measured}
+
+
+def write_claims(study_dir: str | Path, study: str, claims: list[dict]) -> tuple[Path, Path]:
+    """claims.json (machine-readable) and claims.html (shown in the Snakemake report)."""
+    study_dir = Path(study_dir)
+    for c in claims:
+        missing = {"id", "statement", "passed", "measured"} - set(c)
+        if missing:
+            raise ValueError(f"claim {c!r} lacks {sorted(missing)}; build claims with hpcdl.io.claim()")
+    doc = {"study": study, "claims": claims,
+           "passed": sum(c["passed"] for c in claims), "total": len(claims)}
+    json_path = atomic_write_json(study_dir / "claims.json", doc)
+    rows = "".join(
+        f"<tr><td>{html.escape(c['id'])}</td><td>{html.escape(c['statement'])}</td>"
+        f"<td style='color:{'green' if c['passed'] else 'firebrick'}'><b>{'PASS' if c['passed'] else 'FAIL'}</b></td>"
+        f"<td><code>{html.escape(json.dumps(c['measured'], default=_json_default))}</code></td></tr>"
+        for c in claims)
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{study} claims</title></head><body>"
+            f"<h2>{html.escape(study)}: {doc['passed']}/{doc['total']} claims hold on this run</h2>"
+            "<table border='1' cellpadding='4' style='border-collapse:collapse'>"
+            "<tr><th>claim</th><th>statement</th><th>result</th><th>measured</th></tr>"
+            f"{rows}</table></body></html>\n")
+    html_path = atomic_write_text(study_dir / "claims.html", page)
+    return json_path, html_path

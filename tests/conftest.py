@@ -1,0 +1,40 @@
+"""Shared fixtures: repository paths and a writer for tiny configs under tmp_path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+@pytest.fixture
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture
+def test_config():
+    """The test-scale config as a dict (configs/test.yaml)."""
+    return yaml.safe_load((REPO / "configs" / "test.yaml").read_text())
+
+
+@pytest.fixture
+def write_config(tmp_path, test_config):
+    """write_config(studies=[...], **overrides) -> path of a config whose results go under tmp_path."""
+    def write(name: str = "config.yaml", **overrides) -> Path:
+        cfg = dict(test_config)
+        cfg["results_dir"] = str(tmp_path / "results")
+        for key, value in overrides.items():
+            if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+                cfg[key] = {**cfg[key], **value}
+            else:
+                cfg[key] = value
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        return path
+    return write

@@ -1,0 +1,64 @@
+"""Config validation: defaults filled, and every error names key, value and what is allowed."""
+
+import pytest
+import yaml
+
+from hpcdl.config import ConfigError, check_inside, load_config, study_config, validate_config
+
+REPO_CONFIGS = ["default.yaml", "paper.yaml", "test.yaml"]
+
+
+@pytest.mark.parametrize("name", REPO_CONFIGS)
+def test_repo_configs_validate(repo, name):
+    cfg = load_config(repo / "configs" / name)
+    assert cfg["studies"], name
+    for study in cfg["studies"]:
+        assert cfg[study]["runtime"] in ("local", "compss")
+
+
+def test_defaults_are_filled():
+    cfg = validate_config({"studies": []})
+    assert cfg["results_dir"] == "results"
+    assert cfg["data"]["fashion_mnist_dir"] == "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.mark.parametrize("bad, key, allowed", [
+    ({"studies": ["nope"]}, "studies[0]", "checkpoint, hpo, shuffle, spatial"),
+    ({"results_dir": "../elsewhere"}, "results_dir", "relative path"),
+    ({"unknown_key": 1}, "unknown_key", "known keys"),
+    ({"data": {"fashion_mnist_dir": 5}}, "data.fashion_mnist_dir", "type string"),
+    ({"studies": "checkpoint"}, "studies", "a list"),
+])
+def test_errors_name_key_value_and_allowed(bad, key, allowed):
+    with pytest.raises(ConfigError) as err:
+        validate_config({"studies": [], **bad})
+    msg = str(err.value)
+    assert f"config key '{key}'" in msg
+    assert allowed in msg
+    assert err.value.key == key
+
+
+def test_bad_file_is_named(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("results_dir: [unclosed\n")
+    with pytest.raises(ValueError, match="broken.yaml"):
+        load_config(path)
+    with pytest.raises(FileNotFoundError, match="missing.yaml"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_check_inside_rejects_escapes():
+    assert str(check_inside("x.dir", "scratch", "results")) == "results/scratch"
+    for bad in ("../up", "/abs/path", "a/../../b"):
+        with pytest.raises(ConfigError, match="x.dir"):
+            check_inside("x.dir", bad, "results")
+
+
+def test_study_config_keeps_only_its_block(repo):
+    cfg = load_config(repo / "configs" / "default.yaml")
+    study = cfg["studies"][0]
+    part = study_config(cfg, study)
+    assert part["studies"] == [study]
+    assert set(part) == {"results_dir", "data", "studies", study}
+    # A study config is itself a valid config.
+    assert validate_config(yaml.safe_load(yaml.safe_dump(part)))[study] == cfg[study]
