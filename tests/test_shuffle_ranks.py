@@ -1,0 +1,123 @@
+"""Shuffle study over real torch.distributed ranks (gloo): the distributed exchange matches the
+pure plan, a rank dying mid-exchange fails the point with a clear error instead of a hang, and
+the task app runs end to end (raw -> tables -> figures -> claims)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hpcdl.runtime.launch import RankFailure, run_ranks
+from hpcdl.shuffle import data as shuffle_data
+from hpcdl.shuffle import partition, plan
+from hpcdl.shuffle.run import SAMPLE_BYTES
+
+FMNIST = "/usr/share/datasets/fashion-mnist"
+TRAIN = dict(epochs=3, batch_size=40, lr=0.1, momentum=0.9, model={"kind": "mlp_bn", "width": 8, "depth": 1})
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    # N = 301: uneven over 3 ranks (101, 100, 100)
+    return shuffle_data.prepare(FMNIST, tmp_path_factory.mktemp("cache"), n_train=301, n_val=60, seed=0)
+
+
+def test_distributed_exchange_matches_the_plan_and_keeps_every_sample(tiny_data):
+    m, q, seed = 3, 0.3, 5
+    res = run_ranks("hpcdl.shuffle.train:train_rank", m,
+                    dict(data=tiny_data, strategy="partial", q=q, partitioning="skewed", alpha=0.2, seed=seed,
+                         return_ids=True, **TRAIN), timeout_s=180)
+    y = np.load(tiny_data["y_train"])
+    expected = partition.make_partition("skewed", y, m, seed, 0.2)
+    for epoch in range(TRAIN["epochs"]):
+        expected = plan.apply_exchange(expected, q, seed, epoch)
+    for r in range(m):
+        assert np.array_equal(res[r]["ids"], expected[r])      # same samples, same slots as the pure plan
+    assert np.array_equal(np.sort(np.concatenate([r["ids"] for r in res])), np.arange(301))
+    k = plan.exchange_count(301, m, q)                        # floor(0.3 * 301 / 3) = 30
+    assert k == 30
+    for epoch in range(TRAIN["epochs"]):
+        recs = [r["records"][epoch] for r in res]
+        sent, recv = sum(x["bytes_sent"] for x in recs), sum(x["bytes_recv"] for x in recs)
+        assert sent == recv == k * m * SAMPLE_BYTES
+        assert all(x["samples_held"] <= np.ceil(301 / m) + q * 301 / m for x in recs)
+        assert len({x["val_acc"] for x in recs}) == 1          # one model, all ranks agree
+    assert res[0]["records"][-1]["val_acc"] > 0.3               # it learned something (10 classes)
+
+
+def test_rank_dying_mid_exchange_fails_fast_with_a_clear_error(tiny_data, monkeypatch):
+    monkeypatch.setenv("HPCDL_COLLECTIVE_TIMEOUT_S", "15")
+    started = time.time()
+    with pytest.raises(RankFailure) as info:
+        run_ranks("hpcdl.shuffle.train:train_rank", 3,
+                  dict(data=tiny_data, strategy="partial", q=0.5, partitioning="random", alpha=0.1, seed=0,
+                       exchange_timeout_s=15, kill={"rank": 1, "epoch": 1}, **TRAIN), timeout_s=120)
+    elapsed = time.time() - started
+    assert elapsed < 90                                        # neither the 120 s launcher limit nor a hang
+    msg = str(info.value)
+    assert "failed (exit" in msg
+    assert "shuffle exchange" in msg or "exit 17" in msg or "exitcode: 17" in msg
+
+
+def _tiny_config(write_config, **shuffle):
+    block = {"n_train": 400, "n_val": 200, "epochs": 2, "batch_size": 50, "lr": 0.1,
+             "model": {"kind": "mlp_bn", "width": 16, "depth": 1}, "seeds": [0],
+             "grids": [{"world_sizes": [2], "qs": [0, 0.5, 1], "partitionings": ["skewed"]}],
+             "kakurenbo": {"fractions": [0, 0.2], "world_size": 2},
+             "exchange_timeout_s": 20, "point_timeout_s": 120}
+    block.update(shuffle)
+    return write_config(studies=["shuffle"], shuffle=block)
+
+
+@pytest.mark.slow
+def test_task_app_end_to_end(write_config, tmp_path):
+    from hpcdl.cli import main as cli
+    from tasks.shuffle import main
+
+    cfg_path = _tiny_config(write_config)
+    main(["--config", str(cfg_path)])
+    out = tmp_path / "results" / "shuffle"
+    points = pd.read_csv(out / "raw" / "points.csv")
+    assert set(points["point"]) == {"local-q0-skewed-M2-F0-s0", "partial-q0.5-skewed-M2-F0-s0",
+                                    "global-q1-shared-M2-F0-s0", "global-q1-shared-M2-F0.2-s0"}
+    assert (points["status"] == "ok").all()
+    raw = pd.read_csv(out / "raw" / "epochs.csv")
+    assert len(raw) == 4 * 2 * 2                                # points x epochs x ranks
+    for col in ("train_loss", "val_acc", "samples_sent", "bytes_sent", "bytes_recv", "exchange_s",
+                "exposed_exchange_s", "compute_s", "load_s", "samples_held"):
+        assert raw[col].notna().all(), col
+    assert (out / "raw" / "epochs.provenance.json").exists()
+    for step in ("aggregate", "plot", "claims"):
+        assert cli([step, "shuffle", "--config", str(cfg_path)]) == 0
+    for fig in ("acc_vs_epoch", "final_acc_vs_q", "time_per_epoch_vs_q", "bytes_vs_q", "kakurenbo"):
+        assert (out / "figures" / f"{fig}.png").stat().st_size > 5000
+    claims = {c["id"]: c for c in json.loads((out / "claims.json").read_text())["claims"]}
+    assert claims["bytes_per_epoch_equal_QN"]["passed"]         # 0.5 * 400 samples each epoch, exactly
+    assert claims["held_at_most_1_plus_Q_N_over_M"]["passed"]
+    assert "kakurenbo_saves_time" in claims
+    final = pd.read_csv(out / "tables" / "final.csv")
+    assert set(final["partitioning"]) == {"skewed", "random"}    # global baseline shown in both panels
+
+
+@pytest.mark.slow
+def test_task_app_records_a_point_whose_rank_died_as_failed(write_config, tmp_path, monkeypatch):
+    from tasks.shuffle import main
+
+    monkeypatch.setenv("HPCDL_SHUFFLE_KILL", "*:1:0")
+    monkeypatch.setenv("HPCDL_COLLECTIVE_TIMEOUT_S", "15")
+    grids = [{"world_sizes": [2], "qs": [0, 0.5], "partitionings": ["random"]}]
+    cfg_path = _tiny_config(write_config, grids=grids, kakurenbo={"fractions": []}, exchange_timeout_s=15)
+    started = time.time()
+    main(["--config", str(cfg_path)])
+    assert time.time() - started < 150
+    points = pd.read_csv(tmp_path / "results" / "shuffle" / "raw" / "points.csv").set_index("point")
+    assert points.loc["local-q0-random-M2-F0-s0", "status"] == "ok"
+    failed = points.loc["partial-q0.5-random-M2-F0-s0"]
+    assert failed["status"] == "failed"
+    assert "RankFailure" in failed["error"] and "on 2 ranks failed" in failed["error"]
+    assert os.environ["HPCDL_SHUFFLE_KILL"] == "*:1:0"
