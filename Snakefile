@@ -1,11 +1,10 @@
 # hpcdl: regenerate the studies' tables, figures and claims.
 #   snakemake --cores 2 --configfile configs/default.yaml      (laptop scale)
 #   snakemake --profile slurm --configfile configs/paper.yaml   (cluster, paper scale)
-from pathlib import Path
-
 from snakemake.utils import min_version, validate
 
 from hpcdl.config import ConfigError, validate_config
+from hpcdl.runtime.cluster import require_slurm_for
 
 min_version("9.0")
 
@@ -20,12 +19,39 @@ except ConfigError as exc:
     raise ValueError(f"invalid configuration: {exc}") from None
 validate(config, "configs/schema.yaml")
 RESULTS = CONFIG["results_dir"]
+# Task apps import `tasks` and `hpcdl` from this checkout, also inside conda envs and on cluster nodes.
+shell.prefix(f"export PYTHONPATH={workflow.basedir}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
+
+
+# Under the Slurm executor, fail before any job when Slurm is not reachable (instead of hanging).
+onstart:
+    require_slurm_for(workflow.executor_plugin.name if workflow.executor_plugin else None)
 
 
 report: "workflows/report/workflow.rst"
 
 
 include: "workflows/common.smk"
+
+
+wildcard_constraints:
+    study="|".join(CONFIG["studies"]) or "none",
+
+
+# The study's slice of the validated config, as the file its app reads. Snakemake reruns a
+# study when its params (its block) change, and only that study.
+rule study_config:
+    output:
+        f"{RESULTS}/{{study}}/config.json",
+    params:
+        block=lambda wc: study_config(CONFIG, wc.study),
+    log:
+        f"{RESULTS}/{{study}}/logs/config.log",
+    localrule: True
+    conda:
+        "envs/hpcdl.yaml"
+    run:
+        atomic_write_json(output[0], params.block)
 
 
 for _study in CONFIG["studies"]:

@@ -51,7 +51,10 @@ def _registry(schema_dir: Path) -> Registry:
         path = Path(uri.removeprefix("file://"))
         if not path.is_absolute():
             path = schema_dir / path
-        return Resource.from_contents(yaml.safe_load(path.read_text()), default_specification=DRAFT202012)
+        contents = yaml.safe_load(path.read_text())
+        # A `$schema` key would switch the sub-schema to a plain validator class that fills no defaults.
+        contents.pop("$schema", None)
+        return Resource.from_contents(contents, default_specification=DRAFT202012)
     return Registry(retrieve=retrieve)
 
 

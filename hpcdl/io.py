@@ -154,9 +154,10 @@ def write_claims(study_dir: str | Path, study: str, claims: list[dict]) -> tuple
     doc = {"study": study, "claims": claims,
            "passed": sum(c["passed"] for c in claims), "total": len(claims)}
     json_path = atomic_write_json(study_dir / "claims.json", doc)
+    verdict = {True: ("green", "PASS"), False: ("firebrick", "FAIL")}
     rows = "".join(
         f"<tr><td>{html.escape(c['id'])}</td><td>{html.escape(c['statement'])}</td>"
-        f"<td style='color:{'green' if c['passed'] else 'firebrick'}'><b>{'PASS' if c['passed'] else 'FAIL'}</b></td>"
+        f"<td style='color:{verdict[c['passed']][0]}'><b>{verdict[c['passed']][1]}</b></td>"
         f"<td><code>{html.escape(json.dumps(c['measured'], default=_json_default))}</code></td></tr>"
         for c in claims)
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{study} claims</title></head><body>"

@@ -6,8 +6,15 @@ import os
 import pandas as pd
 import pytest
 
-from hpcdl.io import (atomic_write_text, claim, config_hash, provenance_path, read_table,
-                      write_claims, write_table)
+from hpcdl.io import (
+    atomic_write_text,
+    claim,
+    config_hash,
+    provenance_path,
+    read_table,
+    write_claims,
+    write_table,
+)
 
 
 def test_atomic_write_leaves_no_temp_and_keeps_old_file_on_error(tmp_path, monkeypatch):

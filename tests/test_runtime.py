@@ -1,8 +1,8 @@
 """The local PyCOMPSs backend: real worker processes, real overlap, each failure mode."""
 
 import pytest
-
 import runtime_tasks as rt
+
 from hpcdl.runtime import compss_barrier, compss_wait_on, failure_reason, set_local_cores
 from hpcdl.runtime.local import LocalFuture, TaskFailedError, resolve_units
 

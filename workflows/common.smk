@@ -1,19 +1,21 @@
-# Wiring shared by every study's workflow.
+# Wiring shared by every study's workflow (functions only; the rules live in the .smk files).
 #
-# A study <s> declares in workflows/<s>.smk:
-#   rule <s>_run:       input  f"{RESULTS}/<s>/config.json"  (made by rule study_config below)
-#                       shell  "{params.app} > {log} 2>&1" with params: app=task_app("<s>")
-#                       output the raw tables under {RESULTS}/<s>/raw/
-#   rule <s>_aggregate: shell  cli_step("aggregate", "<s>")  -> tables/*.csv
-#   rule <s>_plot:      shell  cli_step("plot", "<s>")       -> figures/*.png, each wrapped in
-#                       report(path, category=<study title>, caption="report/<s>/<figure>.rst")
-#   rule <s>_claims:    shell  cli_step("claims", "<s>")     -> claims.json, claims.html (report())
+# A study <s> declares in workflows/<s>.smk four rules, each with a log, threads, resources and
+# `conda: CONDA_ENV`:
+#   <s>_run        input {RESULTS}/<s>/config.json (from the Snakefile's study_config rule);
+#                  shell "{params.app} > {log} 2>&1" with params app=task_app("<s>");
+#                  output the raw tables under {RESULTS}/<s>/raw/
+#   <s>_aggregate  shell cli_step("aggregate", "<s>") -> tables/*.csv
+#   <s>_plot       shell cli_step("plot", "<s>") -> figures/*.png, each wrapped in
+#                  report(path, category=<study title>, caption="report/<s>/<figure>.rst")
+#   <s>_claims     shell cli_step("claims", "<s>") -> claims.json, claims.html (in the report)
+from snakemake.exceptions import WorkflowError
+
 from hpcdl.config import study_config
 from hpcdl.io import atomic_write_json
 
-
-wildcard_constraints:
-    study="|".join(CONFIG["studies"]) or "none",
+# Every rule runs in this environment under --use-conda (path relative to workflows/).
+CONDA_ENV = "../envs/hpcdl.yaml"
 
 
 def study_cfg_path(study):
@@ -27,17 +29,13 @@ def task_app(study):
     return task_app_command(study, study_cfg_path(study), CONFIG)
 
 
+def all_cores(default=2):
+    """--cores locally; a fixed count under a cluster executor, where --cores is not given."""
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return default
+
+
 def cli_step(step, study):
     return f"python -m hpcdl.cli {step} {study} --config {study_cfg_path(study)} > {{log}} 2>&1"
-
-
-# The study's slice of the validated config, as the file its app reads. Snakemake reruns a
-# study when its params (its block) change, and only that study.
-rule study_config:
-    output:
-        f"{RESULTS}/{{study}}/config.json",
-    params:
-        block=lambda wc: study_config(CONFIG, wc.study),
-    localrule: True
-    run:
-        atomic_write_json(output[0], params.block)

@@ -24,6 +24,8 @@ rule shuffle_run:
             [m for grid in CONFIG["shuffle"]["grids"] for m in grid["world_sizes"]]
             + [CONFIG["shuffle"]["kakurenbo"]["world_size"]]
         ),
+    conda:
+        CONDA_ENV
     shell:
         "{params.app} > {log} 2>&1"
 
@@ -40,6 +42,8 @@ rule shuffle_aggregate:
     resources:
         mem_mb=1000,
         runtime=5,
+    conda:
+        CONDA_ENV
     shell:
         cli_step("aggregate", "shuffle")
 
@@ -63,6 +67,8 @@ rule shuffle_plot:
     resources:
         mem_mb=1000,
         runtime=5,
+    conda:
+        CONDA_ENV
     shell:
         cli_step("plot", "shuffle")
 
@@ -80,5 +86,7 @@ rule shuffle_claims:
     resources:
         mem_mb=1000,
         runtime=5,
+    conda:
+        CONDA_ENV
     shell:
         cli_step("claims", "shuffle")

@@ -45,12 +45,14 @@ def resolve_units(value, task_name: str) -> int:
     if isinstance(value, str) and value.startswith("$"):
         var = value[1:].strip("{}")
         if var not in os.environ:
-            raise ValueError(f"task {task_name}: computing_units={raw!r} names unset environment variable {var}")
+            raise ValueError(f"task {task_name}: computing_units={raw!r} names unset environment "
+                             f"variable {var}")
         value = os.environ[var]
     try:
         units = int(value)
     except (TypeError, ValueError):
-        raise ValueError(f"task {task_name}: computing_units must be an integer string, got {raw!r}") from None
+        raise ValueError(f"task {task_name}: computing_units must be an integer string, "
+                         f"got {raw!r}") from None
     if units < 1:
         raise ValueError(f"task {task_name}: computing_units must be >= 1, got {raw!r}")
     return units
@@ -193,7 +195,8 @@ class LocalBackend:
             ctx = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(max_workers=self.cores, mp_context=ctx, initializer=_worker_init)
         if self._dispatcher is None:
-            self._dispatcher = threading.Thread(target=self._dispatch_loop, name="hpcdl-dispatch", daemon=True)
+            self._dispatcher = threading.Thread(target=self._dispatch_loop, name="hpcdl-dispatch",
+                                                daemon=True)
             self._dispatcher.start()
 
     def _dispatch_loop(self):
@@ -335,8 +338,8 @@ class LocalTask:
         if module == "__main__":  # `python -m tasks.x`: workers import it by its real name
             spec = getattr(sys.modules["__main__"], "__spec__", None)
             if spec is None:
-                raise RuntimeError(f"task {self.name}: the local backend needs tasks defined in an importable "
-                                   "module; run the app with `python -m package.module`")
+                raise RuntimeError(f"task {self.name}: the local backend needs tasks defined in an "
+                                   "importable module; run the app with `python -m package.module`")
             module = spec.name
         return module, self.__wrapped__.__qualname__
 
@@ -356,11 +359,11 @@ def task(returns=1, **kwargs):
 
 def constraint(computing_units="1", **kwargs):
     def deco(obj):
-        target = obj if isinstance(obj, LocalTask) else obj
-        if isinstance(target, LocalTask):
-            target.computing_units = computing_units
+        # Works above or below @task: a plain function keeps the value for LocalTask to pick up.
+        if isinstance(obj, LocalTask):
+            obj.computing_units = computing_units
         else:
-            target._hpcdl_computing_units = computing_units
+            obj._hpcdl_computing_units = computing_units
         return obj
     return deco
 
