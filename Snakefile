@@ -62,4 +62,5 @@ for _study in CONFIG["studies"]:
 rule all:
     default_target: True
     input:
-        [f"{RESULTS}/{study}/claims.json" for study in CONFIG["studies"]],
+        [getattr(rules, f"{study}_plot").output for study in CONFIG["studies"]],
+        [getattr(rules, f"{study}_claims").output for study in CONFIG["studies"]],

@@ -21,12 +21,22 @@ PROVENANCE_PACKAGES = ("torch", "numpy", "pandas", "matplotlib", "snakemake", "o
                        "h5py", "jsonschema", "pycompss")
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write to a temp file in the same directory, fsync, rename: readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp creates 0600; results are meant to be shared
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -16,7 +16,7 @@ rule shuffle_run:
         f"{SHUFFLE}/logs/run.log",
     params:
         app=task_app("shuffle"),
-    threads: workflow.cores
+    threads: all_cores()
     resources:
         mem_mb=4000,
         runtime=60,
