@@ -29,19 +29,60 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _scontrol_job(job_id: str) -> dict[str, str]:
+    """`scontrol show job -o <id>` as a dict ({} where scontrol is missing or fails)."""
+    if shutil.which("scontrol") is None:
+        return {}
+    try:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id],
+                             capture_output=True, text=True, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if out.returncode != 0:
+        return {}
+    fields = {}
+    for token in out.stdout.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
+
+
+def slurm_allocation_tasks() -> int:
+    """Tasks granted to the current allocation or step.
+
+    srun steps set SLURM_NTASKS. Snakemake's Slurm job step strips every SLURM_* variable but the
+    job id before running a rule, so there the count comes from `scontrol show job`.
+    """
+    for var in ("SLURM_NTASKS", "SLURM_NPROCS"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    job_id = os.environ.get("SLURM_JOB_ID")
+    num = _scontrol_job(job_id).get("NumTasks", "") if job_id else ""
+    return int(num) if num.isdigit() else 1
+
+
 def in_slurm_allocation(nprocs: int) -> bool:
-    """True inside an sbatch/salloc allocation that grants at least `nprocs` tasks."""
+    """True inside an sbatch/salloc allocation that grants at least `nprocs` tasks.
+
+    Inside a job step (SLURM_STEP_ID set: e.g. Snakemake's `srun -n1` wrapper of a plain rule) the
+    step already holds the CPUs, so a nested srun would wait forever: torchrun runs the ranks within
+    the step instead. HPCDL_LAUNCHER=torchrun forces the local launcher anywhere.
+    """
     if "SLURM_JOB_ID" not in os.environ or shutil.which("srun") is None:
         return False
     if os.environ.get("HPCDL_LAUNCHER", "") == "torchrun":
         return False
-    ntasks = int(os.environ.get("SLURM_NTASKS", os.environ.get("SLURM_NPROCS", "1")))
-    return ntasks >= nprocs
+    if os.environ.get("SLURM_STEP_ID", "batch") not in ("batch", "extern"):
+        return False
+    return slurm_allocation_tasks() >= nprocs
 
 
 def slurm_master_addr() -> str:
     """First host of the allocation: the rendezvous address every rank can reach."""
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not nodelist and os.environ.get("SLURM_JOB_ID"):
+        nodelist = _scontrol_job(os.environ["SLURM_JOB_ID"]).get("NodeList")
     if nodelist and shutil.which("scontrol"):
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist],
                              capture_output=True, text=True, check=False)
@@ -52,16 +93,24 @@ def slurm_master_addr() -> str:
 
 
 def build_command(nprocs: int, target: str, workdir: Path, *, slurm: bool,
-                  master_addr: str, master_port: int) -> list[str]:
+                  master_addr: str, master_port: int, threads_per_rank: int = 1) -> list[str]:
     """The exact command line that starts the ranks (unit-tested, printed on failure)."""
     entry = ["-m", "hpcdl.runtime.rank_entry", target, str(workdir)]
     if slurm:
-        return ["srun", f"--ntasks={nprocs}", "--kill-on-bad-exit=1", "--export=ALL",
+        # One step of exactly nprocs tasks; a rank dying ends the step (no stragglers in collectives).
+        # -c only when asked for: the allocation must grant it, and 1 CPU per task is srun's default.
+        cpus = [f"--cpus-per-task={threads_per_rank}"] if threads_per_rank > 1 else []
+        return ["srun", f"--ntasks={nprocs}", *cpus, "--kill-on-bad-exit=1", "--export=ALL",
                 sys.executable, *entry]
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
             f"--nproc-per-node={nprocs}", f"--master-addr={master_addr}",
             f"--master-port={master_port}", "--max-restarts=0",
             "--monitor-interval=0.5", *entry]
+
+
+# A caller that is itself a rank must not hand its identity to the ranks srun starts:
+# rank_entry prefers RANK/WORLD_SIZE over SLURM_PROCID/SLURM_NTASKS.
+_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK")
 
 
 def run_ranks(target: str, nprocs: int, kwargs: dict | None = None, *,
@@ -73,7 +122,7 @@ def run_ranks(target: str, nprocs: int, kwargs: dict | None = None, *,
     if ":" not in target:
         raise ValueError(f"target must be 'module:function', got {target!r}")
     slurm = in_slurm_allocation(nprocs)
-    workdir = Path(tempfile.mkdtemp(prefix="hpcdl-ranks-"))
+    workdir = Path(tempfile.mkdtemp(prefix="hpcdl-ranks-", dir=_exchange_root(slurm)))
     try:
         (workdir / "kwargs.pkl").write_bytes(pickle.dumps(kwargs or {}))
         master_addr = slurm_master_addr() if slurm else "127.0.0.1"
@@ -85,17 +134,19 @@ def run_ranks(target: str, nprocs: int, kwargs: dict | None = None, *,
                    MASTER_PORT=str(port), HPCDL_RANK_TIMEOUT_S=str(timeout_s))
         if backend:
             env["HPCDL_DIST_BACKEND"] = backend
+        if slurm:
+            for var in _RANK_VARS:
+                env.pop(var, None)
         # torchrun's own logging is noise unless something fails.
         env.setdefault("TORCHELASTIC_ERROR_FILE", str(workdir / "error.json"))
-        cmd = build_command(nprocs, target, workdir, slurm=slurm,
-                            master_addr=master_addr, master_port=port)
+        cmd = build_command(nprocs, target, workdir, slurm=slurm, master_addr=master_addr,
+                            master_port=port, threads_per_rank=int(threads))
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
+            out, err = _stop(proc)
             raise RankFailure(
                 f"{target} on {nprocs} ranks timed out after {timeout_s:.0f} s\n"
                 f"{_tails(workdir, nprocs, err)}") from None
@@ -113,6 +164,36 @@ def run_ranks(target: str, nprocs: int, kwargs: dict | None = None, *,
         return results
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        if slurm and not os.environ.get("HPCDL_RANK_TMPDIR"):
+            try:  # the default exchange root is ours to tidy once no other launch uses it
+                workdir.parent.rmdir()
+            except OSError:
+                pass
+
+
+def _exchange_root(slurm: bool) -> str | None:
+    """Where ranks exchange kwargs/results. Under srun ranks may sit on other nodes, so node-local
+    /tmp will not do: use HPCDL_RANK_TMPDIR, else the (shared) working directory."""
+    root = os.environ.get("HPCDL_RANK_TMPDIR")
+    if not root and slurm:
+        root = str(Path.cwd() / ".hpcdl-ranks")
+    if root:
+        Path(root).mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _stop(proc: subprocess.Popen) -> tuple[str, str]:
+    """SIGTERM first (srun forwards it and cancels the step cleanly), SIGKILL if that is ignored."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return proc.communicate(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.communicate()
 
 
 def _tails(workdir: Path, nprocs: int, launcher_err: str, n: int = 1500) -> str:

@@ -1,0 +1,175 @@
+"""Exact command lines for local, runcompss and enqueue_compss runs of a task app (no COMPSs needed)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from hpcdl.config import ConfigError
+from hpcdl.runtime import compss
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cfg_for(tmp_path, runtime="compss", **compss_block):
+    cfg = {"results_dir": str(tmp_path / "results"), "studies": ["checkpoint"],
+           "checkpoint": {"runtime": runtime}}
+    if compss_block:
+        cfg["compss"] = compss_block
+    return cfg
+
+
+def test_local_runtime_is_plain_python_module(tmp_path):
+    cmd = compss.task_app_command("checkpoint", "results/checkpoint/config.json", cfg_for(tmp_path, "local"))
+    assert cmd == "python -m tasks.checkpoint --config results/checkpoint/config.json"
+
+
+def test_runtime_defaults_to_local(tmp_path):
+    cfg = {"results_dir": "results", "hpo": {}}
+    assert compss.task_app_command("hpo", "c.json", cfg) == "python -m tasks.hpo --config c.json"
+
+
+def test_runcompss_command_exact(tmp_path):
+    cfg = cfg_for(tmp_path)
+    rdir = tmp_path / "results" / "checkpoint" / "compss" / "checkpoint_run"
+    argv = compss.runcompss_command("checkpoint", "/abs/config.json", cfg)
+    assert argv == [
+        "runcompss", "--lang=python",
+        f"--project={rdir}/project.xml", f"--resources={rdir}/resources.xml",
+        f"--specific_log_dir={rdir}/log",
+        f"--pythonpath={REPO}",
+        "--python_interpreter=python3", "--log_level=off", "--summary",
+        f"{REPO}/tasks/checkpoint.py", "--config", "/abs/config.json",
+    ]
+
+
+def test_compss_task_app_writes_xml_then_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cmd = compss.task_app_command("checkpoint", "results/checkpoint/config.json", cfg_for(tmp_path))
+    rdir = tmp_path / "results" / "checkpoint" / "compss" / "checkpoint_run"
+    xml_part, run_part = cmd.removeprefix("(").removesuffix(")").split(" && ")
+    assert xml_part == (f"python -m hpcdl.runtime.compss xml --out {rdir} --working-dir {rdir}/worker "
+                        '--cpus "${SLURM_CPUS_PER_TASK:-$(nproc)}"')
+    run = shlex.split(run_part)
+    assert run[0] == "runcompss"
+    # the config path handed to COMPSs is absolute (its master may not start in our cwd)
+    assert run[-2:] == ["--config", str(tmp_path / "results/checkpoint/config.json")]
+    assert f"{REPO}/tasks/checkpoint.py" in run
+
+
+def test_fixed_computing_units_and_extra_flags(tmp_path):
+    cfg = cfg_for(tmp_path, computing_units=8, extra_flags=["--tracing"], python_interpreter="python3.11",
+                  log_level="info")
+    cmd = compss.task_app_command("checkpoint", "/c.json", cfg)
+    assert "--cpus 8 " in cmd
+    run = shlex.split(cmd.split(" && ")[1].rstrip(")"))
+    assert "--tracing" in run and run.index("--tracing") < run.index(f"{REPO}/tasks/checkpoint.py")
+    assert "--python_interpreter=python3.11" in run and "--log_level=info" in run
+
+
+def test_site_xml_skips_generation(tmp_path):
+    cfg = cfg_for(tmp_path, project_xml="/site/project.xml", resources_xml="/site/resources.xml")
+    cmd = compss.task_app_command("checkpoint", "/c.json", cfg)
+    assert "hpcdl.runtime.compss xml" not in cmd
+    argv = shlex.split(cmd)
+    assert "--project=/site/project.xml" in argv and "--resources=/site/resources.xml" in argv
+
+
+def test_two_rules_never_share_a_log_or_working_dir(tmp_path):
+    cfg = {**cfg_for(tmp_path), "hpo": {"runtime": "compss"}}
+    dirs = set()
+    for study, rule in (("checkpoint", None), ("hpo", None), ("checkpoint", "checkpoint_other")):
+        argv = compss.runcompss_command(study, "/c.json", cfg, rule=rule)
+        log = next(a for a in argv if a.startswith("--specific_log_dir="))
+        dirs.add(log)
+    assert len(dirs) == 3
+
+
+def test_enqueue_compss_command_exact(tmp_path):
+    cfg = cfg_for(tmp_path, num_nodes=2, exec_time_min=30, cpus_per_node=16, queue="gp", qos="debug",
+                  project_name="bsc99")
+    rdir = tmp_path / "results" / "checkpoint" / "compss" / "checkpoint_run"
+    argv = compss.enqueue_compss_command("checkpoint", "/abs/c.json", cfg)
+    assert argv == [
+        "enqueue_compss", "--lang=python", "--num_nodes=2", "--exec_time=30", "--cpus_per_node=16",
+        "--worker_in_master_cpus=16", "--job_name=hpcdl_checkpoint",
+        f"--master_working_dir={rdir}/master", f"--worker_working_dir={rdir}/worker",
+        f"--base_log_dir={rdir}/log", f"--pythonpath={REPO}", "--python_interpreter=python3",
+        "--log_level=off", "--summary", "--queue=gp", "--qos=debug", "--project_name=bsc99",
+        f"{REPO}/tasks/checkpoint.py", "--config", "/abs/c.json",
+    ]
+
+
+@pytest.mark.parametrize("block, key", [
+    ({"runtime": "mpi"}, "checkpoint.runtime"),
+])
+def test_bad_runtime_names_the_key(tmp_path, block, key):
+    cfg = {"results_dir": "r", "checkpoint": block}
+    with pytest.raises(ConfigError, match=rf"'{key}'.*allowed: local, compss"):
+        compss.task_app_command("checkpoint", "c.json", cfg)
+
+
+@pytest.mark.parametrize("block, key", [
+    ({"computing_units": 0}, "compss.computing_units"),
+    ({"project_xml": "/p.xml"}, "compss.resources_xml"),
+    ({"resources_xml": "/r.xml"}, "compss.project_xml"),
+    ({"cores": 4}, "compss.cores"),
+])
+def test_bad_compss_block_names_the_key(tmp_path, block, key):
+    with pytest.raises(ConfigError, match=rf"'{key}'"):
+        compss.task_app_command("checkpoint", "c.json", cfg_for(tmp_path, **block))
+
+
+def test_xml_subcommand_writes_parseable_files(tmp_path):
+    out = tmp_path / "rule"
+    subprocess.run([sys.executable, "-m", "hpcdl.runtime.compss", "xml", "--out", str(out), "--cpus", "3",
+                    "--working-dir", str(out / "worker")], check=True, cwd=REPO, capture_output=True)
+    res = ET.parse(out / "resources.xml").getroot()
+    assert res.find("./ComputeNode/Processor/ComputingUnits").text == "3"
+    proj = ET.parse(out / "project.xml").getroot()
+    assert proj.find("./ComputeNode/WorkingDir").text == str(out / "worker")
+    assert (out / "log").is_dir() and (out / "worker").is_dir()
+
+
+def test_xml_rejects_zero_cpus(tmp_path):
+    with pytest.raises(ValueError, match="--cpus must be >= 1"):
+        compss.write_xml(tmp_path, 0, tmp_path / "w")
+
+
+def test_runtime_cpus_expand_in_a_shell(tmp_path):
+    # What the rule's shell sees: Slurm's grant when set, else nproc.
+    snippet = f'echo "{compss.RUNTIME_CPUS}"'
+    env_slurm = {"PATH": "/usr/bin:/bin", "SLURM_CPUS_PER_TASK": "6"}
+    assert subprocess.run(["bash", "-c", snippet], env=env_slurm, capture_output=True,
+                          text=True).stdout.strip() == "6"
+    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    assert subprocess.run(["bash", "-c", snippet], env={"PATH": "/usr/bin:/bin"}, capture_output=True,
+                          text=True).stdout.strip() == nproc
+
+
+def test_enqueue_cli_prints_the_command_with_an_absolute_config(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(f"results_dir: {tmp_path / 'results'}\nstudies: [checkpoint]\ncheckpoint: {{}}\n")
+    out = subprocess.run([sys.executable, "-m", "hpcdl.runtime.compss", "enqueue", "checkpoint",
+                          "--config", "c.yaml"], cwd=tmp_path, capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    argv = shlex.split(out.stdout)
+    assert argv[0] == "enqueue_compss" and argv[-2:] == ["--config", str(cfg_file)]
+
+
+def test_schema_fills_compss_defaults_and_names_bad_keys(test_config):
+    from hpcdl.config import validate_config
+
+    cfg = validate_config({**test_config, "compss": {"queue": "gp"}})
+    assert cfg["compss"]["python_interpreter"] == "python3" and cfg["compss"]["computing_units"] is None
+    assert compss.compss_options(cfg)["queue"] == "gp"
+    with pytest.raises(ConfigError, match="'compss.computing_units'"):
+        validate_config({**test_config, "compss": {"computing_units": 0}})
+    with pytest.raises(ConfigError, match="compss"):
+        validate_config({**test_config, "compss": {"cores": 4}})

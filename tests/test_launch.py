@@ -1,0 +1,149 @@
+"""Rank launcher: exact torchrun/srun command lines, Slurm allocation detection, and a real 2-rank run."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcdl.runtime import launch
+from hpcdl.runtime.launch import RankFailure, build_command, run_ranks
+
+SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_JOB_NODELIST",
+              "SLURM_NODELIST", "HPCDL_LAUNCHER", "HPCDL_RANK_TMPDIR")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for var in SLURM_VARS:
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def fake_tools(tmp_path: Path, monkeypatch, scontrol_job: str = "", hostnames: str = "node1\nnode2\n"):
+    """Put stub srun/scontrol first on PATH; scontrol answers `show job` and `show hostnames`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/sh\n"
+        f'if [ "$2" = job ]; then printf "%s\\n" "{scontrol_job}"; exit 0; fi\n'
+        f'if [ "$2" = hostnames ]; then printf "{hostnames}"; exit 0; fi\n'
+        "exit 1\n")
+    for f in bin_dir.iterdir():
+        f.chmod(f.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_torchrun_command_exact(tmp_path):
+    cmd = build_command(3, "pkg.mod:fn", tmp_path, slurm=False, master_addr="127.0.0.1", master_port=29511)
+    assert cmd == [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=3",
+                   "--master-addr=127.0.0.1", "--master-port=29511", "--max-restarts=0",
+                   "--monitor-interval=0.5", "-m", "hpcdl.runtime.rank_entry", "pkg.mod:fn", str(tmp_path)]
+
+
+def test_srun_command_exact(tmp_path):
+    cmd = build_command(2, "pkg.mod:fn", tmp_path, slurm=True, master_addr="node1", master_port=1)
+    assert cmd == ["srun", "--ntasks=2", "--kill-on-bad-exit=1", "--export=ALL", sys.executable,
+                   "-m", "hpcdl.runtime.rank_entry", "pkg.mod:fn", str(tmp_path)]
+
+
+def test_srun_asks_for_cpus_only_when_ranks_are_threaded(tmp_path):
+    cmd = build_command(4, "m:f", tmp_path, slurm=True, master_addr="n", master_port=1, threads_per_rank=3)
+    assert cmd[:3] == ["srun", "--ntasks=4", "--cpus-per-task=3"]
+
+
+def test_outside_slurm_uses_torchrun(clean_env):
+    assert not launch.in_slurm_allocation(1)
+
+
+def test_slurm_ntasks_from_environment(tmp_path, clean_env):
+    fake_tools(tmp_path, clean_env)
+    clean_env.setenv("SLURM_JOB_ID", "42")
+    clean_env.setenv("SLURM_NTASKS", "4")
+    assert launch.in_slurm_allocation(4)
+    assert not launch.in_slurm_allocation(5)
+
+
+def test_slurm_ntasks_from_scontrol_when_env_is_stripped(tmp_path, clean_env):
+    # Snakemake's Slurm job step keeps only SLURM_JOB_ID; the task count comes from scontrol.
+    fake_tools(tmp_path, clean_env, scontrol_job="JobId=42 JobName=x NumNodes=1 NumCPUs=2 NumTasks=2 "
+                                                 "NodeList=node[1-2] BatchHost=node1")
+    clean_env.setenv("SLURM_JOB_ID", "42")
+    assert launch.slurm_allocation_tasks() == 2
+    assert launch.in_slurm_allocation(2)
+    assert launch.slurm_master_addr() == "node1"
+
+
+def test_one_task_step_falls_back_to_torchrun(tmp_path, clean_env):
+    # A plain (non-mpi) rule runs inside `srun -n1`: the ranks then share that one step via torchrun.
+    fake_tools(tmp_path, clean_env)
+    clean_env.setenv("SLURM_JOB_ID", "42")
+    clean_env.setenv("SLURM_NTASKS", "1")
+    assert not launch.in_slurm_allocation(2)
+
+
+def test_inside_a_step_never_nests_srun(tmp_path, clean_env):
+    # A nested srun inside a step waits for CPUs the step itself holds: it would hang.
+    fake_tools(tmp_path, clean_env)
+    clean_env.setenv("SLURM_JOB_ID", "42")
+    clean_env.setenv("SLURM_NTASKS", "4")
+    clean_env.setenv("SLURM_STEP_ID", "0")
+    assert not launch.in_slurm_allocation(1)
+    clean_env.setenv("SLURM_STEP_ID", "batch")
+    assert launch.in_slurm_allocation(4)
+
+
+def test_forced_torchrun(tmp_path, clean_env):
+    fake_tools(tmp_path, clean_env)
+    clean_env.setenv("SLURM_JOB_ID", "42")
+    clean_env.setenv("SLURM_NTASKS", "8")
+    clean_env.setenv("HPCDL_LAUNCHER", "torchrun")
+    assert not launch.in_slurm_allocation(2)
+
+
+def test_no_srun_means_no_slurm_launch(tmp_path, clean_env):
+    clean_env.setenv("SLURM_JOB_ID", "42")
+    clean_env.setenv("SLURM_NTASKS", "8")
+    clean_env.setenv("PATH", str(tmp_path))
+    assert not launch.in_slurm_allocation(2)
+
+
+def test_scontrol_failure_counts_one_task(tmp_path, clean_env):
+    fake_tools(tmp_path, clean_env, scontrol_job="")
+    clean_env.setenv("SLURM_JOB_ID", "42")
+    assert launch.slurm_allocation_tasks() == 1
+
+
+def test_master_addr_without_nodelist_is_loopback(clean_env):
+    assert launch.slurm_master_addr() == "127.0.0.1"
+
+
+def test_exchange_dir_is_shared_under_slurm(tmp_path, clean_env):
+    clean_env.chdir(tmp_path)
+    assert launch._exchange_root(slurm=False) is None
+    assert launch._exchange_root(slurm=True) == str(tmp_path / ".hpcdl-ranks")
+    clean_env.setenv("HPCDL_RANK_TMPDIR", str(tmp_path / "x"))
+    assert launch._exchange_root(slurm=False) == str(tmp_path / "x")
+
+
+def test_two_ranks_allreduce_locally(clean_env):
+    results = run_ranks("hpcdl.runtime.probes:allreduce_sum", 2, {"value": 1.5}, timeout_s=120)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["world_size"] == 2 for r in results)
+    assert all(r["sum"] == pytest.approx(1.5 * (1 + 2)) for r in results)
+
+
+def test_rank_dying_raises_with_its_traceback(clean_env):
+    with pytest.raises(RankFailure, match="failed|timed out"):
+        run_ranks("hpcdl.runtime.probes:die_on_rank", 2, {"victim": 1}, timeout_s=120)
+
+
+@pytest.mark.parametrize("target, nprocs, msg", [("no_colon", 2, "module:function"),
+                                                 ("m:f", 0, "nprocs must be >= 1")])
+def test_bad_arguments(target, nprocs, msg):
+    with pytest.raises(ValueError, match=msg):
+        run_ranks(target, nprocs)
