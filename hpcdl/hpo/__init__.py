@@ -1,0 +1,1 @@
+"""Hyperparameter optimisation study: Optuna ask-and-tell driving trial tasks trained in epoch chunks."""

@@ -1,0 +1,275 @@
+"""Tables, figures and claims of the HPO study (used by `python -m hpcdl.cli <step> hpo`).
+
+raw/ (written by tasks/hpo.py from the journal): trials.csv, intermediate.csv, studies.csv.
+tables/: trials, intermediate, best_so_far, grid_scaling, best_config, pruning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hpcdl.hpo.plan import pruning_baseline
+from hpcdl.io import atomic_write_bytes, claim, read_table, write_table
+
+SPEEDUP_EFFICIENCY = 0.8  # 2 workers >= 1.6x faster than 1
+BEST_TEST_ACC = 0.85
+PRUNING_SAVING = 0.30
+PRUNING_MAX_LOSS = 0.01  # 1 accuracy point
+
+
+def _started(study_dir: Path) -> float:
+    import json
+
+    prov = Path(study_dir) / "raw" / "trials.provenance.json"
+    try:
+        return pd.Timestamp(json.loads(prov.read_text())["start_time"]).timestamp()
+    except (OSError, KeyError, ValueError):
+        return pd.Timestamp.now().timestamp()
+
+
+# ---------------------------------------------------------------------------------------- tables
+def best_so_far(trials: pd.DataFrame) -> pd.DataFrame:
+    """Per study, after each finished trial (in completion order): best validation accuracy so far."""
+    rows = []
+    for study, g in trials[trials["counted"]].groupby("study", sort=False):
+        best = -np.inf
+        for _, t in g.sort_values("end_s").iterrows():
+            if t["state"] == "COMPLETE" and pd.notna(t["val_acc"]):
+                best = max(best, float(t["val_acc"]))
+            rows.append({"study": study, "sampler": t["sampler"], "pruner": t["pruner"], "trial": t["trial"],
+                         "time_s": t["end_s"], "best_val_acc": best if np.isfinite(best) else np.nan})
+    return pd.DataFrame(rows, columns=["study", "sampler", "pruner", "trial", "time_s", "best_val_acc"])
+
+
+def grid_scaling(studies: pd.DataFrame) -> pd.DataFrame:
+    g = studies[studies["kind"].eq("grid") & studies["pruner"].eq("none")].sort_values("workers")
+    cols = ["study", "workers", "n_trials", "elapsed_s", "trials_per_min", "speedup", "efficiency",
+            "sessions"]
+    if g.empty:
+        return pd.DataFrame(columns=cols)
+    base = g.iloc[0]
+    out = pd.DataFrame({
+        "study": g["study"], "workers": g["workers"], "n_trials": g["n_finished"],
+        "elapsed_s": g["elapsed_s"],
+        "trials_per_min": g["n_finished"] / g["elapsed_s"] * 60.0,
+        "speedup": base["elapsed_s"] / g["elapsed_s"],
+        "sessions": g["sessions"]})
+    out["efficiency"] = out["speedup"] / (out["workers"] / base["workers"])
+    return out[cols].reset_index(drop=True)
+
+
+def best_config(studies: pd.DataFrame) -> pd.DataFrame:
+    cols = ["study", "best_trial", "best_val_acc", "best_test_acc"] + [
+        c for c in studies.columns if c.startswith("best_") and c not in
+        ("best_trial", "best_val_acc", "best_test_acc")]
+    out = studies[cols].rename(columns=lambda c: c.removeprefix("best_") if c not in cols[:4] else c)
+    out = out.rename(columns={"best_trial": "trial", "best_val_acc": "val_acc", "best_test_acc": "test_acc"})
+    overall = out["val_acc"].idxmax() if out["val_acc"].notna().any() else None
+    out["overall_best"] = out.index == overall
+    return out.reset_index(drop=True)
+
+
+def pruning_table(hpo: dict, studies: pd.DataFrame) -> pd.DataFrame:
+    pair = pruning_baseline(hpo)
+    cols = ["baseline", "pruned", "baseline_trial_epochs", "pruned_trial_epochs", "saving_fraction",
+            "baseline_best_val_acc", "pruned_best_val_acc", "loss_pts", "n_pruned"]
+    if pair is None or not set(pair) <= set(studies["study"]):
+        return pd.DataFrame(columns=cols)
+    b = studies.set_index("study").loc[pair[0]]
+    p = studies.set_index("study").loc[pair[1]]
+    return pd.DataFrame([{
+        "baseline": pair[0], "pruned": pair[1], "baseline_trial_epochs": b["trial_epochs"],
+        "pruned_trial_epochs": p["trial_epochs"],
+        "saving_fraction": 1.0 - p["trial_epochs"] / b["trial_epochs"] if b["trial_epochs"] else np.nan,
+        "baseline_best_val_acc": b["best_val_acc"], "pruned_best_val_acc": p["best_val_acc"],
+        "loss_pts": 100.0 * (b["best_val_acc"] - p["best_val_acc"]), "n_pruned": p["n_pruned"]}],
+        columns=cols)
+
+
+def aggregate(cfg: dict, study_dir: Path) -> None:
+    study_dir = Path(study_dir)
+    started = _started(study_dir)
+    trials = read_table(study_dir / "raw" / "trials.csv")
+    studies = read_table(study_dir / "raw" / "studies.csv")
+    tables = study_dir / "tables"
+    write_table(trials, tables / "trials.csv", cfg, started)
+    write_table(read_table(study_dir / "raw" / "intermediate.csv"), tables / "intermediate.csv", cfg, started)
+    write_table(best_so_far(trials), tables / "best_so_far.csv", cfg, started)
+    write_table(grid_scaling(studies), tables / "grid_scaling.csv", cfg, started)
+    write_table(best_config(studies), tables / "best_config.csv", cfg, started)
+    write_table(pruning_table(cfg["hpo"], studies), tables / "pruning.csv", cfg, started)
+
+
+# --------------------------------------------------------------------------------------- figures
+def _save(fig, path: Path) -> None:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _placeholder(path: Path, title: str, why: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.axis("off")
+    ax.set_title(title)
+    ax.text(0.5, 0.5, why, ha="center", va="center", wrap=True)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def _plot_best_so_far(df: pd.DataFrame, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    grids = [s for s in df["study"].unique() if s.startswith("grid-") and s.endswith("w")]
+    # The grid's trials are the same for every worker count: show it once, at the most workers.
+    keep = max(grids, key=lambda s: int(s[len("grid-"):-1]), default=None)
+    df = df[~df["study"].isin([s for s in grids if s != keep])]
+    for study, g in df.groupby("study", sort=False):
+        ax.step(g["time_s"], 100 * g["best_val_acc"], where="post", marker="o", ms=3, label=study)
+    ax.set_xlabel("wall time since the study's first trial started (s)")
+    ax.set_ylabel("best validation accuracy so far (%)")
+    ax.set_title("Best-so-far validation accuracy per sampler")
+    ax.grid(alpha=0.3)
+    ax.legend(title="study (sampler[-pruner])")
+    _save(fig, path)
+    plt.close(fig)
+
+
+def _plot_scaling(df: pd.DataFrame, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.8))
+    a1.plot(df["workers"], df["elapsed_s"], "o-")
+    a1.set_xlabel("concurrent workers")
+    a1.set_ylabel("elapsed time for the grid (s)")
+    a1.set_title(f"{int(df['n_trials'].iloc[0])}-point grid")
+    a1.set_ylim(bottom=0)
+    a2.plot(df["workers"], df["speedup"], "o-", label="measured")
+    w = df["workers"].to_numpy(dtype=float)
+    a2.plot(w, w / w[0], "k--", label="ideal")
+    a2.set_xlabel("concurrent workers")
+    a2.set_ylabel(f"speedup over {int(w[0])} worker(s) (x)")
+    a2.set_title("Grid speedup")
+    a2.legend()
+    for a in (a1, a2):
+        a.set_xticks(df["workers"])
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+OPTUNA_FIGURES = ("optuna_param_importances", "optuna_parallel_coordinate", "optuna_intermediate_values")
+
+
+def _optuna_figures(cfg: dict, figures: Path) -> None:
+    """Optuna's own matplotlib plots: importances and parallel coordinates of the main unpruned
+    search, intermediate values of the pruned one (where the pruner's cuts show)."""
+    import matplotlib.pyplot as plt
+    import optuna
+    from optuna.visualization import matplotlib as ovm
+
+    from hpcdl.hpo.storage import journal_path, study_storage
+
+    hpo = cfg["hpo"]
+    pair = pruning_baseline(hpo)
+    main = pair[0] if pair else hpo["sampler"]
+    pruned = pair[1] if pair else main
+    has_store = hpo.get("storage_url") or journal_path(cfg).exists()
+    storage = study_storage(cfg) if has_store else None
+    jobs = {"optuna_param_importances": (main, ovm.plot_param_importances,
+                                         ("importance (fraction of val. accuracy variance)", None)),
+            "optuna_parallel_coordinate": (main, ovm.plot_parallel_coordinate, (None, None)),
+            "optuna_intermediate_values": (pruned, ovm.plot_intermediate_values,
+                                           ("epoch (pruner step)", "validation accuracy (fraction)"))}
+    for name, (study_name, fn, (xlabel, ylabel)) in jobs.items():
+        path = figures / f"{name}.png"
+        try:
+            if storage is None:
+                raise FileNotFoundError(f"no journal at {journal_path(cfg)}")
+            study = optuna.load_study(study_name=study_name, storage=storage)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # optuna's matplotlib backend is marked experimental
+                ax = fn(study)
+            first = ax.flat[0] if hasattr(ax, "flat") else ax
+            if xlabel:
+                first.set_xlabel(xlabel)
+            if ylabel:
+                first.set_ylabel(ylabel)
+            fig = first.figure
+            fig.suptitle(f"study {study_name}", y=1.02)
+            _save(fig, path)
+            plt.close(fig)
+        except Exception as exc:  # noqa: BLE001 - e.g. too few complete trials: keep the workflow going
+            _placeholder(path, f"{name} ({study_name})", f"not available for this run:\n{exc}")
+
+
+def plot(cfg: dict, study_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    study_dir = Path(study_dir)
+    figures = study_dir / "figures"
+    tables = study_dir / "tables"
+    bsf = read_table(tables / "best_so_far.csv")
+    if bsf["best_val_acc"].notna().any():
+        _plot_best_so_far(bsf, figures / "best_so_far.png")
+    else:
+        _placeholder(figures / "best_so_far.png", "best so far", "no completed trial")
+    scaling = read_table(tables / "grid_scaling.csv")
+    if len(scaling):
+        _plot_scaling(scaling, figures / "grid_scaling.png")
+    else:
+        _placeholder(figures / "grid_scaling.png", "grid scaling", "no grid study in this config")
+    _optuna_figures(cfg, figures)
+
+
+# ---------------------------------------------------------------------------------------- claims
+def claims(cfg: dict, study_dir: Path) -> list[dict]:
+    tables = Path(study_dir) / "tables"
+    out = []
+    scaling = read_table(tables / "grid_scaling.csv")
+    if len(scaling) >= 2:
+        lo, hi = scaling.iloc[0], scaling.iloc[-1]
+        need = SPEEDUP_EFFICIENCY * hi["workers"] / lo["workers"]
+        out.append(claim("hpo.grid_speedup",
+                         f"{int(hi['workers'])} workers finish the {int(hi['n_trials'])}-point grid "
+                         f">= {need:.2f}x faster than {int(lo['workers'])}",
+                         bool(hi["speedup"] >= need), speedup=round(float(hi["speedup"]), 3),
+                         required=round(need, 3), elapsed_s={int(r.workers): round(float(r.elapsed_s), 2)
+                                                              for r in scaling.itertuples()}))
+    else:
+        out.append(claim("hpo.grid_speedup", "the grid is timed on at least two worker counts", False,
+                         workers=scaling["workers"].tolist()))
+    best = read_table(tables / "best_config.csv")
+    overall = best[best["overall_best"]]
+    has_test = len(overall) and pd.notna(overall["test_acc"].iloc[0])
+    test_acc = float(overall["test_acc"].iloc[0]) if has_test else None
+    out.append(claim("hpo.best_test_acc", f"the best trial's test accuracy >= {BEST_TEST_ACC}",
+                     test_acc is not None and test_acc >= BEST_TEST_ACC, test_acc=test_acc,
+                     study=overall["study"].iloc[0] if len(overall) else None,
+                     val_acc=float(overall["val_acc"].iloc[0]) if len(overall) else None))
+    pr = read_table(tables / "pruning.csv")
+    if len(pr):
+        r = pr.iloc[0]
+        ok = bool(r["saving_fraction"] >= PRUNING_SAVING and r["loss_pts"] <= 100 * PRUNING_MAX_LOSS)
+        out.append(claim("hpo.pruning",
+                         f"{r['pruned']} saves >= {PRUNING_SAVING:.0%} of trial-epochs at <= "
+                         f"{100 * PRUNING_MAX_LOSS:.0f} pt loss of best validation accuracy vs "
+                         f"{r['baseline']}",
+                         ok, saving_fraction=round(float(r["saving_fraction"]), 3),
+                         loss_pts=round(float(r["loss_pts"]), 2),
+                         trial_epochs={"baseline": int(r["baseline_trial_epochs"]),
+                                       "pruned": int(r["pruned_trial_epochs"])}))
+    else:
+        out.append(claim("hpo.pruning", "a pruned study and its unpruned baseline were run", False,
+                         pruner=cfg["hpo"]["pruner"]))
+    return out

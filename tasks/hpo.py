@@ -1,0 +1,108 @@
+"""HPO study as a PyCOMPSs application: Optuna ask-and-tell here, each trial's epoch chunk a task.
+
+    python -m tasks.hpo --config configs/default.yaml     # local backend
+    hpo.runtime: compss -> the workflow runs this same file under runcompss / enqueue_compss
+
+Re-running continues the studies in the journal (results/hpo/journal/): finished trials are kept,
+trials in flight when a previous driver died are marked FAIL and replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import pandas as pd
+
+from hpcdl.config import ConfigError, load_config, study_dir
+from hpcdl.data.fashion_mnist import load_split
+from hpcdl.hpo import driver, records, storage, train
+from hpcdl.hpo.plan import plan_studies
+from hpcdl.io import write_table
+from hpcdl.runtime import (
+    BACKEND,
+    compss_wait_on,
+    constraint,
+    failure_reason,
+    on_failure,
+    set_local_cores,
+    task,
+)
+
+UNITS_ENV = "HPCDL_HPO_UNITS"
+
+
+@on_failure(management="IGNORE", returns=None)
+@constraint(computing_units="$HPCDL_HPO_UNITS")
+@task(returns=1)
+def train_chunk(params, state, data, epochs, seed, fail):
+    return train.run_chunk(params, state, data, epochs, seed, fail)
+
+
+@on_failure(management="IGNORE", returns=None)
+@constraint(computing_units="$HPCDL_HPO_UNITS")
+@task(returns=1)
+def test_accuracy(params, state, data):
+    return train.evaluate_test(params, state, data)
+
+
+@constraint(computing_units="$HPCDL_HPO_UNITS")
+@task(returns=1)
+def warm_up(data):
+    return train.warm_up(data)
+
+
+def _test_best(study, best_path, data) -> None:
+    """Test accuracy of the study's best trial, once (kept in the study so a rerun does not redo it)."""
+    best = storage.load_best(best_path)
+    if best is None or study.user_attrs.get("test", {}).get("trial") == best["trial"]:
+        return
+    acc = compss_wait_on(test_accuracy(best["params"], best["state"], data))
+    if acc is not None:
+        study.set_user_attr("test", {"trial": best["trial"], "acc": acc})
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, help="full config (YAML or JSON)")
+    args = ap.parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:  # nothing has been written yet
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    hpo = cfg["hpo"]
+    out = study_dir(cfg, "hpo")
+    started = time.time()
+    load_split(cfg["data"]["fashion_mnist_dir"], "test")  # fail early, with how-to-get, if data is missing
+    # Read by @constraint when a task is submitted; a "$VAR" in the config is expanded here.
+    os.environ[UNITS_ENV] = os.path.expandvars(str(hpo["computing_units"]))
+    units = int(os.environ[UNITS_ENV]) if os.environ[UNITS_ENV].isdigit() else 1
+    data = train.DataSpec(cfg["data"]["fashion_mnist_dir"], hpo["data"]["val_fraction"], hpo["seed"],
+                          hpo["data"]["train_limit"], hpo["data"]["test_limit"])
+    store = storage.study_storage(cfg)
+    print(f"[hpo] storage {storage.describe_storage(cfg)}", file=sys.stderr, flush=True)
+    studies = []
+    cores = None
+    for plan in plan_studies(hpo, BACKEND):
+        if plan.workers * units != cores:
+            cores = plan.workers * units
+            set_local_cores(cores)  # no-op under COMPSs
+            # Start the workers (torch import, data read) before the clock of the next study starts.
+            compss_wait_on([warm_up(data) for _ in range(plan.workers)])
+        study = driver.run_study(plan, hpo, store, data, submit=train_chunk, wait=compss_wait_on,
+                                 reason=failure_reason, study_dir=out)
+        _test_best(study, storage.best_state_path(out, plan.name), data)
+        studies.append(study)
+    raw = out / "raw"
+    write_table(pd.DataFrame([r for s in studies for r in records.trial_rows(s)]),
+                raw / "trials.csv", cfg, started)
+    write_table(pd.DataFrame([r for s in studies for r in records.intermediate_rows(s)]),
+                raw / "intermediate.csv", cfg, started)
+    write_table(pd.DataFrame([records.study_row(s) for s in studies]), raw / "studies.csv", cfg, started)
+
+
+if __name__ == "__main__":
+    main()
