@@ -1,0 +1,91 @@
+"""Spatial study benchmark: ratios measured in one run (never fails on timing).
+
+  1. 1-rank / 2-rank time of one Conv3d forward+backward on the same global input, one thread per rank
+  2. halo-exchange share of the iteration time of a 2-rank spatial training run
+  3. oracle prediction / measurement for 1- and 2-rank training runs (oracle calibrated here)
+
+    python benchmarks/bench_spatial.py [--grid 32] [--csv PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hpcdl.io import available_cores  # noqa: E402
+from hpcdl.perfmodel.calibrate import fit_machine  # noqa: E402
+from hpcdl.perfmodel.oracle import Strategy, predict  # noqa: E402
+from hpcdl.runtime.launch import run_ranks  # noqa: E402
+from hpcdl.spatial.arch import build_spec  # noqa: E402
+from hpcdl.spatial.data import ensure_dataset  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--grid", type=int, default=32, help="global input grid^3")
+    ap.add_argument("--channels", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--csv", help="also write the table here")
+    args = ap.parse_args(argv)
+    g = args.grid
+    rows = []
+
+    conv = {}
+    for n in (1, 2):
+        res = run_ranks("hpcdl.spatial.bench:conv_fwd_bwd", n, {
+            "shape": (g, g, g), "cin": args.channels, "cout": args.channels, "kernel": 3, "batch": args.batch,
+            "repeats": 7}, timeout_s=600)
+        conv[n] = (max(r["time_s"] for r in res), max(r["halo_s"] for r in res))
+    rows.append({"measure": f"conv3d fwd+bwd {g}^3 x{args.channels}ch: 1-rank / 2-rank time",
+                 "ratio": conv[1][0] / conv[2][0],
+                 "detail": f"{conv[1][0] * 1e3:.1f} ms / {conv[2][0] * 1e3:.1f} ms"})
+    rows.append({"measure": "conv3d 2-rank: halo share of fwd+bwd", "ratio": conv[2][1] / conv[2][0],
+                 "detail": f"{conv[2][1] * 1e3:.2f} ms halo"})
+
+    model = {"channels": [8, 16, 16], "dense": [64]}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = ensure_dataset(tmp, (g, g, g), 16, 0, (0.5, 2.0), (-3.0, -1.0))
+        spec = build_spec((g, g, g), model)
+        cal = run_ranks("hpcdl.perfmodel.microbench:calibrate_rank", 2, {
+            "specs": [(spec, args.batch)], "data_dir": str(data),
+            "sizes_bytes": [1024, 65536, 1048576, 4194304],
+            "fractions": [1.0, 0.5, 0.25], "repeats": 5}, timeout_s=600)[0]
+        machine, consts = fit_machine(cal, cores=available_cores())
+        for n in (1, 2):
+            res = run_ranks("hpcdl.spatial.train:train_run", n, {
+                "data_dir": str(data), "n_data": 1, "grid": (n, 1), "model": model, "batch_size": args.batch,
+                "iterations": args.iterations, "lr": 1e-3, "seed": 0}, timeout_s=600)
+            it = pd.DataFrame([{**rec, "rank": r["rank"]} for r in res for rec in r["records"]])
+            it = it[it["iteration"] >= 2].groupby("iteration")
+            total = float(it["total_s"].max().median())
+            halo = float(it["halo_s"].mean().median())
+            pred = predict(spec, args.batch, Strategy(depth=n), machine)["total_s"]
+            if n == 2:
+                rows.append({"measure": "training 2-rank: halo share of iteration", "ratio": halo / total,
+                             "detail": f"{halo * 1e3:.2f} ms of {total * 1e3:.1f} ms"})
+            rows.append({"measure": f"oracle / measured, training {n} rank(s)", "ratio": pred / total,
+                         "detail": f"{pred * 1e3:.1f} ms / {total * 1e3:.1f} ms"})
+            conv[f"train{n}"] = total
+    rows.append({"measure": "training: 1-rank / 2-rank iteration time",
+                 "ratio": conv["train1"] / conv["train2"],
+                 "detail": ""})
+    df = pd.DataFrame(rows)
+    with pd.option_context("display.max_colwidth", 80, "display.width", 160):
+        print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"(cores available: {available_cores()}; ping-pong bandwidth {consts['bandwidth_gbs']:.2f} GB/s, "
+          f"latency {consts['alpha_s'] * 1e6:.0f} us; conv {consts['conv_gflops']:.1f} GFLOP/s)")
+    if args.csv:
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(args.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""ParaDL-style performance oracle: per-layer, per-strategy compute, alpha-beta communication, memory."""

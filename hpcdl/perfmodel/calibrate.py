@@ -1,0 +1,68 @@
+"""Fit the oracle's machine constants from microbenchmark rows (pure numpy)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpcdl.perfmodel.oracle import Machine
+
+
+def fit_line(x, y) -> tuple[float, float]:
+    """Least squares y = c0 + k x with c0, k >= 0 (falls back to a line through the origin)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) == 0:
+        raise ValueError("calibration: no measurements to fit")
+    if len(x) >= 2 and np.ptp(x) > 0:
+        k, c0 = np.polyfit(x, y, 1)
+        if k > 0 and c0 >= 0:
+            return float(c0), float(k)
+        if k > 0:
+            # the large sizes set the slope; the intercept is what small sizes leave over it
+            return float(max(0.0, np.median(y - k * x))), float(k)
+    return float(np.mean(y)), 0.0
+
+
+def fit_machine(rows: list[dict], cores: int, threads_per_rank: int = 1) -> tuple[Machine, dict]:
+    """Machine for the laptop runs (every rank on this host: intra = inter) and the fitted constants."""
+    by = {}
+    for r in rows:
+        by.setdefault(r["kind"], []).append(r)
+
+    def fit(kind, xkey="units"):
+        rs = by.get(kind, [])
+        return fit_line([r[xkey] for r in rs], [r["time_s"] for r in rs])
+
+    alpha, beta = fit("pingpong", "size_bytes") if "pingpong" in by else (0.0, 0.0)
+    # ring on p ranks: 2(p-1) alpha + 2(p-1)/p n beta; at p = 2: 2 alpha + n beta
+    ar = fit("allreduce", "size_bytes") if "allreduce" in by else None
+    allreduce_ab = (ar[0] / 2, ar[1]) if ar else None
+    # all-gather of n total bytes on p ranks: (p-1) alpha + (p-1)/p n beta; at p = 2: alpha + n/2 beta
+    ag = fit("allgather", "size_bytes") if "allgather" in by else None
+    allgather_ab = (ag[0], 2 * ag[1]) if ag else None
+    exchange_ab = fit("exchange", "size_bytes") if "exchange" in by else None
+    io_rows = by.get("io", [])
+    io_c, io_k = fit_line([r["units"] for r in io_rows], [r["time_s"] for r in io_rows])
+    batch = io_rows[0]["batch"] if io_rows else 1
+    layers = {}
+    for kind in ("conv", "pool", "dense"):
+        keys = {r.get("key") for r in by.get(kind, []) if isinstance(r.get("key"), str)}
+        for key in sorted(keys):
+            rs = [r for r in by[kind] if r.get("key") == key]
+            c0, k = fit_line([r["units"] for r in rs], [r["time_s"] for r in rs])
+            if k > 0 or len(rs) == 1:
+                layers[key] = (c0, k) if k > 0 else (0.0, rs[0]["time_s"] / max(rs[0]["units"], 1))
+    m = Machine(conv=fit("conv"), pool=fit("pool"), dense=fit("dense"), optimizer=fit("optimizer"),
+                io=(io_c / batch, io_k), alpha_intra=alpha, beta_intra=beta, alpha_inter=alpha,
+                beta_inter=beta, ranks_per_node=10 ** 6, cores=cores, threads_per_rank=threads_per_rank,
+                layers=layers, im2col=True, allreduce_ab=allreduce_ab, allgather_ab=allgather_ab,
+                exchange_ab=exchange_ab)
+    consts = {"alpha_s": alpha, "beta_s_per_byte": beta,
+              "bandwidth_gbs": (1 / beta / 1e9) if beta > 0 else float("inf"),
+              "conv_gflops": (3 / m.conv[1] / 1e9) if m.conv[1] > 0 else float("inf"),
+              "conv_overhead_s": m.conv[0], "pool_overhead_s": m.pool[0], "cores": cores,
+              "layer_fits": len(layers),
+              "allreduce_alpha_s": allreduce_ab[0] if allreduce_ab else None,
+              "allreduce_beta_s_per_byte": allreduce_ab[1] if allreduce_ab else None,
+              "exchange_c0_s": exchange_ab[0] if exchange_ab else None,
+              "exchange_s_per_byte": exchange_ab[1] if exchange_ab else None}
+    return m, consts

@@ -1,0 +1,91 @@
+"""The CosmoFlow-like network as plain data: one list of layer specs shared by the torch model
+(hpcdl.spatial.model) and the performance oracle (hpcdl.perfmodel), so both see the same shapes."""
+
+from __future__ import annotations
+
+from hpcdl.spatial.partition import padding_for
+
+
+def conv_out(n: int, kernel: int, stride: int, pad: int) -> int:
+    return (n + 2 * pad - kernel) // stride + 1
+
+
+def cosmoflow_spec(in_shape: tuple[int, int, int, int], channels: list[int], kernel: int = 3,
+                   conv_stride: int = 1, padding: str = "same", pool: int = 2,
+                   dense: list[int] | None = None, outputs: int = 2) -> list[dict]:
+    """Layers of conv(kernel)+LeakyReLU [+ maxpool(pool)] blocks, flatten, dense head.
+
+    `in_shape` is (channels, depth, height, width) of one sample. Pooling is skipped once a
+    spatial size would fall below the pool size, so small inputs still build.
+    """
+    c, d, h, w = (int(v) for v in in_shape)
+    pad = padding_for(kernel, padding)
+    layers: list[dict] = []
+    for i, cout in enumerate(channels):
+        shape_in = (c, d, h, w)
+        d, h, w = (conv_out(n, kernel, conv_stride, pad) for n in (d, h, w))
+        if min(d, h, w) < 1:
+            raise ValueError(f"conv layer {i}: input {shape_in[1:]} too small for kernel {kernel}")
+        layers.append({"kind": "conv", "name": f"conv{i}", "cin": c, "cout": cout, "kernel": kernel,
+                       "stride": conv_stride, "pad": pad, "in": shape_in, "out": (cout, d, h, w)})
+        c = cout
+        if pool > 1 and min(d, h, w) >= pool:
+            shape_in = (c, d, h, w)
+            d, h, w = (conv_out(n, pool, pool, 0) for n in (d, h, w))
+            layers.append({"kind": "pool", "name": f"pool{i}", "kernel": pool, "stride": pool, "pad": 0,
+                           "in": shape_in, "out": (c, d, h, w)})
+    fin = c * d * h * w
+    layers.append({"kind": "gather", "name": "gather", "in": (c, d, h, w), "out": (fin,)})
+    for j, fout in enumerate([*(dense or []), outputs]):
+        last = j == len(dense or [])
+        layers.append({"kind": "dense", "name": f"dense{j}", "fin": fin, "fout": fout, "act": not last,
+                       "in": (fin,), "out": (fout,)})
+        fin = fout
+    return layers
+
+
+def build_spec(shape: tuple[int, int, int], model: dict, in_channels: int = 1,
+               outputs: int = 2) -> list[dict]:
+    """Spec of the study's model (config block `spatial.model`) on a (depth, height, width) grid."""
+    return cosmoflow_spec((in_channels, *shape), list(model["channels"]), kernel=model.get("kernel", 3),
+                          conv_stride=model.get("conv_stride", 1), padding=model.get("padding", "same"),
+                          pool=model.get("pool", 2), dense=list(model.get("dense", [64])), outputs=outputs)
+
+
+def flops(layer: dict) -> float:
+    """Forward multiply-adds x 2 of one layer for one sample (backward is modelled as 2x forward)."""
+    if layer["kind"] == "conv":
+        cout, d, h, w = layer["out"]
+        return 2.0 * layer["cin"] * cout * layer["kernel"] ** 3 * d * h * w
+    if layer["kind"] == "pool":
+        c, d, h, w = layer["out"]
+        return float(c * d * h * w * layer["kernel"] ** 3)
+    if layer["kind"] == "dense":
+        return 2.0 * layer["fin"] * layer["fout"]
+    return 0.0
+
+
+def layer_key(layer: dict) -> str:
+    """Identifies a layer's kernel shape up to its depth, so slabs of it share one timing fit."""
+    if layer["kind"] in ("conv", "pool"):
+        c, _, h, w = layer["in"]
+        cout = layer.get("cout", c)
+        return f"{layer['kind']}:{c}>{cout}:k{layer['kernel']}s{layer['stride']}:{h}x{w}"
+    if layer["kind"] == "dense":
+        return f"dense:{layer['fin']}>{layer['fout']}"
+    return layer["kind"]
+
+
+def n_params(layer: dict) -> int:
+    if layer["kind"] == "conv":
+        return layer["cin"] * layer["cout"] * layer["kernel"] ** 3 + layer["cout"]
+    if layer["kind"] == "dense":
+        return layer["fin"] * layer["fout"] + layer["fout"]
+    return 0
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for v in shape:
+        n *= int(v)
+    return n

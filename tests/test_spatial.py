@@ -1,0 +1,213 @@
+"""Spatial study, single process: partition plans, bad input, GRF cache, config checks, the oracle."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from hpcdl.config import ConfigError, validate_config
+from hpcdl.perfmodel.calibrate import fit_line, fit_machine
+from hpcdl.perfmodel.oracle import Machine, Strategy, extrapolate, predict, t_allreduce
+from hpcdl.spatial.arch import build_spec, cosmoflow_spec
+from hpcdl.spatial.data import SlabReader, ensure_dataset, grf
+from hpcdl.spatial.partition import padding_for, plan_axis, split_sizes
+
+# ---- partition plans ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,parts", [(16, 2), (13, 4), (7, 7), (30, 4)])
+@pytest.mark.parametrize("kernel,stride,pad", [(1, 1, "same"), (3, 1, "same"), (5, 1, "same"), (3, 2, "same"),
+                                               (3, 1, "valid"), (5, 2, "valid"), (2, 2, "valid")])
+def test_plan_matches_brute_force(n, parts, kernel, stride, pad):
+    p = padding_for(kernel, pad) if pad == "same" and kernel % 2 else 0
+    try:
+        plan = plan_axis(split_sizes(n, parts), kernel, stride, p)
+    except ValueError as exc:
+        assert "halo" in str(exc) or "thinner" in str(exc)
+        return
+    n_out = (n + 2 * p - kernel) // stride + 1
+    assert sum(plan.out_sizes) == n_out
+    first = 0
+    for r, size in enumerate(plan.out_sizes):
+        # rank r's window is exactly the union of its outputs' receptive fields
+        assert plan.need_lo[r] == first * stride - p
+        assert plan.need_hi[r] == (first + size - 1) * stride - p + kernel
+        ex = plan.exchange(r)
+        lo, hi = ex["keep"]
+        assert ex["zeros_l"] + ex["recv_l"] + (hi - lo) + ex["recv_r"] + ex["zeros_r"] == \
+            plan.need_hi[r] - plan.need_lo[r]
+        first += size
+    # what each rank sends is what its neighbour receives
+    for r in range(parts - 1):
+        assert plan.exchange(r)["send_r"] == plan.exchange(r + 1)["recv_l"]
+        assert plan.exchange(r + 1)["send_l"] == plan.exchange(r)["recv_r"]
+
+
+def test_uneven_split_sizes():
+    assert split_sizes(13, 4) == (4, 3, 3, 3)
+    assert split_sizes(8, 8) == (1,) * 8
+
+
+def test_more_ranks_than_planes():
+    with pytest.raises(ValueError, match="more ranks than depth planes"):
+        split_sizes(4, 8)
+
+
+def test_not_divisible_when_uneven_disabled():
+    with pytest.raises(ValueError, match="not divisible by 4 ranks"):
+        split_sizes(30, 4, allow_uneven=False)
+
+
+def test_halo_larger_than_slab():
+    # kernel 5 needs 2 planes from each neighbour; slabs of 1 plane cannot provide them
+    with pytest.raises(ValueError, match="halo larger than slab"):
+        plan_axis(split_sizes(4, 4), 5, 1, 2, "conv0 (depth)")
+
+
+def test_split_thinner_than_halo_yields_no_output():
+    with pytest.raises(ValueError, match="thinner than the halo"):
+        plan_axis(split_sizes(8, 4), 5, 1, 0, "conv0 (depth)")
+
+
+def test_model_construction_rejects_thin_split():
+    from hpcdl.spatial.model import CosmoFlow, SpatialCosmoFlow, make_layout
+
+    net = CosmoFlow(build_spec((8, 8, 8), {"channels": [2, 2, 2], "kernel": 5, "dense": [4]}))
+    layout = make_layout((8, 1), tuple(range(8)), None, 3)
+    with pytest.raises(ValueError, match="halo"):
+        SpatialCosmoFlow(net, layout)
+
+
+def test_same_padding_needs_odd_kernel():
+    with pytest.raises(ValueError, match="odd kernel"):
+        padding_for(4, "same")
+
+
+# ---- config checks ------------------------------------------------------------------------------
+
+def _cfg(**spatial):
+    return {"studies": ["spatial"], "spatial": spatial}
+
+
+def test_config_not_divisible():
+    with pytest.raises(ConfigError, match=r"spatial\.strong\.layouts.*dividing 30 planes"):
+        validate_config(_cfg(allow_uneven=False, strong={"grid": 30, "layouts": [[1, 4, 1]]}))
+
+
+def test_config_more_ranks_than_planes():
+    with pytest.raises(ConfigError, match=r"spatial\.strong\.layouts.*more ranks than depth planes"):
+        validate_config(_cfg(strong={"grid": 8, "layouts": [[1, 16, 1]]}))
+
+
+def test_config_thin_layer():
+    # 16^3 input: after three pools a layer sees 4 planes, too few for 8 depth ranks
+    with pytest.raises(ConfigError, match="thinner than one slab per rank"):
+        validate_config(_cfg(strong={"grid": 16, "layouts": [[1, 8, 1]]}))
+
+
+def test_config_batch_not_divisible_by_data_groups():
+    with pytest.raises(ConfigError, match="dividing the global batch"):
+        validate_config(_cfg(batch_size=3, hybrid={"grid": 32, "layouts": [[2, 1, 1]]}))
+
+
+def test_config_bad_enum_and_warmup():
+    with pytest.raises(ConfigError, match=r"spatial\.model\.kernel"):
+        validate_config(_cfg(model={"kernel": 4}))
+    with pytest.raises(ConfigError, match=r"spatial\.warmup"):
+        validate_config(_cfg(iterations=3, warmup=3))
+
+
+# ---- data ---------------------------------------------------------------------------------------
+
+def test_grf_spectrum_slope():
+    rng = np.random.default_rng(0)
+    shape = (32, 32, 32)
+    slopes = {}
+    for ns in (-3.0, -1.0):
+        f = grf(shape, 1.0, ns, rng)
+        p = np.abs(np.fft.rfftn(f)) ** 2
+        ks = np.meshgrid(*(2 * np.pi * np.fft.fftfreq(32) for _ in range(2)), 2 * np.pi * np.fft.rfftfreq(32),
+                         indexing="ij")
+        k = np.sqrt(sum(c ** 2 for c in ks)).ravel()
+        sel = (k > 0.3) & (k < 2.0)
+        slopes[ns] = np.polyfit(np.log(k[sel]), np.log(p.ravel()[sel]), 1)[0]
+    assert slopes[-3.0] == pytest.approx(-3.0, abs=0.3)
+    assert slopes[-1.0] == pytest.approx(-1.0, abs=0.3)
+
+
+def test_dataset_cached_once_and_slabs(tmp_path):
+    d = ensure_dataset(tmp_path, (8, 6, 4), 5, 3, (0.5, 2.0), (-3.0, -1.0))
+    mtime = (d / "fields.npy").stat().st_mtime_ns
+    assert ensure_dataset(tmp_path, (8, 6, 4), 5, 3, (0.5, 2.0), (-3.0, -1.0)) == d
+    assert (d / "fields.npy").stat().st_mtime_ns == mtime
+    other = ensure_dataset(tmp_path, (8, 6, 4), 5, 4, (0.5, 2.0), (-3.0, -1.0))
+    assert other != d
+    r = SlabReader(d)
+    full = np.load(d / "fields.npy")
+    block, y = r.read(np.array([4, 1]), slice(2, 5), slice(1, 3))
+    assert block.shape == (2, 1, 3, 2, 4)
+    np.testing.assert_array_equal(block[:, 0], full[[4, 1], 2:5, 1:3])
+    assert np.all(np.abs(y) <= 1)
+
+
+def test_dataset_bad_range(tmp_path):
+    with pytest.raises(ValueError, match="range ns"):
+        ensure_dataset(tmp_path, (8, 8, 8), 2, 0, (0.5, 2.0), (-1.0, -3.0))
+
+
+def test_missing_cache_names_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no GRF cache"):
+        SlabReader(tmp_path / "nope")
+
+
+# ---- oracle -------------------------------------------------------------------------------------
+
+def test_ring_allreduce_formula():
+    assert t_allreduce(1e6, 1, 1e-5, 1e-9) == 0
+    assert t_allreduce(1e6, 4, 1e-5, 1e-9) == pytest.approx(6e-5 + 1.5e6 * 1e-9)
+
+
+def test_fit_line_recovers_alpha_beta():
+    x = np.array([1e3, 1e4, 1e5, 1e6])
+    c0, k = fit_line(x, 2e-5 + x * 1e-9)
+    assert c0 == pytest.approx(2e-5, rel=1e-6) and k == pytest.approx(1e-9, rel=1e-6)
+
+
+def _laptop_machine():
+    rows = [{"kind": "pingpong", "size_bytes": s, "time_s": 3e-5 + s * 1e-9} for s in (1e3, 1e5, 1e6)]
+    rows += [{"kind": k, "units": u, "time_s": 1e-4 + u * 1e-10} for k in ("conv", "pool", "dense")
+             for u in (1e6, 1e8)]
+    rows += [{"kind": "optimizer", "units": u, "time_s": u * 1e-8} for u in (1e3, 1e5)]
+    rows += [{"kind": "io", "units": u, "batch": 4, "time_s": 1e-4 + u * 1e-9} for u in (1e5, 1e6)]
+    return fit_machine(rows, cores=2)
+
+
+def test_spatial_split_halves_compute_and_adds_halo():
+    m, consts = _laptop_machine()
+    assert consts["alpha_s"] == pytest.approx(3e-5, rel=1e-6)
+    spec = build_spec((32, 32, 32), {"channels": [8, 16], "dense": [16]})
+    one = predict(spec, 4, Strategy(), m)
+    two = predict(spec, 4, Strategy(depth=2), m)
+    four = predict(spec, 4, Strategy(depth=4), m)
+    assert one["halo_s"] == 0 and two["halo_s"] > 0
+    assert two["compute_s"] < 0.6 * one["compute_s"]
+    # 4 ranks on 2 cores: compute no faster than on 2
+    assert four["compute_s"] >= 0.95 * two["compute_s"]
+    assert two["memory_bytes"] < one["memory_bytes"]
+
+
+def test_extrapolation_picks_spatial_for_cosmoflow():
+    spec = cosmoflow_spec((4, 512, 512, 512), [16, 32, 64, 128, 256, 256, 256], dense=[2048, 256], outputs=4)
+    machine = Machine.from_description({"peak_tflops": 7.8, "efficiency": 0.5, "memory_gb": 16,
+                                        "memory_gbs": 900, "intra_gbs": 50, "inter_gbs": 12.5,
+                                        "alpha_intra_s": 5e-6, "alpha_inter_s": 1e-5, "gpus_per_node": 4,
+                                        "io_gbs": 2.0})
+    rows = extrapolate(spec, 16, machine, [4, 64, 2048])
+    data = [r for r in rows if r["family"] == "data"]
+    assert data and not any(r["feasible"] for r in data)  # one 512^3 sample does not fit a 16 GB GPU
+    picks = {r["gpus"]: r for r in rows if r["chosen"]}
+    assert 4 not in picks  # 16 samples of 512^3 need more than 4 GPUs' memory
+    assert "spatial" in picks[2048]["strategy"] and "spatial" in picks[64]["strategy"]
+    assert picks[2048]["total_s"] < picks[64]["total_s"] / 5
+    assert all(math.isfinite(r["total_s"]) for r in rows)

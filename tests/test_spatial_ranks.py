@@ -1,0 +1,100 @@
+"""Spatial study on real ranks (torchrun + gloo): exactness in float64 on 1, 2 and 4 ranks,
+hybrid data x spatial training equal to whole-batch training, and faults (no hangs)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from hpcdl.runtime.launch import RankFailure, run_ranks
+from hpcdl.spatial.data import ensure_dataset
+from hpcdl.spatial.train import reference_losses
+
+TOL = 1e-10
+# kernel 1/3/5, stride 1/2, same/valid padding, an even and an uneven depth
+CASES = [dict(cin=2, cout=3, kernel=k, stride=s, padding=p, depth=d, height=9, width=5)
+         for k in (1, 3, 5) for s in (1, 2) for p in ("same", "valid") for d in (16, 13)]
+MODEL = {"channels": [3, 4], "dense": [8]}
+
+
+def _suite(nprocs, grid):
+    conv = run_ranks("hpcdl.spatial.exactness:conv_cases", nprocs, {"cases": CASES, "grid": grid},
+                     timeout_s=240)
+    model = run_ranks("hpcdl.spatial.exactness:model_case", nprocs,
+                      {"shape": (16, 12, 10), "model": MODEL, "grid": grid}, timeout_s=240)
+    return conv, model
+
+
+@pytest.mark.parametrize("nprocs,grid", [
+    (1, (1, 1)), (2, (2, 1)),
+    pytest.param(4, (4, 1), marks=pytest.mark.slow), pytest.param(4, (2, 2), marks=pytest.mark.slow)],
+    ids=["1rank", "2ranks-depth", "4ranks-depth", "4ranks-depth-height"])
+def test_partitioned_conv_and_model_exact(nprocs, grid):
+    conv, model = _suite(nprocs, grid)
+    assert len(conv) == nprocs and all(len(r) == len(CASES) for r in conv)
+    for rank_rows in conv:
+        for row in rank_rows:
+            for key in ("err_out", "err_grad_input", "err_grad_weight", "err_grad_bias"):
+                assert row[key] <= TOL, (key, row)
+    for row in model:
+        assert row["err_loss"] <= TOL and row["err_grad_input"] <= TOL and row["err_grad_params"] <= TOL, row
+    if grid == (4, 1):
+        # 16 planes over 4 ranks, then halved by each pool: every rank keeps a slab to the end
+        assert model[0]["out_sizes"][0] == (1, 1, 1, 1)
+
+
+def test_halo_larger_than_slab_fails_on_every_rank_without_hang():
+    t0 = time.time()
+    # 4 planes over 3 ranks = slabs [2, 1, 1]: rank 0 needs 2 planes from rank 1, which has 1
+    with pytest.raises(RankFailure) as info:
+        run_ranks("hpcdl.spatial.exactness:conv_cases", 3,
+                  {"cases": [dict(cin=1, cout=1, kernel=5, stride=1, padding="same", depth=4, height=4,
+                                  width=4)]}, timeout_s=120)
+    assert "halo larger than slab" in str(info.value)
+    assert time.time() - t0 < 120
+
+
+def test_rank_dying_mid_exchange_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HPCDL_HALO_TIMEOUT_S", "20")
+    t0 = time.time()
+    with pytest.raises(RankFailure) as info:
+        run_ranks("hpcdl.spatial.exactness:model_case", 2,
+                  {"shape": (16, 8, 8), "model": MODEL, "die_rank": 1}, timeout_s=90)
+    elapsed = time.time() - t0
+    msg = str(info.value)
+    assert "failed" in msg and elapsed < 90
+    # the survivor names the halo exchange and the peer, unless torchrun stopped it first
+    assert "HaloExchangeError" in msg or "exit" in msg
+
+
+@pytest.mark.slow
+def test_stalled_neighbour_times_out_with_clear_error(monkeypatch):
+    monkeypatch.setenv("HPCDL_HALO_TIMEOUT_S", "3")
+    t0 = time.time()
+    with pytest.raises(RankFailure) as info:
+        run_ranks("hpcdl.spatial.exactness:model_case", 2,
+                  {"shape": (16, 8, 8), "model": MODEL, "stall_rank": 1, "stall_s": 30}, timeout_s=90)
+    assert "HaloExchangeError" in str(info.value) and "rank 1" in str(info.value)
+    assert time.time() - t0 < 30  # the deadline fired, not the stalled rank waking up
+
+
+@pytest.mark.slow
+def test_hybrid_training_equals_whole_batch_training(tmp_path):
+    data = ensure_dataset(tmp_path, (16, 12, 8), 8, 0, (0.5, 2.0), (-3.0, -1.0))
+    kw = dict(data_dir=str(data), model=MODEL, batch_size=4, iterations=3, lr=1e-2, seed=0)
+    ref = reference_losses(**kw, dtype="float64")
+    res = run_ranks("hpcdl.spatial.train:train_run", 4,
+                    {**kw, "n_data": 2, "grid": (2, 1), "dtype": "float64"}, timeout_s=240)
+    assert {r["data_index"] for r in res} == {0, 1}
+    losses = np.array([[rec["loss"] for rec in r["records"]] for r in res])
+    # spatial ranks of one data group see the same loss; the mean over groups is the whole-batch loss
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-12)
+    hybrid = (losses[0] + losses[2]) / 2
+    np.testing.assert_allclose(hybrid, ref, rtol=1e-9)
+    rec = res[0]["records"][-1]
+    for key in ("io_s", "compute_s", "halo_s", "gather_s", "allreduce_s", "total_s"):
+        assert rec[key] >= 0
+    assert rec["halo_s"] > 0 and rec["allreduce_s"] > 0
+    assert res[0]["slab_depth"] == 8 and res[0]["peak_rss_mb"] > 0
