@@ -24,6 +24,8 @@ rule shuffle_run:
             [m for grid in CONFIG["shuffle"]["grids"] for m in grid["world_sizes"]]
             + [CONFIG["shuffle"]["kakurenbo"]["world_size"]]
         ),
+        # The batch step starts the ranks with srun inside this N-task allocation.
+        mpi="srun",
     conda:
         CONDA_ENV
     shell:

@@ -25,6 +25,10 @@ rule spatial_run:
             for key in ("strong", "weak", "hybrid")
             for lay in CONFIG["spatial"][key]["layouts"] + [CONFIG["spatial"]["train"]["layout"]]
         ),
+        # The batch step starts the ranks with srun inside this N-task allocation.
+        mpi="srun",
+    conda:
+        CONDA_ENV
     shell:
         "{params.app} > {log} 2>&1"
 
@@ -41,6 +45,8 @@ rule spatial_aggregate:
     resources:
         mem_mb=1000,
         runtime=5,
+    conda:
+        CONDA_ENV
     shell:
         cli_step("aggregate", "spatial")
 
@@ -64,6 +70,8 @@ rule spatial_plot:
     resources:
         mem_mb=1000,
         runtime=5,
+    conda:
+        CONDA_ENV
     shell:
         cli_step("plot", "spatial")
 
@@ -81,5 +89,7 @@ rule spatial_claims:
     resources:
         mem_mb=1000,
         runtime=5,
+    conda:
+        CONDA_ENV
     shell:
         cli_step("claims", "spatial")
