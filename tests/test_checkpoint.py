@@ -1,0 +1,239 @@
+"""Checkpoint study: formats, integrity, async snapshots, training-state resume, analysis helpers."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from hpcdl.checkpoint import analysis, integrity, measure, plan, saver, state, training
+from hpcdl.checkpoint.formats import FORMATS
+
+ALL = list(FORMATS)
+
+
+def small_state() -> dict:
+    g = torch.Generator().manual_seed(1)
+    return {"layers.0.weight": torch.randn(8, 16, generator=g), "layers.0.bias": torch.randn(8, generator=g),
+            "counts": torch.arange(5), "flag": torch.tensor(3)}
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def test_flatten_roundtrip_keeps_types_exactly():
+    groups = [{"betas": (0.9, 0.999), "lr": 1e-3, "amsgrad": False, "x": None}]
+    rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    nested = {"model": {"w": torch.randn(3, 2)},
+              "opt": {"state": {0: {"step": torch.tensor(4.0)}}, "groups": groups},
+              "rng": rng, "loader": {"epoch": 2, "batch": 7}}
+    flat = state.flatten(nested)
+    assert all(isinstance(t, torch.Tensor) for t in flat.values())
+    back = state.unflatten(flat)
+    assert list(back["opt"]["state"]) == [0]  # int keys stay ints (optimizer load_state_dict needs them)
+    assert back["opt"]["groups"][0]["betas"] == (0.9, 0.999)
+    assert back["opt"]["groups"][0]["x"] is None and back["opt"]["groups"][0]["amsgrad"] is False
+    assert back["rng"]["python"] == nested["rng"]["python"]
+    np_state = back["rng"]["numpy"]
+    assert np_state[0] == "MT19937" and np_state[1].dtype == np.uint32
+    assert np.array_equal(np_state[1], nested["rng"]["numpy"][1])
+    assert torch.equal(back["model"]["w"], nested["model"]["w"])
+    assert back["loader"] == {"epoch": 2, "batch": 7}
+
+
+def test_flatten_rejects_unsupported_objects():
+    with pytest.raises(TypeError, match="cannot checkpoint a object at x"):
+        state.flatten({"x": object()})
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_sync_save_load_roundtrip_commits_atomically(tmp_path, fmt):
+    flat = small_state()
+    t = saver.save(flat, tmp_path, "step-000000001", fmt)
+    assert t.path == tmp_path / "step-000000001" and (t.path / integrity.MANIFEST).is_file()
+    assert integrity.read_manifest(t.path)["format"] == fmt
+    assert t.file_bytes >= state.tensor_bytes(flat)
+    assert 0 < t.durable_s <= t.commit_s
+    assert [p.name for p in tmp_path.iterdir()] == ["step-000000001"]  # no staging leftovers
+    assert_same(saver.load(t.path), flat)
+    with pytest.raises(integrity.CheckpointError, match="already exists"):
+        saver.save(flat, tmp_path, "step-000000001", fmt)
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_async_save_persists_the_snapshot_not_later_updates(tmp_path, fmt):
+    flat = small_state()
+    want = {k: v.clone() for k, v in flat.items()}
+    ck = saver.AsyncCheckpointer(tmp_path, fmt)
+    ck.prepare(flat)
+    blocking = ck.save(flat, "a")
+    for t in flat.values():  # training goes on and changes the weights in place
+        t.add_(1)
+    timing = ck.wait()
+    assert blocking >= 0 and timing.blocking_s == blocking and timing.commit_s >= timing.durable_s
+    assert_same(saver.load(timing.path), want)
+    ck.save(flat, "b")  # the next snapshot sees the new values
+    assert_same(saver.load(ck.wait().path), flat)
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_flipped_byte_fails_load_naming_the_file(tmp_path, fmt):
+    t = saver.save(small_state(), tmp_path, "ck", fmt)
+    victim = max(integrity.payload_files(t.path), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(integrity.CheckpointError) as err:
+        saver.load(t.path)
+    assert str(victim) in str(err.value) and "sha256" in str(err.value)
+
+
+def test_truncated_missing_and_extra_files_are_refused(tmp_path):
+    t = saver.save(small_state(), tmp_path, "ck", "torch")
+    payload = t.path / "state.pt"
+    payload.write_bytes(payload.read_bytes()[:100])
+    with pytest.raises(integrity.CheckpointError, match=f"{payload} has 100 bytes"):
+        saver.load(t.path)
+    payload.unlink()
+    with pytest.raises(integrity.CheckpointError, match=f"{payload} listed in .* is missing"):
+        saver.load(t.path)
+    (t.path / integrity.MANIFEST).unlink()
+    with pytest.raises(integrity.CheckpointError, match="MANIFEST.json is missing"):
+        saver.load(t.path)
+
+
+def test_staging_directories_are_never_taken_for_checkpoints(tmp_path):
+    saver.save(small_state(), tmp_path, "step-000000001", "npz")
+    tmp = integrity.new_tmp_dir(tmp_path, "step-000000002")
+    (tmp / "state.npz").write_bytes(b"half a file")
+    assert integrity.latest(tmp_path) == tmp_path / "step-000000001"
+    with pytest.raises(integrity.CheckpointError, match="uncommitted staging directory"):
+        saver.load(tmp)
+
+
+def test_torch_format_loads_weights_only(tmp_path):
+    """A torch file that would need code execution to unpickle is refused."""
+    t = saver.save(small_state(), tmp_path, "ck", "torch")
+    evil = t.path / "state.pt"
+    torch.save({"x": torch.zeros(1), "f": training.Loader(4, 2, 0)}, evil)
+    from hpcdl.checkpoint import formats
+
+    with pytest.raises(Exception, match="[Ww]eights only load failed"):
+        formats.get("torch").read(t.path)
+
+
+def test_unknown_format_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown checkpoint format 'zip'; allowed: torch, safetensors"):
+        saver.save(small_state(), tmp_path, "ck", "zip")
+    assert not any(tmp_path.iterdir())
+
+
+def test_resume_in_fresh_process_is_bit_identical(tmp_path):
+    spec = {"width": 16, "depth": 1, "n_features": 8, "n_samples": 64, "batch_size": 8}
+    rec = training.resume_check("safetensors", str(tmp_path), spec, steps_total=12, stop_at=5)
+    assert rec["bit_identical"], rec["mismatched"]
+    assert rec["state_sha256_uninterrupted"] == rec["state_sha256_resumed"]
+    assert not any(tmp_path.iterdir())  # scratch removed
+
+
+def test_resume_check_detects_a_missing_rng_restore(tmp_path):
+    """The fingerprint is sensitive: dropping the RNG state from a resume changes the result."""
+    spec = training.TrainSpec(width=16, depth=1, n_features=8, n_samples=64, batch_size=8, dropout=0.5)
+    torch.set_num_threads(1)
+    ref = training.Trainer(spec)
+    ref.train(10)
+    first = training.Trainer(spec)
+    first.train(4)
+    training.save_training_state(first, tmp_path, "torch")
+    resumed = training.Trainer(spec, init_seed=99)
+    loaded = state.unflatten(saver.load(integrity.latest(tmp_path)))
+    resumed.load_state_dict(loaded)
+    torch.manual_seed(99)  # as if the RNG state had not been checkpointed
+    resumed.train(6)
+    assert resumed.fingerprint()["state_sha256"] != ref.fingerprint()["state_sha256"]
+
+
+def test_loader_position_resumes_mid_epoch():
+    a = training.Loader(10, 3, seed=5)
+    seq = [a.next_indices().tolist() for _ in range(7)]
+    b = training.Loader(10, 3, seed=5)
+    for _ in range(4):
+        b.next_indices()
+    c = training.Loader(10, 3, seed=5)
+    c.load_state_dict(b.state_dict())
+    assert [c.next_indices().tolist() for _ in range(3)] == seq[4:]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_overhead_run_counts_checkpoints_and_cleans_up(tmp_path, mode):
+    spec = {"width": 16, "depth": 1, "n_features": 8, "n_samples": 64, "batch_size": 8}
+    rec = training.overhead_run(mode, 2, "torch", str(tmp_path), spec, steps=6, warmup_steps=1)
+    assert rec["n_checkpoints"] == 3 and rec["steps"] == 6 and rec["steps_per_s"] > 0
+    assert rec["overhead_frac"] == pytest.approx(rec["train_s"] / rec["baseline_train_s"] - 1)
+    assert rec["stall_total_s"] == pytest.approx(3 * rec["stall_mean_s"])
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="mode must be sync or async"):
+        training.overhead_run("never", 2, "torch", str(tmp_path), spec, steps=6)
+
+
+def test_young_daly_interval():
+    assert training.young_daly_interval_s(3600, 10) == pytest.approx(268.328, rel=1e-5)
+    with pytest.raises(ValueError, match="MTBF > 0"):
+        training.young_daly_interval_s(0, 1)
+
+
+def test_young_daly_table_minimises_expected_waste():
+    row = {"mode": "sync", "baseline_steps_per_s": 10.0, "status": "ok"}
+    ovh = analysis.overhead_table(pd.DataFrame([
+        {**row, "interval_steps": 5, "stall_mean_s": 0.2},
+        {**row, "interval_steps": 20, "stall_mean_s": 0.1},
+        {**row, "mode": "async", "interval_steps": 20, "stall_mean_s": 0.0, "status": "failed"}]))
+    assert list(ovh["mode"]) == ["sync", "sync"] and list(ovh["interval_s"]) == [0.5, 2.0]
+    yd = analysis.young_daly_table(ovh, [50.0])
+    row = yd.iloc[0]
+    assert row["cost_s"] == 0.1 and row["interval_s"] == pytest.approx(np.sqrt(2 * 50 * 0.1))
+    assert row["interval_steps"] == pytest.approx(row["interval_s"] * 10)
+    t = np.linspace(0.5, 10, 500)
+    assert row["expected_waste_frac"] == pytest.approx((0.1 / t + t / 100).min(), rel=1e-3)
+
+
+def test_sweep_sizes_geometric():
+    assert plan.sweep_sizes(2**20, 2**26, 4) == [2**20, 2**22, 2**24, 2**26]
+    assert plan.sweep_sizes(4096, 4096, 1) == [4096]
+
+
+def test_synthetic_state_and_ceiling(tmp_path):
+    flat = measure.synthetic_state(3 * measure.LAYER_PARAMS // 2 + 7, seed=0)
+    assert sum(t.numel() for t in flat.values()) == 3 * measure.LAYER_PARAMS // 2 + 7
+    assert all(t.dtype == torch.float32 for t in flat.values())
+    assert measure.storage_ceiling(tmp_path, 3 << 20) > 0
+    assert not any(tmp_path.iterdir())
+
+
+def test_peak_rss_sees_a_large_allocation():
+    with measure.PeakRSS(0.001) as mem:
+        x = torch.ones(64 << 18)  # 64 MiB, touched
+    del x
+    assert mem.peak_extra_bytes >= 48 << 20
+
+
+@pytest.mark.parametrize("fmt,mode", [("torch", "sync"), ("dcp", "async")])
+def test_run_point_records_every_measure_and_cleans_scratch(tmp_path, fmt, mode):
+    rows = measure.run_point(fmt, mode, 8192, str(tmp_path), repeats=2)
+    assert [r["repeat"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["state_bytes"] == 8192 * 4 and r["file_bytes"] >= r["state_bytes"] and r["roundtrip_ok"]
+        assert r["durable_s"] > 0 and r["load_s"] >= r["verify_s"] > 0 and r["ceiling_bw_bytes_per_s"] > 0
+    assert not any(tmp_path.iterdir())
+
+
+def test_run_point_over_scratch_budget_fails_before_writing(tmp_path):
+    with pytest.raises(RuntimeError, match="checkpoint.scratch_limit_mb"):
+        measure.run_point("npz", "sync", 1 << 20, str(tmp_path), scratch_limit_mb=1)
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,130 @@
+"""Checkpoint study: bad configuration, a save killed mid-way, and the task app end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+from hpcdl.checkpoint import integrity, saver
+from hpcdl.checkpoint.formats import FORMATS
+from hpcdl.config import ConfigError, load_config
+
+# Saves a small checkpoint, says so, then saves a 64 MiB one (the parent kills it mid-way).
+KILLED_CHILD = """
+import sys, torch
+from pathlib import Path
+from hpcdl.checkpoint import saver
+root, fmt = Path(sys.argv[1]), sys.argv[2]
+saver.save({"w": torch.full((1024,), 1.0)}, root, "step-000000001", fmt)
+big = {f"w{i}": torch.full((1 << 20,), 2.0) for i in range(16)}
+print("first committed", flush=True)
+saver.save(big, root, "step-000000002", fmt)
+print("second committed", flush=True)
+"""
+
+
+def _staged_bytes(root) -> int:
+    return sum(p.stat().st_size for d in root.glob(f".step-000000002{integrity.TMP_MARK}*")
+               for p in d.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_sigkill_mid_save_keeps_previous_checkpoint(tmp_path, repo, fmt):
+    root = tmp_path / "ckpts"
+    child = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, str(root), fmt], cwd=repo,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "first committed"
+        deadline = time.monotonic() + 120
+        while _staged_bytes(root) == 0 and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        os.kill(child.pid, signal.SIGKILL)  # in the middle of writing the second checkpoint
+    finally:
+        child.wait()
+        out = child.stdout.read()
+    assert "second committed" not in out, "the save finished before the kill; the test proved nothing"
+    assert child.returncode == -signal.SIGKILL
+    assert _staged_bytes(root) > 0  # a half-written staging directory is there ...
+    assert integrity.committed(root) == [root / "step-000000001"]  # ... and is not taken for a checkpoint
+    assert not (root / "step-000000002").exists()
+    back = saver.load(integrity.latest(root))  # previous checkpoint: loadable and verified
+    assert torch.equal(back["w"], torch.full((1024,), 1.0))
+    removed = integrity.remove_stale(root)
+    assert len(removed) == 1 and not removed[0].exists()
+
+
+def _block(test_config, **over) -> dict:
+    return {**test_config["checkpoint"], **over}
+
+
+@pytest.mark.parametrize("override,key", [
+    ({"formats": ["torch", "zip"]}, "checkpoint.formats[1]"),
+    ({"sizes": {"min_params": -4096, "max_params": 65536, "points": 2}}, "checkpoint.sizes.min_params"),
+    ({"sizes": {"min_params": 4096, "max_params": 2**40, "points": 2}}, "checkpoint.sizes.max_params"),
+    ({"sizes": {"min_params": 65536, "max_params": 4096, "points": 2}}, "checkpoint.sizes.min_params"),
+    ({"scratch_dir": "../../elsewhere"}, "checkpoint.scratch_dir"),
+    ({"scratch_dir": "/tmp/checkpoints"}, "checkpoint.scratch_dir"),
+    ({"repeats": 0}, "checkpoint.repeats"),
+    ({"overhead": {"intervals": [1, 99], "steps": 4}}, "checkpoint.overhead.intervals"),
+])
+def test_bad_config_names_the_key_and_writes_nothing(tmp_path, write_config, test_config, override, key):
+    path = write_config(studies=["checkpoint"], checkpoint=_block(test_config, **override))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"config key '{key}'")
+    from tasks import checkpoint as app
+
+    with pytest.raises(SystemExit) as exit_:
+        app.main(["--config", str(path)])
+    assert key in str(exit_.value.code)
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow
+def test_task_app_end_to_end_with_a_failing_point(tmp_path, write_config, test_config):
+    """Tiny sweep where the larger size exceeds the scratch budget: those points fail, the rest runs."""
+    block = _block(test_config, sizes={"min_params": 4096, "max_params": 262144, "points": 2},
+                   scratch_limit_mb=2, dcp_ranks=[2])
+    path = write_config(studies=["checkpoint"], checkpoint=block)
+    from hpcdl.cli import main as cli
+    from tasks import checkpoint as app
+
+    app.main(["--config", str(path)])
+    for step in ("aggregate", "plot", "claims"):
+        assert cli([step, "checkpoint", "--config", str(path)]) == 0
+    out = tmp_path / "results" / "checkpoint"
+    io = pd.read_csv(out / "raw" / "io.csv")
+    big, small = io[io["n_params"] == 262144], io[io["n_params"] == 4096]
+    assert len(big) == 5 * 2 + 1 and (big["status"] == "failed").all()
+    assert big["error"].str.contains("checkpoint.scratch_limit_mb").all()
+    assert (small["status"] == "ok").all() and len(small) == 5 * 2 + 1
+    assert small["roundtrip_ok"].all()
+    assert set(small.loc[small["process_group"], "ranks"]) == {2}
+    assert not (out.parent / "checkpoint" / "scratch").exists()  # scratch removed
+
+    failures = pd.read_csv(out / "tables" / "failures.csv")
+    assert len(failures) == 11 and (failures["kind"] == "io").all()
+    resume = pd.read_csv(out / "tables" / "resume.csv")
+    assert sorted(resume["format"]) == sorted(FORMATS) and resume["bit_identical"].all()
+    ovh = pd.read_csv(out / "tables" / "overhead.csv")
+    assert set(ovh["mode"]) == {"sync", "async"} and (ovh["status"] == "ok").all()
+    assert len(ovh) == 2 * len(block["overhead"]["intervals"])
+    yd = pd.read_csv(out / "tables" / "young_daly.csv")
+    assert len(yd) == 2 * len(block["overhead"]["mtbf_s"])
+    for fig in ("save_load_time", "bandwidth", "blocking", "overhead", "bytes_on_disk", "dcp_ranks"):
+        assert (out / "figures" / f"{fig}.png").stat().st_size > 5000, fig
+    claims = json.loads((out / "claims.json").read_text())
+    by_id = {c["id"]: c for c in claims["claims"]}
+    assert set(by_id) == {"async_blocking", "bandwidth_vs_ceiling", "resume_bit_identical", "roundtrip"}
+    assert by_id["resume_bit_identical"]["passed"] and by_id["roundtrip"]["passed"]
+    assert by_id["async_blocking"]["measured"]["n_params"] == 4096  # largest size that ran
+    assert set(by_id["bandwidth_vs_ceiling"]["measured"]["bw_over_ceiling"]) == set(FORMATS)
+    assert (out / "raw" / "io.provenance.json").exists() and (out / "claims.html").exists()
