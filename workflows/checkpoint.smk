@@ -28,7 +28,7 @@ rule checkpoint_run:
     conda:
         CONDA_ENV
     shell:
-        "{params.app} > {log} 2>&1"
+        "{params.app} 2>&1 | tee {log}"
 
 
 rule checkpoint_aggregate:

@@ -3,7 +3,8 @@
 # A study <s> declares in workflows/<s>.smk four rules, each with a log, threads, resources and
 # `conda: CONDA_ENV`:
 #   <s>_run        input {RESULTS}/<s>/config.json (from the Snakefile's study_config rule);
-#                  shell "{params.app} > {log} 2>&1" with params app=task_app("<s>");
+#                  shell "{params.app} 2>&1 | tee {log}" (progress on the terminal and in the log),
+#                  params app=task_app("<s>");
 #                  output the raw tables under {RESULTS}/<s>/raw/
 #   <s>_aggregate  shell cli_step("aggregate", "<s>") -> tables/*.csv
 #   <s>_plot       shell cli_step("plot", "<s>") -> figures/*.png, each wrapped in

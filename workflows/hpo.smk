@@ -31,7 +31,7 @@ rule hpo_run:
     conda:
         CONDA_ENV
     shell:
-        "{params.app} > {log} 2>&1"
+        "{params.app} 2>&1 | tee {log}"
 
 
 rule hpo_aggregate:

@@ -29,7 +29,7 @@ rule shuffle_run:
     conda:
         CONDA_ENV
     shell:
-        "{params.app} > {log} 2>&1"
+        "{params.app} 2>&1 | tee {log}"
 
 
 rule shuffle_aggregate:

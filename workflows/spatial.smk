@@ -30,7 +30,7 @@ rule spatial_run:
     conda:
         CONDA_ENV
     shell:
-        "{params.app} > {log} 2>&1"
+        "{params.app} 2>&1 | tee {log}"
 
 
 rule spatial_aggregate:
