@@ -6,10 +6,12 @@ Every error is a ConfigError naming the key, the bad value and what is allowed.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import importlib
 import importlib.util
 import json
+import sys
 from pathlib import Path, PurePosixPath
 
 import yaml
@@ -178,3 +180,18 @@ def study_config(cfg: dict, study: str) -> dict:
 
 def study_dir(cfg: dict, study: str) -> Path:
     return Path(cfg["results_dir"]) / study
+
+
+def config_from_args(argv: list[str] | None = None, description: str | None = None) -> dict:
+    """Parse `--config PATH` and load it; a bad config prints the error and exits 2, writing nothing.
+
+    The one command line every task app shares (`python -m tasks.<study> --config FILE`).
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", required=True, help="full config file (YAML or JSON)")
+    args = parser.parse_args(argv)
+    try:
+        return load_config(args.config)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -10,7 +10,6 @@ interval). A failing point becomes a row with status=failed and its error; the r
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -19,7 +18,7 @@ import time
 import pandas as pd
 
 from hpcdl.checkpoint import distributed, measure, plan, training
-from hpcdl.config import ConfigError, load_config, study_dir
+from hpcdl.config import config_from_args, study_dir
 from hpcdl.io import write_table
 from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
 
@@ -68,13 +67,7 @@ def _rows(points: list[dict], futures: list, results: list, label) -> list[dict]
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True, help="full config (YAML or JSON)")
-    args = ap.parse_args(argv)
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:  # nothing written yet
-        sys.exit(f"error: {exc}")
+    cfg = config_from_args(argv, __doc__.splitlines()[0])
     started = time.time()
     out = study_dir(cfg, "checkpoint")
     os.environ[UNITS_ENV] = os.path.expandvars(cfg["checkpoint"]["computing_units"])

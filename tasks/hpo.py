@@ -9,14 +9,13 @@ trials in flight when a previous driver died are marked FAIL and replaced.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
 import pandas as pd
 
-from hpcdl.config import ConfigError, load_config, study_dir
+from hpcdl.config import config_from_args, study_dir
 from hpcdl.data.fashion_mnist import load_split
 from hpcdl.hpo import driver, records, storage, train
 from hpcdl.hpo.plan import plan_studies
@@ -65,14 +64,7 @@ def _test_best(study, best_path, data) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True, help="full config (YAML or JSON)")
-    args = ap.parse_args(argv)
-    try:
-        cfg = load_config(args.config)
-    except (ConfigError, FileNotFoundError, ValueError) as exc:  # nothing has been written yet
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    cfg = config_from_args(argv, __doc__.splitlines()[0])
     hpo = cfg["hpo"]
     out = study_dir(cfg, "hpo")
     started = time.time()

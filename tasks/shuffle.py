@@ -11,14 +11,13 @@ EPOCH (fault-injection for tests).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
 import pandas as pd
 
-from hpcdl.config import load_config, study_dir
+from hpcdl.config import config_from_args, study_dir
 from hpcdl.io import write_table
 from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
 from hpcdl.shuffle import data as shuffle_data
@@ -46,10 +45,7 @@ def _kill_for(point: dict) -> dict | None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True, help="full config (YAML or JSON)")
-    args = ap.parse_args(argv)
-    cfg = load_config(args.config)
+    cfg = config_from_args(argv, __doc__.splitlines()[0])
     block = cfg["shuffle"]
     out = study_dir(cfg, "shuffle")
     started = time.time()

@@ -11,14 +11,13 @@ Writes raw/{exactness,calibration,runs,iterations,ranks}.csv (+ provenance).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
 import pandas as pd
 
-from hpcdl.config import load_config, study_dir
+from hpcdl.config import config_from_args, study_dir
 from hpcdl.io import available_cores, write_table
 from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
 from hpcdl.spatial import runs
@@ -52,10 +51,7 @@ def _log(msg: str) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True, help="full config (YAML or JSON)")
-    args = ap.parse_args(argv)
-    cfg = load_config(args.config)
+    cfg = config_from_args(argv, __doc__.splitlines()[0])
     block, res_dir = cfg["spatial"], cfg["data"]["resources_dir"]
     out = study_dir(cfg, "spatial") / "raw"
     started = time.time()

@@ -62,3 +62,17 @@ def test_study_config_keeps_only_its_block(repo):
     assert set(part) == {"results_dir", "data", "studies", study}
     # A study config is itself a valid config.
     assert validate_config(yaml.safe_load(yaml.safe_dump(part)))[study] == cfg[study]
+
+
+def test_task_app_command_line_exits_2_with_the_key(tmp_path, capsys):
+    from hpcdl.config import config_from_args
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("studies: [nope]\n")
+    with pytest.raises(SystemExit) as exit_:
+        config_from_args(["--config", str(bad)])
+    assert exit_.value.code == 2
+    assert "config key 'studies[0]'" in capsys.readouterr().err
+    good = tmp_path / "good.yaml"
+    good.write_text("studies: []\n")
+    assert config_from_args(["--config", str(good)])["results_dir"] == "results"
