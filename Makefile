@@ -38,7 +38,7 @@ report: $(STAMP)
 	snakemake --cores 1 --configfile $(CONFIG) --report results/report.html
 
 test: $(STAMP) data
-	pytest -m "" tests
+	pytest -m "" --durations=25 tests
 
 test-fast: $(STAMP) data
 	pytest -m "not slow and not slurm" tests

@@ -9,8 +9,9 @@ import pytest
 
 from hpcdl.config import ConfigError, validate_config
 from hpcdl.perfmodel.calibrate import fit_line, fit_machine
-from hpcdl.perfmodel.oracle import Machine, Strategy, extrapolate, predict, t_allreduce
-from hpcdl.spatial.arch import build_spec, cosmoflow_spec
+from hpcdl.perfmodel.microbench import compute_timings
+from hpcdl.perfmodel.oracle import Machine, Strategy, extrapolate, fresh_bytes, predict, t_allreduce
+from hpcdl.spatial.arch import build_spec, cosmoflow_spec, n_params
 from hpcdl.spatial.data import SlabReader, ensure_dataset, grf
 from hpcdl.spatial.partition import padding_for, plan_axis, split_sizes
 
@@ -195,6 +196,45 @@ def test_spatial_split_halves_compute_and_adds_halo():
     # 4 ranks on 2 cores: compute no faster than on 2
     assert four["compute_s"] >= 0.95 * two["compute_s"]
     assert two["memory_bytes"] < one["memory_bytes"]
+
+
+def test_busy_fits_apply_to_runs_that_keep_several_cores_busy():
+    rows = [{"kind": "pingpong", "size_bytes": s, "time_s": 3e-5 + s * 1e-9} for s in (1e3, 1e5, 1e6)]
+    rows += [{"kind": "io", "units": u, "batch": 4, "time_s": 1e-4 + u * 1e-9} for u in (1e5, 1e6)]
+    for conc, slow in ((1, 1.0), (2, 1.5)):
+        rows += [{"kind": k, "units": u, "concurrent": conc, "time_s": slow * (1e-4 + u * 1e-10)}
+                 for k in ("conv", "pool", "dense") for u in (1e6, 1e8)]
+        rows += [{"kind": "optimizer", "units": u, "concurrent": conc, "time_s": slow * (1e-4 + u * 1e-8)}
+                 for u in (1e3, 1e5)]
+    m, consts = fit_machine(rows, cores=2)
+    assert m.busy["ranks"] == 2 and consts["busy_conv_gflops"] == pytest.approx(consts["conv_gflops"] / 1.5)
+    spec = build_spec((32, 32, 32), {"channels": [8, 16], "dense": [16]})
+    one = predict(spec, 4, Strategy(), m)
+    data2 = predict(spec, 4, Strategy(data=2), m)  # half the batch each, both cores busy at 1.5x
+    assert data2["compute_s"] == pytest.approx(1.5 * predict(spec, 2, Strategy(), m)["compute_s"], rel=1e-9)
+    assert one["optimizer_s"] == pytest.approx(1e-4 + sum(n_params(L) for L in spec) * 1e-8, rel=1e-6)
+
+
+def test_compute_microbenchmarks_run_the_models_ops():
+    spec = build_spec((8, 8, 8), {"channels": [2, 4], "dense": [8]})
+    rows = compute_timings([(spec, 2)], [1.0, 0.5], repeats=1)
+    kinds = {r["kind"] for r in rows}
+    assert kinds == {"conv", "pool", "dense", "optimizer", "fault"}
+    assert all(r["concurrent"] == 1 and r["time_s"] > 0 and r["units"] > 0 for r in rows)
+    m, _ = fit_machine(rows + [{"kind": "io", "units": 1, "batch": 1, "time_s": 1e-6}], cores=1)
+    assert m.busy is None and predict(spec, 2, Strategy(), m)["compute_s"] > 0
+    assert m.fault_time(fresh_bytes(spec, 2)) > 0
+
+
+def test_fresh_bytes_are_the_largest_feature_maps_and_their_gradients():
+    spec = build_spec((32, 32, 32), {"channels": [8, 16], "dense": [16]})
+    # conv0's pre- and post-activation and pool0's window: 8 x 32^3 each, and a gradient of each
+    assert fresh_bytes(spec, 4) == 2 * 3 * 8 * 32 ** 3 * 4 * 4
+    assert fresh_bytes(spec, 4, frac=0.5) == fresh_bytes(spec, 4) / 2
+    gpu = Machine.from_description({"peak_tflops": 7.8, "memory_gb": 16, "memory_gbs": 900, "intra_gbs": 50,
+                                    "inter_gbs": 12.5, "alpha_intra_s": 5e-6, "alpha_inter_s": 1e-5,
+                                    "gpus_per_node": 4, "io_gbs": 2.0})
+    assert gpu.fault_time(fresh_bytes(spec, 4)) == 0  # a caching allocator reuses device memory
 
 
 def test_extrapolation_picks_spatial_for_cosmoflow():

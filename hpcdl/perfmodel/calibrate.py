@@ -22,6 +22,33 @@ def fit_line(x, y) -> tuple[float, float]:
     return float(np.mean(y)), 0.0
 
 
+def _concurrent(row: dict) -> int:
+    """Ranks that ran a compute row at once (1: alone; rows without the column are alone)."""
+    c = row.get("concurrent")
+    return 1 if c is None or c != c else int(c)
+
+
+def _compute_fits(rows: list[dict]) -> dict:
+    """Per-kind and per-layer-shape linear fits (c0 + units * k) of fwd+bwd / optimizer timings."""
+    by = {}
+    for r in rows:
+        by.setdefault(r["kind"], []).append(r)
+    out = {}
+    for kind in ("conv", "pool", "dense", "optimizer", "fault"):
+        rs = by.get(kind, [])
+        out[kind] = fit_line([r["units"] for r in rs], [r["time_s"] for r in rs]) if rs else (0.0, 0.0)
+    layers = {}
+    for kind in ("conv", "pool", "dense"):
+        keys = {r.get("key") for r in by.get(kind, []) if isinstance(r.get("key"), str)}
+        for key in sorted(keys):
+            rs = [r for r in by[kind] if r.get("key") == key]
+            c0, k = fit_line([r["units"] for r in rs], [r["time_s"] for r in rs])
+            if k > 0 or len(rs) == 1:
+                layers[key] = (c0, k) if k > 0 else (0.0, rs[0]["time_s"] / max(rs[0]["units"], 1))
+    out["layers"] = layers
+    return out
+
+
 def fit_machine(rows: list[dict], cores: int, threads_per_rank: int = 1) -> tuple[Machine, dict]:
     """Machine for the laptop runs (every rank on this host: intra = inter) and the fitted constants."""
     by = {}
@@ -43,24 +70,24 @@ def fit_machine(rows: list[dict], cores: int, threads_per_rank: int = 1) -> tupl
     io_rows = by.get("io", [])
     io_c, io_k = fit_line([r["units"] for r in io_rows], [r["time_s"] for r in io_rows])
     batch = io_rows[0]["batch"] if io_rows else 1
-    layers = {}
-    for kind in ("conv", "pool", "dense"):
-        keys = {r.get("key") for r in by.get(kind, []) if isinstance(r.get("key"), str)}
-        for key in sorted(keys):
-            rs = [r for r in by[kind] if r.get("key") == key]
-            c0, k = fit_line([r["units"] for r in rs], [r["time_s"] for r in rs])
-            if k > 0 or len(rs) == 1:
-                layers[key] = (c0, k) if k > 0 else (0.0, rs[0]["time_s"] / max(rs[0]["units"], 1))
-    m = Machine(conv=fit("conv"), pool=fit("pool"), dense=fit("dense"), optimizer=fit("optimizer"),
+    solo, busy = _compute_fits([r for r in rows if _concurrent(r) <= 1]), None
+    together = [r for r in rows if _concurrent(r) > 1]
+    if together:
+        busy = _compute_fits(together)
+        busy["ranks"] = max(_concurrent(r) for r in together)
+    m = Machine(conv=solo["conv"], pool=solo["pool"], dense=solo["dense"], optimizer=solo["optimizer"],
                 io=(io_c / batch, io_k), alpha_intra=alpha, beta_intra=beta, alpha_inter=alpha,
                 beta_inter=beta, ranks_per_node=10 ** 6, cores=cores, threads_per_rank=threads_per_rank,
-                layers=layers, im2col=True, allreduce_ab=allreduce_ab, allgather_ab=allgather_ab,
-                exchange_ab=exchange_ab)
+                layers=solo["layers"], im2col=True, allreduce_ab=allreduce_ab, allgather_ab=allgather_ab,
+                exchange_ab=exchange_ab, busy=busy, fault=solo["fault"])
     consts = {"alpha_s": alpha, "beta_s_per_byte": beta,
               "bandwidth_gbs": (1 / beta / 1e9) if beta > 0 else float("inf"),
               "conv_gflops": (3 / m.conv[1] / 1e9) if m.conv[1] > 0 else float("inf"),
-              "conv_overhead_s": m.conv[0], "pool_overhead_s": m.pool[0], "cores": cores,
-              "layer_fits": len(layers),
+              "conv_overhead_s": m.conv[0], "pool_overhead_s": m.pool[0],
+              "optimizer_overhead_s": m.optimizer[0], "cores": cores,
+              "fault_gbs": (1 / m.fault[1] / 1e9) if m.fault[1] > 0 else None,
+              "layer_fits": len(m.layers), "busy_layer_fits": len(busy["layers"]) if busy else 0,
+              "busy_conv_gflops": (3 / busy["conv"][1] / 1e9) if busy and busy["conv"][1] > 0 else None,
               "allreduce_alpha_s": allreduce_ab[0] if allreduce_ab else None,
               "allreduce_beta_s_per_byte": allreduce_ab[1] if allreduce_ab else None,
               "exchange_c0_s": exchange_ab[0] if exchange_ab else None,

@@ -2,14 +2,22 @@
 
 Ping-pong between ranks 0 and 1 over the process group's backend gives (alpha, beta), and the
 same sizes through all-reduce, all-gather and a two-sided exchange give the constants of the
-collectives as this backend runs them; while
-rank 1 waits, rank 0 times conv3d+activation, max-pool and dense layers forward+backward at
-the study's layer shapes and slab fractions, an Adam step, and slab reads from the GRF cache.
+collectives as this backend runs them. Compute is timed as the model runs it, layer by
+layer at the study's layer shapes and slab fractions: the halo window's copies, conv3d with
+bias + LeakyReLU, max-pool, dense layers, forward+backward, and zero_grad + Adam step over the
+model's parameter tensors; first on rank 0 alone (the other rank waits), then on every rank at
+once with the slowest rank timed (contention for cores, cache and memory bandwidth, and the skew
+every halo exchange waits for). Between a layer's forward and backward the rest of the step's
+activations are streamed through the caches (untimed), as in a training step. The layer timings
+run with the allocator warmed (no page faults); the cost of the fresh pages a step's largest
+feature maps take from the OS is timed on its own (map, first-touch, unmap). Slab reads from
+the GRF cache give the I/O cost.
 """
 
 from __future__ import annotations
 
 import functools
+import mmap
 import time
 
 import numpy as np
@@ -17,9 +25,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hpcdl.spatial.arch import flops, layer_key, n_params
+from hpcdl.perfmodel.oracle import fresh_bytes
+from hpcdl.spatial.arch import flops, layer_key, numel
 from hpcdl.spatial.data import SlabReader
-from hpcdl.spatial.model import LEAK
+from hpcdl.spatial.model import LEAK, partitioned_conv3d, single_layout, window
+from hpcdl.spatial.partition import plan_axis
 
 
 def fastest_quartile(times) -> float:
@@ -28,13 +38,25 @@ def fastest_quartile(times) -> float:
     return float(t[:max(1, len(t) // 4)].mean())
 
 
-def _best(fn, repeats: int) -> float:
+def _best(fn, repeats: int, together: bool = False) -> float:
+    """Fastest quartile of fn's seconds.
+
+    `together`: every rank of the group runs fn at the same moment (a barrier before each
+    repetition) and the slowest rank sets each repetition's time, as in a spatial run where all
+    ranks compute at once on shared cores, caches and memory bandwidth and meet at every halo.
+    """
     fn()  # warm-up: allocator, kernels
     times = []
     for _ in range(repeats):
+        if together:
+            dist.barrier()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
+    if together:
+        t = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        times = t.tolist()
     return fastest_quartile(times)
 
 
@@ -94,51 +116,158 @@ def collectives(sizes_bytes: list[int], repeats: int) -> list[dict]:
 
 
 def _layer_fn(L: dict, batch: int, frac_d: float, input_grad: bool = True):
-    """A fwd+bwd closure for layer L on a slab with frac_d of its depth.
+    """The forward of layer L on a slab with frac_d of its depth, run as the model runs it.
 
+    Conv: the halo window (the slab plus its halo planes, built by concatenation; its backward
+    scatters the gradient back), conv3d with bias and LeakyReLU; pool: window and max-pool;
+    dense: linear with bias (+ LeakyReLU). On one rank the halo planes are the zero padding of
+    the slab's edges, the same planes a middle rank receives, so the copies are the same.
     `input_grad` is False for the network's first layer: training needs no gradient of the data.
+    Returns (forward closure returning the output, units, depth fraction actually timed).
     """
     if L["kind"] == "dense":
         x = torch.randn(batch, L["fin"], requires_grad=True)
         w = torch.randn(L["fout"], L["fin"], requires_grad=True)
-        return (lambda: F.linear(x, w).sum().backward()), flops(L) * batch
+        b = torch.randn(L["fout"], requires_grad=True)
+
+        def fwd():
+            y = F.linear(x, w, b)
+            return F.leaky_relu(y, LEAK) if L.get("act") else y
+        return fwd, flops(L) * batch, 1.0
     c, d, h, w_ = L["in"]
-    d_loc = max(L["kernel"], int(round(d * frac_d)))
+    k, s = L["kernel"], L["stride"]
+    d_loc = max(k, int(round(d * frac_d)))
+    if L["kind"] == "pool":
+        d_loc = max(s, d_loc // s * s)  # a slab of whole pooling windows, as the study's splits are
+    plans = (plan_axis((d_loc,), k, s, L["pad"], L["name"]), None)
+    layout = single_layout()
     x = torch.randn(batch, c, d_loc, h, w_, requires_grad=input_grad)
     if L["kind"] == "conv":
-        wt = torch.randn(L["cout"], c, L["kernel"], L["kernel"], L["kernel"], requires_grad=True)
+        wt = torch.randn(L["cout"], c, k, k, k, requires_grad=True)
+        bias = torch.randn(L["cout"], requires_grad=True)
 
-        def fn():
-            F.leaky_relu(F.conv3d(x, wt, padding=L["pad"], stride=L["stride"]), LEAK).sum().backward()
-        units = flops(L) * batch * d_loc / d
+        def fwd():
+            return F.leaky_relu(partitioned_conv3d(x, wt, bias, s, L["pad"], plans, layout, tag=0), LEAK)
     else:
-        def fn():
-            F.max_pool3d(x, L["kernel"], L["stride"]).sum().backward()
-        units = flops(L) * batch * d_loc / d
-    return fn, units
+        def fwd():
+            return F.max_pool3d(window(x, plans, layout, 0), k, s)
+    return fwd, flops(L) * batch * d_loc / d, d_loc / d
 
 
-def layer_timings(specs: list[tuple[list[dict], int]], fractions: list[float], repeats: int) -> list[dict]:
+def activation_bytes(spec: list[dict], batch: int) -> int:
+    """Bytes of the activations one training step writes in the forward and reads back in the backward."""
+    return sum(_nbytes(L, batch, 1.0) for L in spec)
+
+
+def _best_fwd_bwd(fwd, evict: torch.Tensor | None, repeats: int, together: bool = False) -> float:
+    """Fastest quartile of forward + backward seconds, with `evict` rewritten (untimed) in between.
+
+    In a training step the rest of the network's activations pass through the caches between a
+    layer's forward and its backward, so the backward reads what the forward saved from further
+    away than a layer timed alone would: `evict` is that traffic. The output's gradient is a
+    dense tensor, just written, as the next layer's backward hands it over. `together`: as `_best`.
+    """
+    grad = torch.randn_like(fwd())
+    times = []
+    for i in range(repeats + 1):
+        if together:
+            dist.barrier()
+        t0 = time.perf_counter()
+        y = fwd()
+        t1 = time.perf_counter()
+        if evict is not None:
+            evict.add_(1.0)
+        grad.mul_(1.0)
+        t2 = time.perf_counter()
+        y.backward(grad)
+        t3 = time.perf_counter()
+        if i:  # the first is a warm-up: allocator, kernels
+            times.append((t1 - t0) + (t3 - t2))
+    if together:
+        t = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        times = t.tolist()
+    return fastest_quartile(times)
+
+
+def _nbytes(L: dict, batch: int, frac: float) -> int:
+    """Bytes of layer L's own activations on the slab (they are what its timing keeps warm)."""
+    if L["kind"] not in ("conv", "pool"):
+        return 0
+    return int(numel(L["out"]) * (2 if L["kind"] == "conv" else 1) * batch * 4 * frac)
+
+
+def _touch_fresh(nbytes: int) -> None:
+    """Map, first-touch (one byte a page) and unmap anonymous memory: the page faults, zeroing and
+    unmapping a large tensor costs when the allocator takes fresh pages from the OS for it."""
+    m = mmap.mmap(-1, nbytes)
+    a = np.frombuffer(m, dtype=np.uint8)
+    a[::mmap.PAGESIZE] = 1
+    del a
+    m.close()
+
+
+def _warm_allocator(nbytes: int) -> None:
+    """Allocate and free one large block so glibc's adaptive mmap/trim thresholds rise above the
+    step's tensors: the layer timings then carry no page faults (those are timed on their own)."""
+    torch.empty(max(1, min(nbytes, 32 * 2 ** 20) // 4)).fill_(0.0)
+
+
+def _param_shapes(spec: list[dict]) -> list[tuple[int, ...]]:
+    shapes = []
+    for L in spec:
+        if L["kind"] == "conv":
+            shapes += [(L["cout"], L["cin"], L["kernel"], L["kernel"], L["kernel"]), (L["cout"],)]
+        elif L["kind"] == "dense":
+            shapes += [(L["fout"], L["fin"]), (L["fout"],)]
+    return shapes
+
+
+def _optimizer_fn(shapes: list[tuple[int, ...]]):
+    """zero_grad + Adam step over parameters of the model's own shapes (per-tensor costs included)."""
+    params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    for p in params:
+        p.grad = torch.randn(p.shape)
+    opt = torch.optim.Adam(params, lr=1e-3)
+
+    def fn():
+        opt.zero_grad(set_to_none=False)
+        opt.step()
+    return fn, sum(p.numel() for p in params)
+
+
+def compute_timings(specs: list[tuple[list[dict], int]], fractions: list[float], repeats: int,
+                    together: bool = False) -> list[dict]:
+    """Every conv/pool/dense layer of the specs at each slab fraction, and the optimizer step.
+
+    With `together` every rank of the group must call this with the same arguments.
+    """
+    concurrent = dist.get_world_size() if together else 1
     rows = []
+    _warm_allocator(2 * max(activation_bytes(spec, batch) for spec, batch in specs))
+    evict = torch.zeros(max(activation_bytes(spec, batch) for spec, batch in specs) // 4)
     for spec, batch in specs:
         for L in spec:
             if L["kind"] not in ("conv", "pool", "dense"):
                 continue
             for frac in (fractions if L["kind"] != "dense" else [1.0]):
-                fn, units = _layer_fn(L, batch, frac, input_grad=L is not spec[0])
+                fwd, units, got = _layer_fn(L, batch, frac, input_grad=L is not spec[0])
+                # the step's other activations, on a slab of the same fraction
+                n = max(0, int(activation_bytes(spec, batch) * got) - _nbytes(L, batch, got)) // 4
+                t = _best_fwd_bwd(fwd, evict[:n] if n else None, repeats, together)
                 rows.append({"kind": L["kind"], "layer": L["name"], "key": layer_key(L), "batch": batch,
-                             "fraction": frac,
-                             "units": units, "time_s": _best(fn, repeats)})
-    return rows
-
-
-def optimizer_timings(param_counts: list[int], repeats: int) -> list[dict]:
-    rows = []
-    for n in param_counts:
-        p = torch.nn.Parameter(torch.randn(n))
-        p.grad = torch.randn(n)
-        opt = torch.optim.Adam([p], lr=1e-3)
-        rows.append({"kind": "optimizer", "units": n, "time_s": _best(opt.step, repeats)})
+                             "fraction": frac, "concurrent": concurrent, "units": units, "time_s": t})
+    sizes = {int(fresh_bytes(spec, batch)) for spec, batch in specs}
+    for nbytes in sorted(sizes | {4 * max(sizes)}):
+        n = max(mmap.PAGESIZE, nbytes)
+        rows.append({"kind": "fault", "units": n, "concurrent": concurrent,
+                     "time_s": _best(functools.partial(_touch_fresh, n), repeats, together)})
+    shape_sets = [_param_shapes(spec) for spec, _ in specs]
+    shape_sets.append([s for shapes in shape_sets for s in shapes] * 2)  # a larger model
+    for shapes in shape_sets:
+        fn, n = _optimizer_fn(shapes)
+        rows.append({"kind": "optimizer", "units": n, "concurrent": concurrent,
+                     "time_s": _best(fn, repeats, together)})
     return rows
 
 
@@ -157,15 +286,19 @@ def io_timings(data_dir: str, batch: int, fractions: list[float], repeats: int) 
 
 def calibrate_rank(specs: list[tuple[list[dict], int]], data_dir: str, sizes_bytes: list[int],
                    fractions: list[float], repeats: int) -> list[dict]:
-    """Every rank joins the ping-pong; rank 0 alone runs the compute timings (others wait)."""
+    """Every rank joins the ping-pong and collectives; rank 0 alone times compute and I/O while the
+    others wait (`concurrent` 1), then every rank times the same compute at once (`concurrent` =
+    ranks: the contended rate of runs that keep several cores busy)."""
     torch.set_default_dtype(torch.float32)
-    rows = (pingpong(sizes_bytes, repeats) + collectives(sizes_bytes, repeats)
-            if dist.get_world_size() > 1 else [])
+    world = dist.get_world_size()
+    rows = pingpong(sizes_bytes, repeats) + collectives(sizes_bytes, repeats) if world > 1 else []
     if dist.get_rank() == 0:
-        rows += layer_timings(specs, fractions, repeats)
-        counts = sorted({sum(n_params(L) for L in spec) for spec, _ in specs})
-        rows += optimizer_timings(counts + [max(counts) * 4], repeats)
+        rows += compute_timings(specs, fractions, repeats)
         rows += io_timings(data_dir, max(b for _, b in specs), fractions, repeats)
-    if dist.get_world_size() > 1:
+    if world > 1:
+        dist.barrier()
+        busy = compute_timings(specs, fractions, repeats, together=True)
+        if dist.get_rank() == 0:
+            rows += busy
         dist.barrier()
     return rows

@@ -117,10 +117,27 @@ class Machine:
     allreduce_ab: tuple[float, float] | None = None
     allgather_ab: tuple[float, float] | None = None
     exchange_ab: tuple[float, float] | None = None
+    # compute fits timed with `busy["ranks"]` ranks computing at once (keys conv/pool/dense/optimizer
+    # and layers, as above): used when a run keeps more than one core busy; None = the solo fits
+    busy: dict | None = None
+    # (c0 s, s per byte) of first-touching freshly mapped memory (page fault + zeroing); zero on
+    # GPUs, whose caching allocator reuses device memory
+    fault: tuple[float, float] = (0.0, 0.0)
 
-    def layer_time(self, layer: dict, units: float) -> float:
-        c0, k = self.layers.get(layer_key(layer)) or getattr(self, layer["kind"])
+    def fault_time(self, nbytes: float, busy: bool = False) -> float:
+        c0, k = (self.busy.get("fault") if busy and self.busy else None) or self.fault
+        return c0 + nbytes * k if nbytes > 0 else 0.0
+
+    def layer_time(self, layer: dict, units: float, busy: bool = False) -> float:
+        if busy and self.busy:
+            c0, k = self.busy["layers"].get(layer_key(layer)) or self.busy[layer["kind"]]
+        else:
+            c0, k = self.layers.get(layer_key(layer)) or getattr(self, layer["kind"])
         return c0 + units * k
+
+    def optimizer_time(self, n_params: float, busy: bool = False) -> float:
+        c0, k = self.busy["optimizer"] if busy and self.busy else self.optimizer
+        return c0 + n_params * k
 
     @classmethod
     def from_description(cls, m: dict) -> Machine:
@@ -144,6 +161,28 @@ class Machine:
         return self.alpha_inter, self.beta_inter * sharing
 
 
+def fresh_bytes(spec: list[dict], batch: int, frac: float = 1.0, f: int = 1, c: int = 1) -> float:
+    """Bytes of fresh memory pages a CPU training step first-touches for its feature maps.
+
+    A step allocates every feature map (per conv the halo window, the pre- and post-activation
+    output; per pool the window and the output) and, in the backward, a gradient of each, and
+    frees them all again. glibc's allocator serves blocks at or above its adaptive mmap threshold
+    (which rises to the largest block freed so far) with new mappings, so after the first step the
+    maps of the largest size are fresh pages every step: a page fault and the kernel's zeroing
+    per page. `frac` of the volume (a slab), 1/f of conv outputs, 1/c of conv inputs.
+    """
+    maps = []
+    for L in spec:
+        if L["kind"] == "conv":
+            maps += [numel(L["in"]) / c, numel(L["out"]) / f, numel(L["out"]) / f]
+        elif L["kind"] == "pool":
+            maps += [numel(L["in"]), numel(L["out"])]
+    if not maps:
+        return 0.0
+    largest = max(maps)
+    return 2 * sum(m for m in maps if m >= largest) * frac * batch * BYTES
+
+
 def _local(n: int, parts: int) -> int:
     return math.ceil(n / parts) if parts > 1 else n
 
@@ -158,6 +197,9 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
     a_s, b_s = machine.link(s)                       # spatial groups: contiguous ranks
     a_m, b_m = machine.link(f * c)                   # model-parallel (filter/channel) groups
     a_d, b_d = machine.link(strat.data, stride=s * f * c)
+    # CPU ranks that compute at once contend for cores, caches and memory bandwidth and wait for
+    # each other at every exchange: their compute follows the fits timed with all ranks busy
+    busy = bool(machine.cores) and strat.ranks * machine.threads_per_rank > 1
     t = dict.fromkeys(("compute", "halo", "gather", "allreduce", "io", "optimizer", "model_comm"), 0.0)
     act_elems = max_layer = workspace = 0.0
     conv_params = total_params = 0
@@ -170,7 +212,7 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
             fl = flops(L) * b * frac
             if kind == "conv":
                 fl /= f * c
-                t["compute"] += machine.layer_time(L, fl)
+                t["compute"] += machine.layer_time(L, fl, busy)
                 conv_params += n_params(L)
                 act_elems += 2 * numel(L["out"]) * frac / f  # pre- and post-activation kept for backward
                 max_layer = max(max_layer, numel(L["out"]) * frac / f)
@@ -178,7 +220,7 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
                 cols = L["cin"] / c * L["kernel"] ** 3 * numel(L["out"][1:]) * frac
                 workspace = max(workspace, cols) if machine.im2col else 0.0
             else:
-                t["compute"] += machine.layer_time(L, fl)
+                t["compute"] += machine.layer_time(L, fl, busy)
                 act_elems += numel(L["out"]) * frac
             halo = (L["kernel"] - 1) // 2 if kind == "conv" else max(L["kernel"] - L["stride"], 0)
             # a middle rank trades `halo` planes with each neighbour, forward and again backward
@@ -196,7 +238,7 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
             t["gather"] += t_allgather(numel(L["in"]) * b * BYTES, s, *ag)
             act_elems += numel(L["in"])
         elif kind == "dense":
-            t["compute"] += machine.layer_time(L, flops(L) * b)
+            t["compute"] += machine.layer_time(L, flops(L) * b, busy)
             act_elems += L["fout"] * 2
         total_params += n_params(L)
     c_in = spec[0]["in"]
@@ -207,7 +249,9 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
     ar_d = machine.allreduce_ab or (a_d, b_d)
     t["allreduce"] = (t_allreduce(conv_params * BYTES / (f * c), s, *ar_s)
                       + t_allreduce(total_params * BYTES / (f * c), strat.data, *ar_d))
-    t["optimizer"] = machine.optimizer[0] + total_params / (f * c) * machine.optimizer[1]
+    t["optimizer"] = machine.optimizer_time(total_params / (f * c), busy)
+    frac_s = _local(spec[0]["in"][1], pd) / spec[0]["in"][1] * _local(spec[0]["in"][2], ph) / spec[0]["in"][2]
+    t["compute"] += machine.fault_time(fresh_bytes(spec, b, frac_s, f, c), busy)
     if machine.cores:
         # CPU ranks beyond the cores time-share them: everything a rank does, including driving
         # its communication, stretches by ranks / cores
