@@ -75,17 +75,23 @@ def fit_machine(rows: list[dict], cores: int, threads_per_rank: int = 1) -> tupl
     if together:
         busy = _compute_fits(together)
         busy["ranks"] = max(_concurrent(r) for r in together)
+        busy.pop("fault")  # measured, not charged (below)
     m = Machine(conv=solo["conv"], pool=solo["pool"], dense=solo["dense"], optimizer=solo["optimizer"],
                 io=(io_c / batch, io_k), alpha_intra=alpha, beta_intra=beta, alpha_inter=alpha,
                 beta_inter=beta, ranks_per_node=10 ** 6, cores=cores, threads_per_rank=threads_per_rank,
                 layers=solo["layers"], im2col=True, allreduce_ab=allreduce_ab, allgather_ab=allgather_ab,
-                exchange_ab=exchange_ab, busy=busy, fault=solo["fault"])
+                exchange_ab=exchange_ab, busy=busy)
+    # The "fault" rows (map + first-touch + unmap of fresh pages) are fitted and reported but not
+    # yet charged to the prediction: training ranks do take ~fresh_bytes() of new pages per step
+    # (counted with getrusage), but each costs them about half of what the isolated benchmark
+    # measures, so charging it over-predicts 1-rank runs; Machine.fault stays (0, 0) until that
+    # benchmark reproduces the in-step cost.
     consts = {"alpha_s": alpha, "beta_s_per_byte": beta,
               "bandwidth_gbs": (1 / beta / 1e9) if beta > 0 else float("inf"),
               "conv_gflops": (3 / m.conv[1] / 1e9) if m.conv[1] > 0 else float("inf"),
               "conv_overhead_s": m.conv[0], "pool_overhead_s": m.pool[0],
               "optimizer_overhead_s": m.optimizer[0], "cores": cores,
-              "fault_gbs": (1 / m.fault[1] / 1e9) if m.fault[1] > 0 else None,
+              "fault_gbs": (1 / solo["fault"][1] / 1e9) if solo["fault"][1] > 0 else None,
               "layer_fits": len(m.layers), "busy_layer_fits": len(busy["layers"]) if busy else 0,
               "busy_conv_gflops": (3 / busy["conv"][1] / 1e9) if busy and busy["conv"][1] > 0 else None,
               "allreduce_alpha_s": allreduce_ab[0] if allreduce_ab else None,

@@ -120,8 +120,9 @@ class Machine:
     # compute fits timed with `busy["ranks"]` ranks computing at once (keys conv/pool/dense/optimizer
     # and layers, as above): used when a run keeps more than one core busy; None = the solo fits
     busy: dict | None = None
-    # (c0 s, s per byte) of first-touching freshly mapped memory (page fault + zeroing); zero on
-    # GPUs, whose caching allocator reuses device memory
+    # (c0 s, s per byte) of first-touching freshly mapped memory (page fault + zeroing), charged on
+    # fresh_bytes(); zero on GPUs (a caching allocator reuses device memory) and, for now, in the
+    # laptop fit too (see hpcdl.perfmodel.calibrate.fit_machine)
     fault: tuple[float, float] = (0.0, 0.0)
 
     def fault_time(self, nbytes: float, busy: bool = False) -> float:
