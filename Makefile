@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CORES ?= 2
 CONFIG ?= configs/default.yaml
+REPORT ?= results/report.html
 FASHION_MNIST ?= /usr/share/datasets/fashion-mnist
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export MPLBACKEND := Agg
@@ -35,7 +36,7 @@ figures: $(STAMP) data
 	$(MAKE) report
 
 report: $(STAMP)
-	snakemake --cores 1 --configfile $(CONFIG) --report results/report.html
+	snakemake --cores 1 --configfile $(CONFIG) --report $(REPORT)
 
 test: $(STAMP) data
 	pytest -m "" --durations=25 tests
