@@ -66,6 +66,18 @@ def _json_default(obj):
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
+    """Render a matplotlib figure to PNG in memory, write it atomically, close the figure."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
 def config_hash(obj) -> str:
     """sha256 of the canonical JSON form: equal configs hash equal whatever the key order."""
     canon = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default)

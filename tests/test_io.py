@@ -12,6 +12,7 @@ from hpcdl.io import (
     config_hash,
     provenance_path,
     read_table,
+    save_figure,
     write_claims,
     write_table,
 )
@@ -63,3 +64,14 @@ def test_claims_json_and_html(tmp_path):
 def test_read_table_missing_names_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.csv"):
         read_table(tmp_path / "nope.csv")
+
+
+def test_save_figure_writes_a_png_atomically_and_closes_it(tmp_path):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3], [1, 4, 9])
+    path = save_figure(fig, tmp_path / "figs" / "f.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+    assert not plt.fignum_exists(fig.number)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["f.png"]

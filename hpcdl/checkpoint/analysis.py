@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.checkpoint.training import young_daly_interval_s
-from hpcdl.io import claim, read_table, write_table
+from hpcdl.io import claim, read_table, save_figure, write_table
 
 MiB = 2**20
 FORMAT_ORDER = ["torch", "safetensors", "dcp", "hdf5", "npz"]
@@ -129,13 +129,6 @@ def _size_axis(ax) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _save(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
 
 
 def _empty(ax, what: str) -> None:
@@ -170,7 +163,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("time (s)")
     axes[0].legend()
-    _save(fig, figs / "save_load_time.png")
+    save_figure(fig, figs / "save_load_time.png")
 
     # 2. write bandwidth vs size with the storage ceiling
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -188,7 +181,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
     ax.set_ylim(bottom=0)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, figs / "bandwidth.png")
+    save_figure(fig, figs / "bandwidth.png")
 
     # 3. sync vs async blocking time
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -204,7 +197,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
            ylabel="training stall per checkpoint (s)", title="Blocking time: sync (solid) vs async (dashed)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    _save(fig, figs / "blocking.png")
+    save_figure(fig, figs / "blocking.png")
 
     # 4. throughput overhead vs interval with the Young/Daly points
     _plot_overhead(plt, read_table(tables / "overhead.csv") if _nonempty(tables / "overhead.csv")
@@ -235,7 +228,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
     ax2.set(yscale="log", xlabel="model state (MiB, fp32)", ylabel="bytes beyond the raw tensors (KiB)",
             title="Format overhead (headers, metadata, padding)")
     ax2.grid(True, which="both", alpha=0.3)
-    _save(fig, figs / "bytes_on_disk.png")
+    save_figure(fig, figs / "bytes_on_disk.png")
 
     # 6. DCP from N ranks
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -253,7 +246,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
            title="DCP save/load by number of gloo ranks")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    _save(fig, figs / "dcp_ranks.png")
+    save_figure(fig, figs / "dcp_ranks.png")
 
 
 def _single_process(io: pd.DataFrame) -> pd.DataFrame:
@@ -269,7 +262,7 @@ def _plot_overhead(plt, ovh: pd.DataFrame, yd: pd.DataFrame, path: Path) -> None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if ovh.empty:
         _empty(ax, "overhead")
-        _save(fig, path)
+        save_figure(fig, path)
         return
     base = float(ovh["baseline_steps_per_s"].median())
     mode_col = {"sync": "C3", "async": "C0"}
@@ -298,7 +291,7 @@ def _plot_overhead(plt, ovh: pd.DataFrame, yd: pd.DataFrame, path: Path) -> None
            title="Training overhead vs checkpoint interval")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------- claims

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.hpo.plan import pruning_baseline
-from hpcdl.io import atomic_write_bytes, claim, read_table, write_table
+from hpcdl.io import claim, read_table, save_figure, write_table
 
 SPEEDUP_EFFICIENCY = 0.8  # 2 workers >= 1.6x faster than 1
 BEST_TEST_ACC = 0.85
@@ -105,12 +105,6 @@ def aggregate(cfg: dict, study_dir: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------- figures
-def _save(fig, path: Path) -> None:
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    atomic_write_bytes(path, buf.getvalue())
 
 
 def _placeholder(path: Path, title: str, why: str) -> None:
@@ -120,7 +114,7 @@ def _placeholder(path: Path, title: str, why: str) -> None:
     ax.axis("off")
     ax.set_title(title)
     ax.text(0.5, 0.5, why, ha="center", va="center", wrap=True)
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -139,7 +133,7 @@ def _plot_best_so_far(df: pd.DataFrame, path: Path) -> None:
     ax.set_title("Best-so-far validation accuracy per sampler")
     ax.grid(alpha=0.3)
     ax.legend(title="study (sampler[-pruner])")
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -163,7 +157,7 @@ def _plot_scaling(df: pd.DataFrame, path: Path) -> None:
         a.set_xticks(df["workers"])
         a.grid(alpha=0.3)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -206,7 +200,7 @@ def _optuna_figures(cfg: dict, figures: Path) -> None:
                 first.set_ylabel(ylabel)
             fig = first.figure
             fig.suptitle(f"study {study_name}", y=1.02)
-            _save(fig, path)
+            save_figure(fig, path)
             plt.close(fig)
         except Exception as exc:  # noqa: BLE001 - e.g. too few complete trials: keep the workflow going
             _placeholder(path, f"{name} ({study_name})", f"not available for this run:\n{exc}")

@@ -33,10 +33,9 @@ def available_cores() -> int:
         if not env.isdigit() or int(env) < 1:
             raise ValueError(f"HPCDL_LOCAL_CORES must be a positive integer, got {env!r}")
         return int(env)
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    from hpcdl.io import available_cores as affinity_cores
+
+    return affinity_cores()
 
 
 def resolve_units(value, task_name: str) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.io import claim, read_table, write_table
+from hpcdl.io import claim, read_table, save_figure, write_table
 from hpcdl.shuffle.plan import exchange_count
 from hpcdl.shuffle.run import SAMPLE_BYTES
 
@@ -117,14 +117,6 @@ def _plt():
     return plt
 
 
-def _save(fig, path: Path) -> None:
-    import io
-
-    from hpcdl.io import atomic_write_bytes
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    atomic_write_bytes(path, buf.getvalue())
 
 
 def _order(labels) -> list[str]:
@@ -159,7 +151,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("validation accuracy (%)")
     axes[1].legend(fontsize=7, ncol=2)
-    _save(fig, figs / "acc_vs_epoch.png")
+    save_figure(fig, figs / "acc_vs_epoch.png")
     plt.close(fig)
 
     # 2. final accuracy vs Q (Q on a categorical axis: 0 = local, 1 = global)
@@ -174,7 +166,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
     ax.set_ylabel("final validation accuracy (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, figs / "final_acc_vs_q.png")
+    save_figure(fig, figs / "final_acc_vs_q.png")
     plt.close(fig)
 
     # 3. stacked time per epoch vs Q, one panel per M (random partitioning)
@@ -191,7 +183,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
         ax.set_title(f"M = {m} ranks")
     axes[0][0].set_ylabel("time per epoch per rank (s)")
     axes[0][-1].legend(fontsize=8)
-    _save(fig, figs / "time_per_epoch_vs_q.png")
+    save_figure(fig, figs / "time_per_epoch_vs_q.png")
     plt.close(fig)
 
     # 4. bytes exchanged per epoch vs Q, against Q * N samples
@@ -207,7 +199,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
     ax.set_xscale("symlog", linthresh=0.01)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, figs / "bytes_vs_q.png")
+    save_figure(fig, figs / "bytes_vs_q.png")
     plt.close(fig)
 
     # 5. KAKURENBO: training time vs accuracy per F
@@ -221,7 +213,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
     ax.set_ylabel("final validation accuracy (%)")
     ax.set_title(f"KAKURENBO on global shuffling, M = {cfg['shuffle']['kakurenbo']['world_size']}")
     ax.grid(alpha=0.3)
-    _save(fig, figs / "kakurenbo.png")
+    save_figure(fig, figs / "kakurenbo.png")
     plt.close(fig)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.io import claim, read_table, write_table
+from hpcdl.io import claim, read_table, save_figure, write_table
 from hpcdl.perfmodel.calibrate import fit_machine
 from hpcdl.perfmodel.oracle import Machine, Strategy, extrapolate, predict
 from hpcdl.spatial.arch import build_spec
@@ -161,8 +161,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
         else:
             _stacked(ax, sel, title)
         fig.tight_layout()
-        fig.savefig(figs / f"{kind}_scaling.png", dpi=120)
-        plt.close(fig)
+        save_figure(fig, figs / f"{kind}_scaling.png")
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     lim = [0.8 * min(df["time_per_iter_s"].min(), df["pred_time_per_iter_s"].min()),
@@ -184,8 +183,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
     ax2.set_title(f"Per-run error (mean |error| {100 * df['oracle_error'].abs().mean():.1f} %)")
     ax2.tick_params(axis="x", rotation=60, labelsize=7)
     fig.tight_layout()
-    fig.savefig(figs / "oracle_parity.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, figs / "oracle_parity.png")
 
     ext = read_table(tables / "extrapolation.csv")
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -203,8 +201,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
                  f"(x = exceeds {block['machine']['memory_gb']} GB)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(figs / "extrapolation.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, figs / "extrapolation.png")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for kind, g in df[df["kind"].isin(["strong", "weak"])].groupby("kind"):
@@ -214,8 +211,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
     ax.set(xlabel="ranks", ylabel="memory per rank (MiB)", title="Memory per rank vs ranks")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(figs / "memory.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, figs / "memory.png")
 
     loss = read_table(tables / "loss.csv")
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -225,8 +221,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
     ax.set(xlabel="iteration", ylabel="training loss (MSE on normalised A, ns)", title="Training loss")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(figs / "loss.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, figs / "loss.png")
 
 
 def claims(cfg: dict, study_dir: Path) -> list[dict]:
