@@ -63,6 +63,22 @@ def _test_best(study, best_path, data) -> None:
         study.set_user_attr("test", {"trial": best["trial"], "acc": acc})
 
 
+def _run_studies(hpo: dict, store, data, units: int, out) -> list:
+    studies = []
+    cores = None
+    for plan in plan_studies(hpo, BACKEND):
+        if plan.workers * units != cores:
+            cores = plan.workers * units
+            set_local_cores(cores)  # no-op under COMPSs
+            # Start the workers (torch import, data read) before the clock of the next study starts.
+            compss_wait_on([warm_up(data) for _ in range(plan.workers)])
+        study = driver.run_study(plan, hpo, store, data, submit=train_chunk, wait=compss_wait_on,
+                                 reason=failure_reason, study_dir=out)
+        _test_best(study, storage.best_state_path(out, plan.name), data)
+        studies.append(study)
+    return studies
+
+
 def main(argv=None) -> None:
     cfg = config_from_args(argv, __doc__.splitlines()[0])
     hpo = cfg["hpo"]
@@ -76,18 +92,8 @@ def main(argv=None) -> None:
                           hpo["data"]["train_limit"], hpo["data"]["test_limit"])
     store = storage.study_storage(cfg)
     print(f"[hpo] storage {storage.describe_storage(cfg)}", file=sys.stderr, flush=True)
-    studies = []
-    cores = None
-    for plan in plan_studies(hpo, BACKEND):
-        if plan.workers * units != cores:
-            cores = plan.workers * units
-            set_local_cores(cores)  # no-op under COMPSs
-            # Start the workers (torch import, data read) before the clock of the next study starts.
-            compss_wait_on([warm_up(data) for _ in range(plan.workers)])
-        study = driver.run_study(plan, hpo, store, data, submit=train_chunk, wait=compss_wait_on,
-                                 reason=failure_reason, study_dir=out)
-        _test_best(study, storage.best_state_path(out, plan.name), data)
-        studies.append(study)
+    studies = _run_studies(hpo, store, data, units, out)
+    set_local_cores(None)  # back to every core for whoever runs tasks after us in this process
     raw = out / "raw"
     write_table(pd.DataFrame([r for s in studies for r in records.trial_rows(s)]),
                 raw / "trials.csv", cfg, started)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ import pytest
 
 from hpcdl.runtime import launch
 from hpcdl.runtime.launch import RankFailure, build_command, run_ranks
+
+_os_free_port = launch.free_port
 
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_JOB_NODELIST",
               "SLURM_NODELIST", "HPCDL_LAUNCHER", "HPCDL_RANK_TMPDIR")
@@ -137,9 +140,37 @@ def test_two_ranks_allreduce_locally(clean_env):
     assert all(r["sum"] == pytest.approx(1.5 * (1 + 2)) for r in results)
 
 
-def test_rank_dying_raises_with_its_traceback(clean_env):
-    with pytest.raises(RankFailure, match="failed|timed out"):
+def test_rank_dying_raises_with_its_traceback(clean_env, capsys):
+    with pytest.raises(RankFailure, match="failed|timed out") as info:
         run_ranks("hpcdl.runtime.probes:die_on_rank", 2, {"victim": 1}, timeout_s=120)
+    assert info.value.group_formed                     # it died in the target: never retried
+    assert "retrying" not in capsys.readouterr().err
+
+
+def test_taken_rendezvous_port_is_retried_on_a_new_port(clean_env, capsys):
+    """The port race free_port() leaves open, made certain: the first port handed out is held."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        ports = iter([taken])
+        clean_env.setattr(launch, "free_port", lambda: next(ports, None) or _os_free_port())
+        results = run_ranks("hpcdl.runtime.probes:allreduce_sum", 2, {"value": 2.0}, timeout_s=120)
+    assert [r["sum"] for r in results] == [pytest.approx(6.0)] * 2
+    err = capsys.readouterr().err
+    assert "failed before forming a process group; retrying once on a new port" in err
+
+
+def test_port_taken_on_both_attempts_fails_with_the_launcher_error(clean_env, capsys):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        clean_env.setattr(launch, "free_port", lambda: taken)
+        with pytest.raises(RankFailure, match="failed \\(exit 1\\) via torchrun") as info:
+            run_ranks("hpcdl.runtime.probes:allreduce_sum", 2, {"value": 2.0}, timeout_s=120)
+    assert not info.value.group_formed
+    assert capsys.readouterr().err.count("retrying once") == 1
 
 
 @pytest.mark.parametrize("target, nprocs, msg", [("no_colon", 2, "module:function"),

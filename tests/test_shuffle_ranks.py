@@ -116,7 +116,8 @@ def test_task_app_records_a_point_whose_rank_died_as_failed(write_config, tmp_pa
     main(["--config", str(cfg_path)])
     assert time.time() - started < 150
     points = pd.read_csv(tmp_path / "results" / "shuffle" / "raw" / "points.csv").set_index("point")
-    assert points.loc["local-q0-random-M2-F0-s0", "status"] == "ok"
+    healthy = points.loc["local-q0-random-M2-F0-s0"]
+    assert healthy["status"] == "ok", healthy["error"]
     failed = points.loc["partial-q0.5-random-M2-F0-s0"]
     assert failed["status"] == "failed"
     assert "RankFailure" in failed["error"] and "on 2 ranks failed" in failed["error"]

@@ -22,6 +22,11 @@ from pathlib import Path
 class RankFailure(RuntimeError):
     """A multi-rank job failed or timed out; the message carries each rank's stderr tail."""
 
+    def __init__(self, message: str, *, group_formed: bool = True, timed_out: bool = False):
+        super().__init__(message)
+        self.group_formed = group_formed   # every rank got past init_process_group
+        self.timed_out = timed_out
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -116,59 +121,85 @@ _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RAN
 def run_ranks(target: str, nprocs: int, kwargs: dict | None = None, *,
               timeout_s: float = 600.0, threads_per_rank: int = 1,
               backend: str | None = None) -> list:
-    """Run `target` ("module:function") on `nprocs` ranks and return their results by rank."""
+    """Run `target` ("module:function") on `nprocs` ranks and return their results by rank.
+
+    A launch whose ranks never formed a process group (a rendezvous port taken in the instant
+    between choosing it and binding it, a peer refused at connect) is retried once on a new port:
+    the target has not run on any rank, so the retry repeats no work and hides no failure of it.
+    """
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, got {nprocs}")
     if ":" not in target:
         raise ValueError(f"target must be 'module:function', got {target!r}")
     slurm = in_slurm_allocation(nprocs)
-    workdir = Path(tempfile.mkdtemp(prefix="hpcdl-ranks-", dir=_exchange_root(slurm)))
+    root = Path(tempfile.mkdtemp(prefix="hpcdl-ranks-", dir=_exchange_root(slurm)))
     try:
-        (workdir / "kwargs.pkl").write_bytes(pickle.dumps(kwargs or {}))
-        master_addr = slurm_master_addr() if slurm else "127.0.0.1"
-        port = free_port()
-        env = dict(os.environ)
-        threads = str(max(1, int(threads_per_rank)))
-        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
-                   HPCDL_THREADS_PER_RANK=threads, MASTER_ADDR=master_addr,
-                   MASTER_PORT=str(port), HPCDL_RANK_TIMEOUT_S=str(timeout_s))
-        if backend:
-            env["HPCDL_DIST_BACKEND"] = backend
-        if slurm:
-            for var in _RANK_VARS:
-                env.pop(var, None)
-        # torchrun's own logging is noise unless something fails.
-        env.setdefault("TORCHELASTIC_ERROR_FILE", str(workdir / "error.json"))
-        cmd = build_command(nprocs, target, workdir, slurm=slurm, master_addr=master_addr,
-                            master_port=port, threads_per_rank=int(threads))
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            out, err = _stop(proc)
-            raise RankFailure(
-                f"{target} on {nprocs} ranks timed out after {timeout_s:.0f} s\n"
-                f"{_tails(workdir, nprocs, err)}") from None
-        if proc.returncode != 0:
-            raise RankFailure(
-                f"{target} on {nprocs} ranks failed (exit {proc.returncode}) "
-                f"via {'srun' if slurm else 'torchrun'}\n{_tails(workdir, nprocs, err)}")
-        results = []
-        for r in range(nprocs):
-            path = workdir / f"result-{r}.pkl"
-            if not path.exists():
-                raise RankFailure(f"rank {r} of {target} exited 0 but wrote no result\n"
-                                  f"{_tails(workdir, nprocs, err)}")
-            results.append(pickle.loads(path.read_bytes()))
-        return results
+        payload = pickle.dumps(kwargs or {})
+        for attempt in (1, 2):
+            workdir = root / f"attempt-{attempt}"
+            workdir.mkdir()
+            (workdir / "kwargs.pkl").write_bytes(payload)
+            try:
+                return _launch(target, nprocs, workdir, slurm=slurm, timeout_s=timeout_s,
+                               threads_per_rank=threads_per_rank, backend=backend)
+            except RankFailure as exc:
+                if attempt == 2 or exc.group_formed or exc.timed_out:
+                    raise
+                print(f"[hpcdl] ranks of {target} failed before forming a process group; "
+                      f"retrying once on a new port:\n{exc}", file=sys.stderr, flush=True)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
         if slurm and not os.environ.get("HPCDL_RANK_TMPDIR"):
             try:  # the default exchange root is ours to tidy once no other launch uses it
-                workdir.parent.rmdir()
+                root.parent.rmdir()
             except OSError:
                 pass
+
+
+def _launch(target: str, nprocs: int, workdir: Path, *, slurm: bool, timeout_s: float,
+            threads_per_rank: int, backend: str | None) -> list:
+    master_addr = slurm_master_addr() if slurm else "127.0.0.1"
+    port = free_port()
+    env = dict(os.environ)
+    threads = str(max(1, int(threads_per_rank)))
+    env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
+               HPCDL_THREADS_PER_RANK=threads, MASTER_ADDR=master_addr,
+               MASTER_PORT=str(port), HPCDL_RANK_TIMEOUT_S=str(timeout_s))
+    if backend:
+        env["HPCDL_DIST_BACKEND"] = backend
+    if slurm:
+        for var in _RANK_VARS:
+            env.pop(var, None)
+    # torchrun's own logging is noise unless something fails.
+    env.setdefault("TORCHELASTIC_ERROR_FILE", str(workdir / "error.json"))
+    cmd = build_command(nprocs, target, workdir, slurm=slurm, master_addr=master_addr,
+                        master_port=port, threads_per_rank=int(threads))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def formed() -> bool:
+        return all((workdir / f"joined-{r}").exists() for r in range(nprocs))
+
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        out, err = _stop(proc)
+        raise RankFailure(
+            f"{target} on {nprocs} ranks timed out after {timeout_s:.0f} s\n"
+            f"{_tails(workdir, nprocs, err)}", group_formed=formed(), timed_out=True) from None
+    if proc.returncode != 0:
+        raise RankFailure(
+            f"{target} on {nprocs} ranks failed (exit {proc.returncode}) "
+            f"via {'srun' if slurm else 'torchrun'}\n{_tails(workdir, nprocs, err)}",
+            group_formed=formed())
+    results = []
+    for r in range(nprocs):
+        path = workdir / f"result-{r}.pkl"
+        if not path.exists():
+            raise RankFailure(f"rank {r} of {target} exited 0 but wrote no result\n"
+                              f"{_tails(workdir, nprocs, err)}", group_formed=True)
+        results.append(pickle.loads(path.read_bytes()))
+    return results
 
 
 def _exchange_root(slurm: bool) -> str | None:
