@@ -6,6 +6,7 @@ import copy
 import math
 
 import optuna
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -261,3 +262,21 @@ def test_rdb_storage_url_is_used_instead_of_the_journal(cfg, tmp_path):
     assert not storage.journal_path(cfg).exists()
     study = optuna.load_study(study_name="random", storage=cfg["hpo"]["storage_url"])
     assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 2
+
+
+def test_grid_scaling_splits_speedup_into_busy_workers_and_trial_speed():
+    from hpcdl.hpo.analysis import grid_scaling
+
+    studies = pd.DataFrame({"study": ["grid-2w", "grid-1w", "random"], "kind": ["grid", "grid", "search"],
+                            "pruner": ["none"] * 3, "workers": [2, 1, 2], "n_finished": [4, 4, 4],
+                            "elapsed_s": [5.0, 12.0, 3.0], "sessions": [1, 1, 1]})
+    trials = pd.DataFrame({"study": ["grid-1w"] * 4 + ["grid-2w"] * 4 + ["random"] * 4,
+                           "train_time_s": [3.0] * 4 + [2.25] * 4 + [1.0] * 4})
+    t = grid_scaling(studies, trials).set_index("workers")
+    assert list(t["study"]) == ["grid-1w", "grid-2w"]
+    assert t.loc[2, "speedup"] == pytest.approx(2.4)
+    assert t.loc[1, "busy_workers"] == pytest.approx(1.0) and t.loc[2, "busy_workers"] == pytest.approx(1.8)
+    assert t.loc[1, "mean_trial_train_s"] == pytest.approx(3.0) and t.loc[2, "mean_trial_train_s"] == 2.25
+    # super-linear 2.4x = 1.8x more busy workers x trials training 3.0/2.25 = 1.33x faster
+    busy_ratio = t.loc[2, "busy_workers"] / t.loc[1, "busy_workers"]
+    assert t.loc[2, "speedup"] == pytest.approx(busy_ratio * 3.0 / 2.25)
