@@ -140,6 +140,14 @@ def test_two_ranks_allreduce_locally(clean_env):
     assert all(r["sum"] == pytest.approx(1.5 * (1 + 2)) for r in results)
 
 
+def test_ranks_keep_their_heap_unless_the_caller_chose_malloc_settings(clean_env):
+    names = sorted(launch.RANK_MALLOC_ENV)
+    clean_env.delenv("MALLOC_MMAP_MAX_", raising=False)
+    clean_env.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    seen = run_ranks("hpcdl.runtime.probes:environment", 2, {"names": names}, timeout_s=120)
+    assert seen == [{"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "131072"}] * 2
+
+
 def test_rank_dying_raises_with_its_traceback(clean_env, capsys):
     with pytest.raises(RankFailure, match="failed|timed out") as info:
         run_ranks("hpcdl.runtime.probes:die_on_rank", 2, {"victim": 1}, timeout_s=120)

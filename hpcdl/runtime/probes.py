@@ -18,6 +18,11 @@ def allreduce_sum(value: float = 1.0) -> dict:
             "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
 
 
+def environment(names: list[str]) -> dict:
+    """The values of `names` in this rank's environment (None where unset)."""
+    return {name: os.environ.get(name) for name in names}
+
+
 def die_on_rank(victim: int = 1) -> dict:
     """Rank `victim` exits abruptly before a collective; the others must not hang."""
     import torch
