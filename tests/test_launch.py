@@ -146,6 +146,8 @@ def test_ranks_keep_their_heap_unless_the_caller_chose_malloc_settings(clean_env
     clean_env.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
     seen = run_ranks("hpcdl.runtime.probes:environment", 2, {"names": names}, timeout_s=120)
     assert seen == [{"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "131072"}] * 2
+    seen = run_ranks("hpcdl.runtime.probes:environment", 1, {"names": names}, timeout_s=120, keep_heap=False)
+    assert seen == [{"MALLOC_MMAP_MAX_": None, "MALLOC_TRIM_THRESHOLD_": "131072"}]
 
 
 def test_rank_dying_raises_with_its_traceback(clean_env, capsys):

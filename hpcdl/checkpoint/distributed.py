@@ -148,7 +148,9 @@ def run_point(ranks: int, n_params: int, scratch_dir: str, *, repeats: int = 1, 
                          {"n_params": n_params, "scratch_dir": str(Path(scratch_dir).resolve()),
                           "repeats": repeats, "seed": seed, "cold_load": cold_load,
                           "rss_interval_s": rss_interval_s},
-                         timeout_s=timeout_s, threads_per_rank=1)
+                         # glibc defaults: the peak-RSS columns must mean what they mean for the
+                         # formats saved outside ranks
+                         timeout_s=timeout_s, threads_per_rank=1, keep_heap=False)
     rows = []
     for rep in range(repeats):
         rr = [r[rep] for r in per_rank]

@@ -126,8 +126,11 @@ _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RAN
 
 def run_ranks(target: str, nprocs: int, kwargs: dict | None = None, *,
               timeout_s: float = 600.0, threads_per_rank: int = 1,
-              backend: str | None = None) -> list:
+              backend: str | None = None, keep_heap: bool = True) -> list:
     """Run `target` ("module:function") on `nprocs` ranks and return their results by rank.
+
+    keep_heap: ranks run with RANK_MALLOC_ENV; False keeps glibc's defaults, for studies that
+    measure memory and compare it with work run outside ranks.
 
     A launch whose ranks never formed a process group (a rendezvous port taken in the instant
     between choosing it and binding it, a peer refused at connect) is retried once on a new port:
@@ -147,7 +150,8 @@ def run_ranks(target: str, nprocs: int, kwargs: dict | None = None, *,
             (workdir / "kwargs.pkl").write_bytes(payload)
             try:
                 return _launch(target, nprocs, workdir, slurm=slurm, timeout_s=timeout_s,
-                               threads_per_rank=threads_per_rank, backend=backend)
+                               threads_per_rank=threads_per_rank, backend=backend,
+                               keep_heap=keep_heap)
             except RankFailure as exc:
                 if attempt == 2 or exc.group_formed or exc.timed_out:
                     raise
@@ -163,10 +167,10 @@ def run_ranks(target: str, nprocs: int, kwargs: dict | None = None, *,
 
 
 def _launch(target: str, nprocs: int, workdir: Path, *, slurm: bool, timeout_s: float,
-            threads_per_rank: int, backend: str | None) -> list:
+            threads_per_rank: int, backend: str | None, keep_heap: bool) -> list:
     master_addr = slurm_master_addr() if slurm else "127.0.0.1"
     port = free_port()
-    env = {**RANK_MALLOC_ENV, **os.environ}
+    env = {**(RANK_MALLOC_ENV if keep_heap else {}), **os.environ}
     threads = str(max(1, int(threads_per_rank)))
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                HPCDL_THREADS_PER_RANK=threads, MASTER_ADDR=master_addr,
