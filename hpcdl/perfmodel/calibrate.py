@@ -81,11 +81,10 @@ def fit_machine(rows: list[dict], cores: int, threads_per_rank: int = 1) -> tupl
                 beta_inter=beta, ranks_per_node=10 ** 6, cores=cores, threads_per_rank=threads_per_rank,
                 layers=solo["layers"], im2col=True, allreduce_ab=allreduce_ab, allgather_ab=allgather_ab,
                 exchange_ab=exchange_ab, busy=busy)
-    # The "fault" rows (map + first-touch + unmap of fresh pages) are fitted and reported but not
-    # yet charged to the prediction: training ranks do take ~fresh_bytes() of new pages per step
-    # (counted with getrusage), but each costs them about half of what the isolated benchmark
-    # measures, so charging it over-predicts 1-rank runs; Machine.fault stays (0, 0) until that
-    # benchmark reproduces the in-step cost.
+    # The "fault" rows (map + first-touch + unmap of fresh pages) are fitted and reported, not
+    # charged: ranks run with hpcdl.runtime.launch.RANK_MALLOC_ENV, so after the first step they
+    # reuse their heap and take no fresh pages. They price what glibc's defaults would cost a step
+    # (fresh_bytes() of new pages; launch with keep_heap=False to see it).
     consts = {"alpha_s": alpha, "beta_s_per_byte": beta,
               "bandwidth_gbs": (1 / beta / 1e9) if beta > 0 else float("inf"),
               "conv_gflops": (3 / m.conv[1] / 1e9) if m.conv[1] > 0 else float("inf"),
