@@ -32,6 +32,8 @@ def main(argv=None) -> int:
     ap.add_argument("--channels", type=int, default=16)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--comm-gap-ms", type=float, default=2.0,
+                    help="compute before each timed collective in the calibration (0: back to back)")
     ap.add_argument("--csv", help="also write the table here")
     args = ap.parse_args(argv)
     g = args.grid
@@ -56,7 +58,8 @@ def main(argv=None) -> int:
         cal = run_ranks("hpcdl.perfmodel.microbench:calibrate_rank", 2, {
             "specs": [(spec, args.batch)], "data_dir": str(data),
             "sizes_bytes": [1024, 65536, 1048576, 4194304],
-            "fractions": [1.0, 0.5, 0.25], "repeats": 5}, timeout_s=600)[0]
+            "fractions": [1.0, 0.5, 0.25], "repeats": 5, "comm_gap_s": args.comm_gap_ms / 1e3},
+            timeout_s=600)[0]
         machine, consts = fit_machine(cal, cores=available_cores())
         for n in (1, 2):
             res = run_ranks("hpcdl.spatial.train:train_run", n, {

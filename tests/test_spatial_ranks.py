@@ -98,3 +98,21 @@ def test_hybrid_training_equals_whole_batch_training(tmp_path):
         assert rec[key] >= 0
     assert rec["halo_s"] > 0 and rec["allreduce_s"] > 0
     assert res[0]["slab_depth"] == 8 and res[0]["peak_rss_mb"] > 0
+
+
+def test_collectives_calibrate_after_the_same_compute_gap_on_both_ranks():
+    sizes = [1024, 65536]
+    per_rank = run_ranks("hpcdl.perfmodel.microbench:collectives", 2,
+                         {"sizes_bytes": sizes, "repeats": 2, "gap_s": 0.002}, timeout_s=120)
+    for rows in per_rank:
+        kinds = ("allreduce", "allgather", "exchange")
+        assert [(r["kind"], r["size_bytes"]) for r in rows] == [
+            (k, s * (2 if k == "allgather" else 1)) for s in sizes for k in kinds]
+        assert all(r["gap_s"] == 0.002 and r["ranks"] == 2 and 0 < r["time_s"] < 5 for r in rows)
+
+
+def test_calibration_gap_is_a_config_key_with_a_default(test_config):
+    from hpcdl.config import validate_config
+
+    cfg = validate_config(test_config)
+    assert cfg["spatial"]["calibration"]["comm_gap_ms"] == 2.0

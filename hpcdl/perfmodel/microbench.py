@@ -90,11 +90,35 @@ def _exchange(buf: torch.Tensor, recv: torch.Tensor, peer: int | None) -> None:
         w.wait()
 
 
-def collectives(sizes_bytes: list[int], repeats: int) -> list[dict]:
+def _gap_work(seconds: float):
+    """A fixed amount of matmul work lasting about `seconds` on rank 0, the same on every rank."""
+    a = torch.randn(128, 128)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < 0.05:
+        a @ a
+        n += 1
+    count = torch.tensor([max(1, round(seconds * n / (time.perf_counter() - t0)))])
+    dist.broadcast(count, 0)
+
+    def work():
+        for _ in range(int(count)):
+            a @ a
+    return work
+
+
+def collectives(sizes_bytes: list[int], repeats: int, gap_s: float = 0.0) -> list[dict]:
     """gloo all-reduce, all-gather and a two-sided exchange (isend/irecv both ways, as a halo) on
-    this group: the oracle's collective and halo constants, same alpha-beta form as ping-pong."""
+    this group: the oracle's collective and halo constants, same alpha-beta form as ping-pong.
+
+    In a training step every collective follows a stretch of compute (a layer's forward or
+    backward), and there it costs more than back to back: the ranks arrive apart (jitter of that
+    compute) and a rank blocked in the receive must be woken. With `gap_s` > 0 each timed call
+    follows `gap_s` of the same compute on every rank, and the median of 3 x `repeats` calls
+    (the fastest would hide exactly that cost) is the row's time."""
     world, rank = dist.get_world_size(), dist.get_rank()
     peer = 1 - rank if rank < 2 else None
+    gap = _gap_work(gap_s) if gap_s > 0 else None
+    reps = 3 * repeats if gap else repeats
     rows = []
     for n in sizes_bytes:
         buf = torch.zeros(max(1, n // 4), dtype=torch.float32)
@@ -105,13 +129,16 @@ def collectives(sizes_bytes: list[int], repeats: int) -> list[dict]:
                ("exchange", functools.partial(_exchange, buf, recv, peer), buf.numel() * 4))
         for kind, fn, size in ops:
             times = []
-            for i in range(repeats + 1):
+            for i in range(reps + 1):
                 dist.barrier()
+                if gap:
+                    gap()
                 t0 = time.perf_counter()
                 fn()
                 if i:
                     times.append(time.perf_counter() - t0)
-            rows.append({"kind": kind, "size_bytes": size, "ranks": world, "time_s": fastest_quartile(times)})
+            t = float(np.median(times)) if gap else fastest_quartile(times)
+            rows.append({"kind": kind, "size_bytes": size, "ranks": world, "time_s": t, "gap_s": gap_s})
     return rows
 
 
@@ -285,13 +312,14 @@ def io_timings(data_dir: str, batch: int, fractions: list[float], repeats: int) 
 
 
 def calibrate_rank(specs: list[tuple[list[dict], int]], data_dir: str, sizes_bytes: list[int],
-                   fractions: list[float], repeats: int) -> list[dict]:
+                   fractions: list[float], repeats: int, comm_gap_s: float = 0.0) -> list[dict]:
     """Every rank joins the ping-pong and collectives; rank 0 alone times compute and I/O while the
     others wait (`concurrent` 1), then every rank times the same compute at once (`concurrent` =
     ranks: the contended rate of runs that keep several cores busy)."""
     torch.set_default_dtype(torch.float32)
     world = dist.get_world_size()
-    rows = pingpong(sizes_bytes, repeats) + collectives(sizes_bytes, repeats) if world > 1 else []
+    rows = (pingpong(sizes_bytes, repeats) + collectives(sizes_bytes, repeats, comm_gap_s)
+            if world > 1 else [])
     if dist.get_rank() == 0:
         rows += compute_timings(specs, fractions, repeats)
         rows += io_timings(data_dir, max(b for _, b in specs), fractions, repeats)

@@ -98,7 +98,7 @@ def calibrate_point(block: dict, resources_dir: str) -> list[dict]:
     data_dir = dataset_for(block, resources_dir, run_shape("strong", block["strong"]["grid"], [1, 1, 1]))
     return run_ranks("hpcdl.perfmodel.microbench:calibrate_rank", 2, {
         "specs": calibration_specs(block), "data_dir": str(data_dir), "sizes_bytes": c["pingpong_bytes"],
-        "fractions": c["fractions"], "repeats": c["repeats"]},
+        "fractions": c["fractions"], "repeats": c["repeats"], "comm_gap_s": c["comm_gap_ms"] / 1e3},
         timeout_s=block["run_timeout_s"], threads_per_rank=block["threads_per_rank"])[0]
 
 
