@@ -38,6 +38,13 @@ def fastest_quartile(times) -> float:
     return float(t[:max(1, len(t) // 4)].mean())
 
 
+def interquartile_mean(times) -> float:
+    """Mean of the middle half: the typical cost of a call that sometimes waits, without its tails."""
+    t = np.sort(np.asarray(times, float))
+    q = len(t) // 4
+    return float(t[q:len(t) - q].mean())
+
+
 def _best(fn, repeats: int, together: bool = False) -> float:
     """Fastest quartile of fn's seconds.
 
@@ -113,12 +120,13 @@ def collectives(sizes_bytes: list[int], repeats: int, gap_s: float = 0.0) -> lis
     In a training step every collective follows a stretch of compute (a layer's forward or
     backward), and there it costs more than back to back: the ranks arrive apart (jitter of that
     compute) and a rank blocked in the receive must be woken. With `gap_s` > 0 each timed call
-    follows `gap_s` of the same compute on every rank, and the median of 3 x `repeats` calls
-    (the fastest would hide exactly that cost) is the row's time."""
+    follows `gap_s` of the same compute on every rank, and the interquartile mean of 6 x `repeats`
+    calls is the row's time (the fastest would hide exactly that cost; single calls on a shared
+    machine vary several-fold, hence the many repetitions, cheap at these sizes)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     peer = 1 - rank if rank < 2 else None
     gap = _gap_work(gap_s) if gap_s > 0 else None
-    reps = 3 * repeats if gap else repeats
+    reps = 6 * repeats if gap else repeats
     rows = []
     for n in sizes_bytes:
         buf = torch.zeros(max(1, n // 4), dtype=torch.float32)
@@ -137,7 +145,7 @@ def collectives(sizes_bytes: list[int], repeats: int, gap_s: float = 0.0) -> lis
                 fn()
                 if i:
                     times.append(time.perf_counter() - t0)
-            t = float(np.median(times)) if gap else fastest_quartile(times)
+            t = interquartile_mean(times) if gap else fastest_quartile(times)
             rows.append({"kind": kind, "size_bytes": size, "ranks": world, "time_s": t, "gap_s": gap_s})
     return rows
 
