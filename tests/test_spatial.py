@@ -252,3 +252,10 @@ def test_extrapolation_picks_spatial_for_cosmoflow():
     assert "spatial" in picks[2048]["strategy"] and "spatial" in picks[64]["strategy"]
     assert picks[2048]["total_s"] < picks[64]["total_s"] / 5
     assert all(math.isfinite(r["total_s"]) for r in rows)
+
+
+def test_interquartile_mean_drops_both_tails():
+    from hpcdl.perfmodel.microbench import interquartile_mean
+
+    assert interquartile_mean([100, 1, 2, 200, 3, 4, 5, 6]) == pytest.approx(4.5)
+    assert interquartile_mean([7.0]) == 7.0
