@@ -39,3 +39,9 @@ def test_spatial_app_end_to_end(tmp_path):
                            "oracle_picks_spatial"}
     assert claims["partitioned_exact"]["passed"]
     assert claims["partitioned_exact"]["measured"]["max_relative_error"] < 1e-10
+    oracle = claims["oracle_error"]["measured"]
+    runs = pd.read_csv(out / "tables" / "runs.csv")
+    within = runs["ranks"] <= oracle["cores"]
+    assert oracle["mean_abs_error"] == pytest.approx(runs["oracle_error"].abs().mean())
+    assert oracle["mean_abs_error_ranks_within_cores"] == pytest.approx(
+        runs.loc[within, "oracle_error"].abs().mean())
