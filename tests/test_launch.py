@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import stat
@@ -157,12 +158,18 @@ def test_rank_dying_raises_with_its_traceback(clean_env, capsys):
     assert "retrying" not in capsys.readouterr().err
 
 
-def test_taken_rendezvous_port_is_retried_on_a_new_port(clean_env, capsys):
-    """The port race free_port() leaves open, made certain: the first port handed out is held."""
+@contextlib.contextmanager
+def _held_port():
+    """A loopback port some other process is listening on, for as long as the block runs."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
-        taken = squatter.getsockname()[1]
+        yield squatter.getsockname()[1]
+
+
+def test_taken_rendezvous_port_is_retried_on_a_new_port(clean_env, capsys):
+    """The port race free_port() leaves open, made certain: the first port handed out is held."""
+    with _held_port() as taken:
         ports = iter([taken])
         clean_env.setattr(launch, "free_port", lambda: next(ports, None) or _os_free_port())
         results = run_ranks("hpcdl.runtime.probes:allreduce_sum", 2, {"value": 2.0}, timeout_s=120)
@@ -172,10 +179,7 @@ def test_taken_rendezvous_port_is_retried_on_a_new_port(clean_env, capsys):
 
 
 def test_port_taken_on_both_attempts_fails_with_the_launcher_error(clean_env, capsys):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
-        squatter.bind(("127.0.0.1", 0))
-        squatter.listen()
-        taken = squatter.getsockname()[1]
+    with _held_port() as taken:
         clean_env.setattr(launch, "free_port", lambda: taken)
         with pytest.raises(RankFailure, match="failed \\(exit 1\\) via torchrun") as info:
             run_ranks("hpcdl.runtime.probes:allreduce_sum", 2, {"value": 2.0}, timeout_s=120)
