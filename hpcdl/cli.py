@@ -3,7 +3,8 @@
     python -m hpcdl.cli {aggregate,plot,claims} <study> --config <config.yaml|json>
 
 Each study provides hpcdl/<study>/analysis.py with aggregate(cfg, study_dir),
-plot(cfg, study_dir) and claims(cfg, study_dir) -> list of hpcdl.io.claim dicts.
+plot(cfg, study_dir) and claims(cfg, study_dir) -> list of hpcdl.claims dicts, and declares
+the ids its claims() can emit in CLAIMS.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import importlib
 import os
 import sys
 
+from hpcdl.claims import write_claims
 from hpcdl.config import STUDIES, ConfigError, load_config, study_dir
-from hpcdl.io import write_claims
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,9 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = study_dir(cfg, args.study)
     if args.step == "claims":
         claims = analysis.claims(cfg, out_dir)
-        write_claims(out_dir, args.study, claims)
+        write_claims(out_dir, args.study, claims, analysis.CLAIMS)
+        shown = {"passed": "PASS", "failed": "FAIL", "not_measured": "NOT MEASURED"}
         for c in claims:
-            print(f"[{'PASS' if c['passed'] else 'FAIL'}] {c['id']}: {c['statement']}")
+            why = f" ({c['reason']})" if c.get("reason") else ""
+            print(f"[{shown[c['status']]}] {c['id']}: {c['statement']}{why}")
     else:
         getattr(analysis, args.step)(cfg, out_dir)
     return 0

@@ -13,8 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hpcdl.checkpoint.plan import sweep_sizes
 from hpcdl.checkpoint.training import young_daly_interval_s
-from hpcdl.io import claim, read_table, save_figure, write_table
+from hpcdl.claims import claim, every, not_measured
+from hpcdl.io import read_table, save_figure, write_table
 
 MiB = 2**20
 FORMAT_ORDER = ["torch", "safetensors", "dcp", "hdf5", "npz"]
@@ -296,52 +298,121 @@ def _plot_overhead(plt, ovh: pd.DataFrame, yd: pd.DataFrame, path: Path) -> None
 
 # ---------------------------------------------------------------- claims
 
+CLAIMS = ("async_blocking", "bandwidth_vs_ceiling", "resume_bit_identical", "roundtrip")
+ASYNC_MAX_RATIO = 0.10      # async stall <= 10% of the sync save
+BANDWIDTH_MIN_RATIO = 0.90  # best format within 10% of the storage ceiling
+
+
+def _failed_table(tables: Path) -> pd.DataFrame:
+    path = tables / "failures.csv"
+    return read_table(path) if _nonempty(path) else pd.DataFrame(columns=["kind", "point", "error"])
+
+
+def _why_missing(fails: pd.DataFrame, kind: str, **point) -> str:
+    """The failure recorded for a point (its error's last line), or that it is absent."""
+    keys = [f"{k}={v}" for k, v in point.items()]
+    label = ", ".join(keys)
+    for r in fails[fails["kind"] == kind].itertuples():
+        if all(k in str(r.point).split(", ") for k in keys):
+            last = [ln for ln in str(r.error).strip().splitlines() if ln.strip()] or ["no error text"]
+            return f"point {label} failed: {last[-1][:300]}"
+    return f"point {label} is not in the table"
+
+
 def claims(cfg: dict, study_dir: Path) -> list[dict]:
     tables = Path(study_dir) / "tables"
+    block = cfg["checkpoint"]
     io = read_table(tables / "io_cost.csv")
     resume = read_table(tables / "resume.csv")
+    fails = _failed_table(tables)
+    largest = max(sweep_sizes(**block["sizes"]))
     one = _single_process(io)
-    out = [_claim_async(one), _claim_bandwidth(one), _claim_resume(resume, cfg["checkpoint"]["formats"])]
-    if not io.empty:
-        bad = io[~io["roundtrip_ok"].astype(bool)]
-        out.append(claim("roundtrip", "every checkpoint written in the sweep loads back verified and equal",
-                         bad.empty, points=int(len(io)),
-                         not_equal=[f"{r.format}/{r.mode}/{r.ranks} rank(s)/{r.n_params}"
-                                    for r in bad.itertuples()]))
-    return out
+    return [_claim_async(one, block, largest, fails), _claim_bandwidth(one, block, largest, fails),
+            _claim_resume(resume, block["formats"]), _claim_roundtrip(io, block, fails)]
 
 
-def _claim_async(one: pd.DataFrame) -> dict:
-    statement = "async blocking time <= 10% of sync save time at the largest size, for every format"
-    both = one[one["mode"].isin(["sync", "async"])] if not one.empty else one
-    if both.empty or set(both["mode"]) != {"sync", "async"}:
-        return claim("async_blocking", statement, False, reason="needs sync and async points")
-    n = both["n_params"].max()
-    d = both[both["n_params"] == n].pivot_table(index="format", columns="mode", values="blocking_s")
-    d = d.dropna()
-    ratios = (d["async"] / d["sync"]).round(4).to_dict()
-    return claim("async_blocking", statement, bool(ratios) and all(r <= 0.10 for r in ratios.values()),
-                 n_params=int(n), state_mib=float(n * 4 / MiB), async_over_sync=ratios)
+def _at(df: pd.DataFrame, fmt: str, mode: str, n: int) -> pd.Series | None:
+    if df.empty:
+        return None
+    d = df[(df["format"] == fmt) & (df["mode"] == mode) & (df["n_params"] == n)]
+    return d.iloc[0] if len(d) else None
 
 
-def _claim_bandwidth(one: pd.DataFrame) -> dict:
-    statement = "the best format's write bandwidth is within 10% of the storage ceiling at the largest size"
-    sync = one[one["mode"] == "sync"] if not one.empty else one
-    if sync.empty:
-        return claim("bandwidth_vs_ceiling", statement, False, reason="no sync points")
-    d = sync[sync["n_params"] == sync["n_params"].max()].set_index("format")
-    ratios = d["bw_over_ceiling"].round(4).to_dict()
-    best = max(ratios, key=ratios.get)
-    return claim("bandwidth_vs_ceiling", statement, ratios[best] >= 0.90, best_format=best,
-                 best_bw_over_ceiling=ratios[best], bw_over_ceiling=ratios,
-                 ceiling_mib_s=round(float(d["ceiling_bw_bytes_per_s"].median()) / MiB, 1))
+def _claim_async(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame) -> dict:
+    statement = (f"async blocking time <= {ASYNC_MAX_RATIO:.0%} of sync save time at the largest size "
+                 f"({n} parameters), for every configured format")
+    if not {"sync", "async"} <= set(block["modes"]):
+        return not_measured("async_blocking", statement, f"checkpoint.modes is {block['modes']}, "
+                            "the claim compares sync with async", threshold=ASYNC_MAX_RATIO)
+    holds, missing, ratios = {}, {}, {}
+    for f in block["formats"]:
+        rows = {m: _at(one, f, m, n) for m in ("sync", "async")}
+        absent = [m for m, r in rows.items() if r is None or not np.isfinite(r["blocking_s"])]
+        if absent:
+            missing[f] = "; ".join(_why_missing(fails, "io", format=f, mode=m, ranks=1, n_params=n)
+                                   for m in absent)
+            continue
+        ratios[f] = round(float(rows["async"]["blocking_s"] / rows["sync"]["blocking_s"]), 4)
+        holds[f] = ratios[f] <= ASYNC_MAX_RATIO
+    return every("async_blocking", statement, holds, missing, n_params=int(n), state_mib=float(n * 4 / MiB),
+                 async_over_sync=ratios, threshold=ASYNC_MAX_RATIO)
+
+
+def _claim_bandwidth(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame) -> dict:
+    cid = "bandwidth_vs_ceiling"
+    statement = (f"the best format's write bandwidth is within {1 - BANDWIDTH_MIN_RATIO:.0%} of the storage "
+                 f"ceiling measured in the same run, at the largest size ({n} parameters)")
+    if "sync" not in block["modes"]:
+        return not_measured(cid, statement, f"checkpoint.modes is {block['modes']}: no sync saves",
+                            threshold=BANDWIDTH_MIN_RATIO)
+    ratios, missing = {}, {}
+    for f in block["formats"]:
+        r = _at(one, f, "sync", n)
+        if r is None or not np.isfinite(r["bw_over_ceiling"]):
+            missing[f] = _why_missing(fails, "io", format=f, mode="sync", ranks=1, n_params=n)
+        else:
+            ratios[f] = round(float(r["bw_over_ceiling"]), 4)
+    best = max(ratios, key=ratios.get) if ratios else None
+    evidence = dict(n_params=int(n), best_format=best, best_bw_over_ceiling=ratios.get(best),
+                    bw_over_ceiling=ratios, missing=missing, threshold=BANDWIDTH_MIN_RATIO)
+    if best is not None and ratios[best] >= BANDWIDTH_MIN_RATIO:
+        return claim(cid, statement, True, **evidence)  # a missing format cannot lower the best
+    if missing:
+        return not_measured(cid, statement, [f"{f}: {why}" for f, why in missing.items()], **evidence)
+    return claim(cid, statement, False, **evidence)
 
 
 def _claim_resume(resume: pd.DataFrame, formats: list[str]) -> dict:
     statement = ("stop at step k, load in a fresh process, continue to N: bit-identical to uninterrupted, "
-                 "every format")
-    ok = _ok(resume)
-    got = {r.format: str(r.bit_identical).lower() == "true" for r in ok.itertuples()} if not ok.empty else {}
-    missing = [f for f in formats if f not in got]
-    return claim("resume_bit_identical", statement, not missing and all(got.values()), identical=got,
-                 failed_or_missing=missing)
+                 "every configured format")
+    holds, missing = {}, {}
+    for f in formats:
+        rows = resume[resume["format"] == f] if "format" in resume else resume.iloc[0:0]
+        ok = _ok(rows)
+        if ok.empty:
+            errors = [str(e) for e in rows.get("error", pd.Series(dtype=str)) if pd.notna(e) and str(e)]
+            missing[f] = f"resume check failed: {errors[0].strip().splitlines()[-1][:300]}" if errors \
+                else "no resume check in the table"
+        else:
+            holds[f] = bool((ok["bit_identical"].astype(str).str.lower() == "true").all())
+    return every("resume_bit_identical", statement, holds, missing, required="bit-identical parameters, "
+                 "optimizer state and RNG streams after resuming")
+
+
+def _claim_roundtrip(io: pd.DataFrame, block: dict, fails: pd.DataFrame) -> dict:
+    statement = ("every checkpoint written in the sweep (format, mode, ranks, size) loads back verified "
+                 "and equal")
+    sizes = sweep_sizes(**block["sizes"])
+    expected = [(f, m, False, 1, n) for n in sizes for f in block["formats"] for m in block["modes"]]
+    expected += [("dcp", "sync", True, r, n) for n in sizes for r in block["dcp_ranks"]]
+    holds, missing = {}, {}
+    for f, m, pg, r, n in expected:
+        key = f"{f}/{m}/{r} rank(s){' (process group)' if pg else ''}/{n}"
+        d = io[(io["format"] == f) & (io["mode"] == m) & (io["process_group"].astype(bool) == pg)
+               & (io["ranks"] == r) & (io["n_params"] == n)] if not io.empty else io
+        if d.empty:
+            missing[key] = _why_missing(fails, "io", format=f, mode=m, ranks=r, n_params=n)
+        else:
+            holds[key] = bool(d["roundtrip_ok"].astype(str).str.lower().eq("true").all())
+    return every("roundtrip", statement, holds, missing, points=len(expected), required="verified and equal",
+                 not_equal=[k for k, v in holds.items() if not v])

@@ -48,6 +48,7 @@ class BackgroundExchange:
                  recv_counts: np.ndarray, group, epoch: int, die_before_send: bool = False):
         self.epoch, self.rank = epoch, dist.get_rank()
         self.outcome = Outcome()
+        self.staged = (x, y, ids)  # the send buffers, for counting what the rank holds at its peak
         sc, rc = [int(c) for c in send_counts], [int(c) for c in recv_counts]
         self._thread = threading.Thread(
             target=self._run, args=(x, y, ids, sc, rc, group, die_before_send), daemon=True,

@@ -9,7 +9,8 @@ Strategies
 - local: each rank reads its partition once and shuffles only it.
 - partial: as local, and during epoch e's compute a background thread sends k = Q*N/M of
   the partition's samples to peers and receives k, which replace the sent ones for epoch
-  e+1 (so a rank holds at most N/M + k samples).
+  e+1 (so a rank holds at most N/M + k distinct samples; `samples_held` counts them from the
+  buffers at the epoch's peak, `held_rows` the sample rows in memory then, staged copies included).
 KAKURENBO (global only): hide easy samples from the backward pass (hpcdl.shuffle.kakurenbo).
 """
 
@@ -40,6 +41,25 @@ class _Stopwatch:
         now = time.perf_counter()
         self.t[key] = self.t.get(key, 0.0) + now - t0
         return now
+
+
+class _Held:
+    """What a rank holds, counted from its buffers: distinct sample ids, and sample rows in memory
+    (a staged copy of a sample being sent is a second row of the same sample)."""
+
+    def __init__(self, samples: int, rows: int):
+        self.samples, self.rows = samples, rows
+
+    @classmethod
+    def count(cls, buffers) -> _Held:
+        """`buffers`: (data, ids) pairs; data's first axis must match its ids row for row."""
+        ids = []
+        for data, idx in buffers:
+            if len(data) != len(idx):
+                raise RuntimeError(f"buffer holds {len(data)} samples but {len(idx)} ids")
+            ids.append(np.asarray(idx).ravel())
+        all_ids = np.concatenate(ids) if ids else np.empty(0, dtype=np.int64)
+        return cls(int(len(np.unique(all_ids))), int(len(all_ids)))
 
 
 def _batches(n: int, batch_size: int) -> list[slice]:
@@ -188,8 +208,16 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
                                     f"was in flight: {exc}") from exc
             raise
         exposed, outcome = 0.0, None
+        if strategy == "global":
+            held = _Held.count([(np.asarray(order), np.asarray(order))])  # read from the shared file
+        else:
+            held = _Held.count([(x_part, ids_part)])
         if ex is not None:
             outcome, exposed = ex.wait(timeout)
+            # The epoch's peak: the partition, the staged copies of the sent samples and the received
+            # ones are all in memory now, until the received ones overwrite the sent slots below.
+            held = _Held.count([(x_part, ids_part), (ex.staged[0], ex.staged[2]), (outcome.x, outcome.ids)])
+            ex.staged = None
             # received samples overwrite the sent ones: the partition keeps its size
             pos = torch.from_numpy(p.send_pos)
             x_part[pos], y_part[pos], ids_part[pos] = outcome.x, outcome.y, outcome.ids
@@ -209,7 +237,7 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
             "hidden_forward_s": t.get("hidden_forward_s", 0.0),
             "compute_s": t.get("fwd_bwd_s", 0.0) + t.get("update_s", 0.0) + t.get("hidden_forward_s", 0.0),
             "epoch_s": epoch_s, "val_s": time.perf_counter() - val0,
-            "samples_held": (len(ids_part) + (k if ex else 0)) if ids is not None else len(order),
+            "samples_held": held.samples, "held_rows": held.rows,
             "hidden": int(hidden.sum()), "moved_back": hiding.moved_back if hiding else 0, "lr": epoch_lr,
             "partition_skew_tv": (partition.label_skew(y_all, [ids_part.numpy()]) if ids is not None
                                   else float("nan")),
