@@ -119,6 +119,29 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
 
+def runtime_record() -> dict:
+    """The task backend this process chose (and the PyCOMPSs binding's version where there is one)."""
+    from hpcdl.runtime import BACKEND_INFO  # lazy: hpcdl.runtime.local imports this module
+
+    return BACKEND_INFO.as_dict()
+
+
+def _task_runtimes(table_path: Path) -> list[dict]:
+    """For a derived table in <study>/tables/: the backends recorded by the raw tables it came from."""
+    raw = table_path.parent.parent / "raw"
+    if table_path.parent.name != "tables" or not raw.is_dir():
+        return []
+    seen = []
+    for side in sorted(raw.glob("*.provenance.json")):
+        try:
+            rec = json.loads(side.read_text()).get("runtime")
+        except (OSError, ValueError):
+            continue
+        if rec and rec not in seen:
+            seen.append(rec)
+    return seen
+
+
 def provenance(cfg: dict, started_at: float, ended_at: float | None = None) -> dict:
     ended_at = time.time() if ended_at is None else ended_at
     slurm = {k: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_NTASKS",
@@ -134,6 +157,7 @@ def provenance(cfg: dict, started_at: float, ended_at: float | None = None) -> d
         "end_time": _iso(ended_at),
         "duration_s": round(ended_at - started_at, 3),
         "slurm": slurm,
+        "runtime": runtime_record(),
     }
 
 
@@ -150,6 +174,9 @@ def write_table(df: pd.DataFrame, path: str | Path, cfg: dict, started_at: float
     atomic_write_text(path, df.to_csv(index=False))
     meta = provenance(cfg, started_at)
     meta.update(table=path.name, rows=len(df), columns=list(map(str, df.columns)))
+    task_runtimes = _task_runtimes(path)
+    if task_runtimes:
+        meta["task_runtime"] = task_runtimes
     atomic_write_json(provenance_path(path), meta)
     return path
 

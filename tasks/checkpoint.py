@@ -1,7 +1,7 @@
 """Checkpoint-cost study as a PyCOMPSs application: every sweep point is one task.
 
     python -m tasks.checkpoint --config configs/default.yaml     # local backend
-    runcompss -m tasks.checkpoint --config configs/paper.yaml    # COMPSs (paper scale)
+    python -m hpcdl.runtime.compss command checkpoint --config FILE    # prints the runcompss command line
 
 Writes raw/io.csv (save/load cost per format, mode, size, ranks), raw/resume.csv
 (bit-identical resume per format) and raw/overhead.csv (throughput vs checkpoint
@@ -10,7 +10,6 @@ interval). A failing point becomes a row with status=failed and its error; the r
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import time
@@ -18,11 +17,10 @@ import time
 import pandas as pd
 
 from hpcdl.checkpoint import distributed, measure, plan, training
-from hpcdl.config import config_from_args, study_dir
+from hpcdl.config import study_dir
 from hpcdl.io import write_table
 from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
-
-UNITS_ENV = "HPCDL_CHECKPOINT_UNITS"
+from hpcdl.runtime.app import start_app
 
 
 @on_failure(management="IGNORE", returns=None)
@@ -67,10 +65,9 @@ def _rows(points: list[dict], futures: list, results: list, label) -> list[dict]
 
 
 def main(argv=None) -> None:
-    cfg = config_from_args(argv, __doc__.splitlines()[0])
+    cfg = start_app("checkpoint", argv, __doc__.splitlines()[0])
     started = time.time()
     out = study_dir(cfg, "checkpoint")
-    os.environ[UNITS_ENV] = os.path.expandvars(cfg["checkpoint"]["computing_units"])
     scratch = plan.scratch_path(cfg)
     scratch.mkdir(parents=True, exist_ok=True)
 

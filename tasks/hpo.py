@@ -1,7 +1,7 @@
 """HPO study as a PyCOMPSs application: Optuna ask-and-tell here, each trial's epoch chunk a task.
 
     python -m tasks.hpo --config configs/default.yaml     # local backend
-    hpo.runtime: compss -> the workflow runs this same file under runcompss / enqueue_compss
+    python -m hpcdl.runtime.compss command hpo --config FILE    # prints the runcompss command line
 
 Re-running continues the studies in the journal (results/hpo/journal/): finished trials are kept,
 trials in flight when a previous driver died are marked FAIL and replaced.
@@ -15,7 +15,7 @@ import time
 
 import pandas as pd
 
-from hpcdl.config import config_from_args, study_dir
+from hpcdl.config import study_dir
 from hpcdl.data.fashion_mnist import load_split
 from hpcdl.hpo import driver, records, storage, train
 from hpcdl.hpo.plan import plan_studies
@@ -29,8 +29,8 @@ from hpcdl.runtime import (
     set_local_cores,
     task,
 )
-
-UNITS_ENV = "HPCDL_HPO_UNITS"
+from hpcdl.runtime.app import start_app
+from hpcdl.runtime.units import units_var
 
 
 @on_failure(management="IGNORE", returns=None)
@@ -47,6 +47,7 @@ def test_accuracy(params, state, data):
     return train.evaluate_test(params, state, data)
 
 
+@on_failure(management="FAIL")  # stated: the binding's default would be RETRY
 @constraint(computing_units="$HPCDL_HPO_UNITS")
 @task(returns=1)
 def warm_up(data):
@@ -80,14 +81,12 @@ def _run_studies(hpo: dict, store, data, units: int, out) -> list:
 
 
 def main(argv=None) -> None:
-    cfg = config_from_args(argv, __doc__.splitlines()[0])
+    cfg = start_app("hpo", argv, __doc__.splitlines()[0])
     hpo = cfg["hpo"]
     out = study_dir(cfg, "hpo")
     started = time.time()
     load_split(cfg["data"]["fashion_mnist_dir"], "test")  # fail early, with how-to-get, if data is missing
-    # Read by @constraint when a task is submitted; a "$VAR" in the config is expanded here.
-    os.environ[UNITS_ENV] = os.path.expandvars(str(hpo["computing_units"]))
-    units = int(os.environ[UNITS_ENV]) if os.environ[UNITS_ENV].isdigit() else 1
+    units = int(os.environ[units_var("hpo")])  # start_app resolved it (a "$VAR" setting included)
     data = train.DataSpec(cfg["data"]["fashion_mnist_dir"], hpo["data"]["val_fraction"], hpo["seed"],
                           hpo["data"]["train_limit"], hpo["data"]["test_limit"])
     store = storage.study_storage(cfg)

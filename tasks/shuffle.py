@@ -1,7 +1,7 @@
 """Shuffle-fraction study as a PyCOMPSs application: each sweep point is one task launching its M ranks.
 
     python -m tasks.shuffle --config configs/default.yaml          # local backend
-    runcompss -m tasks.shuffle --config configs/paper.yaml         # COMPSs (paper scale)
+    python -m hpcdl.runtime.compss command shuffle --config FILE    # prints the runcompss command line
 
 Writes raw/epochs.csv (one row per point, epoch and rank) and raw/points.csv (one row per
 point with its status; a failed point keeps its error). HPCDL_SHUFFLE_KILL="POINT:RANK:EPOCH"
@@ -17,13 +17,13 @@ import time
 
 import pandas as pd
 
-from hpcdl.config import config_from_args, study_dir
+from hpcdl.config import study_dir
 from hpcdl.io import write_table
 from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
+from hpcdl.runtime.app import start_app
 from hpcdl.shuffle import data as shuffle_data
 from hpcdl.shuffle import run, sweep
 
-UNITS_ENV = "HPCDL_SHUFFLE_UNITS"
 KILL_ENV = "HPCDL_SHUFFLE_KILL"
 
 
@@ -45,16 +45,13 @@ def _kill_for(point: dict) -> dict | None:
 
 
 def main(argv=None) -> None:
-    cfg = config_from_args(argv, __doc__.splitlines()[0])
+    cfg = start_app("shuffle", argv, __doc__.splitlines()[0])
     block = cfg["shuffle"]
     out = study_dir(cfg, "shuffle")
     started = time.time()
     data = shuffle_data.prepare(cfg["data"]["fashion_mnist_dir"], out / "cache", block["n_train"],
                                 block["n_val"], seed=block["seeds"][0])
     points = sweep.expand(block)
-    # A point's ranks use one core each: reserve the largest M (a task needing more cores than
-    # the machine has runs alone under the local backend, i.e. points run one after another).
-    os.environ[UNITS_ENV] = str(max(p["world_size"] for p in points))
     train = {k: block[k] for k in ("epochs", "batch_size", "lr", "momentum", "model", "alpha",
                                    "exchange_timeout_s")}
     print(f"[shuffle] {len(points)} sweep points", file=sys.stderr, flush=True)

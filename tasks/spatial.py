@@ -1,7 +1,7 @@
 """Spatial scaling study as a PyCOMPSs application: every scaling run is one task launching its ranks.
 
     python -m tasks.spatial --config configs/default.yaml          # local backend
-    runcompss -m tasks.spatial --config configs/paper.yaml         # COMPSs
+    python -m hpcdl.runtime.compss command spatial --config FILE    # prints the runcompss command line
 
 Order: the float64 exactness check, the calibration microbenchmarks, then the scaling runs.
 Each task reserves the cores of the largest run (HPCDL_SPATIAL_UNITS) and the main program
@@ -11,18 +11,16 @@ Writes raw/{exactness,calibration,runs,iterations,ranks}.csv (+ provenance).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 import pandas as pd
 
-from hpcdl.config import config_from_args, study_dir
+from hpcdl.config import study_dir
 from hpcdl.io import available_cores, write_table
 from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
+from hpcdl.runtime.app import start_app
 from hpcdl.spatial import runs
-
-UNITS_ENV = "HPCDL_SPATIAL_UNITS"
 
 
 @on_failure(management="IGNORE", returns=None)
@@ -51,15 +49,13 @@ def _log(msg: str) -> None:
 
 
 def main(argv=None) -> None:
-    cfg = config_from_args(argv, __doc__.splitlines()[0])
+    cfg = start_app("spatial", argv, __doc__.splitlines()[0])
     block, res_dir = cfg["spatial"], cfg["data"]["resources_dir"]
     out = study_dir(cfg, "spatial") / "raw"
     started = time.time()
     points = runs.expand(block)
     for p in points:  # generate every field cache once, before any task reads it
         runs.dataset_for(block, res_dir, p["shape"])
-    # a task reserves the cores its ranks use (the largest run's); runs are submitted one at a time
-    os.environ.setdefault(UNITS_ENV, str(max(p["ranks"] for p in points) * block["threads_per_rank"]))
 
     ex = compss_wait_on([exactness(block, lay) for lay in block["exactness"]["layouts"]])
     ex_rows = [r for res in ex if res for r in res]

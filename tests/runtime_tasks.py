@@ -70,3 +70,12 @@ def always_fails():
 @task(returns=1)
 def noop():
     return None
+
+
+@task(returns=1)
+def fail_first_time_no_decorator(marker_path):
+    # No @on_failure: PyCOMPSs' default (RETRY) must give it a second attempt.
+    if not os.path.exists(marker_path):
+        open(marker_path, "w").close()
+        raise OSError("transient failure")
+    return "second attempt"

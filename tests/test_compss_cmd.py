@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def cfg_for(tmp_path, runtime="compss", **compss_block):
     cfg = {"results_dir": str(tmp_path / "results"), "studies": ["checkpoint"],
-           "checkpoint": {"runtime": runtime}}
+           "checkpoint": {"runtime": runtime, "computing_units": "2"}}
     if compss_block:
         cfg["compss"] = compss_block
     return cfg
@@ -57,7 +57,7 @@ def test_compss_task_app_writes_xml_then_runs(tmp_path, monkeypatch):
     assert xml_part == (f"python -m hpcdl.runtime.compss xml --out {rdir} --working-dir {rdir}/worker "
                         '--cpus "${SLURM_CPUS_PER_TASK:-$(nproc)}"')
     run = shlex.split(run_part)
-    assert run[0] == "runcompss"
+    assert run[:2] == ["HPCDL_CHECKPOINT_UNITS=2", "runcompss"]  # set where COMPSs reads it
     # the config path handed to COMPSs is absolute (its master may not start in our cwd)
     assert run[-2:] == ["--config", str(tmp_path / "results/checkpoint/config.json")]
     assert f"{REPO}/tasks/checkpoint.py" in run
@@ -82,7 +82,7 @@ def test_site_xml_skips_generation(tmp_path):
 
 
 def test_two_rules_never_share_a_log_or_working_dir(tmp_path):
-    cfg = {**cfg_for(tmp_path), "hpo": {"runtime": "compss"}}
+    cfg = {**cfg_for(tmp_path), "hpo": {"runtime": "compss", "computing_units": "1"}}
     dirs = set()
     for study, rule in (("checkpoint", None), ("hpo", None), ("checkpoint", "checkpoint_other")):
         argv = compss.runcompss_command(study, "/c.json", cfg, rule=rule)
@@ -97,6 +97,7 @@ def test_enqueue_compss_command_exact(tmp_path):
     rdir = tmp_path / "results" / "checkpoint" / "compss" / "checkpoint_run"
     argv = compss.enqueue_compss_command("checkpoint", "/abs/c.json", cfg)
     assert argv == [
+        "env", "HPCDL_CHECKPOINT_UNITS=2",
         "enqueue_compss", "--lang=python", "--num_nodes=2", "--exec_time=30", "--cpus_per_node=16",
         "--worker_in_master_cpus=16", "--job_name=hpcdl_checkpoint",
         f"--master_working_dir={rdir}/master", f"--worker_working_dir={rdir}/worker",
@@ -160,7 +161,8 @@ def test_enqueue_cli_prints_the_command_with_an_absolute_config(tmp_path):
                           "--config", "c.yaml"], cwd=tmp_path, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     argv = shlex.split(out.stdout)
-    assert argv[0] == "enqueue_compss" and argv[-2:] == ["--config", str(cfg_file)]
+    assert argv[:3] == ["env", "HPCDL_CHECKPOINT_UNITS=2", "enqueue_compss"]  # schema default "2"
+    assert argv[-2:] == ["--config", str(cfg_file)]
 
 
 def test_schema_fills_compss_defaults_and_names_bad_keys(test_config):
@@ -173,3 +175,63 @@ def test_schema_fills_compss_defaults_and_names_bad_keys(test_config):
         validate_config({**test_config, "compss": {"computing_units": 0}})
     with pytest.raises(ConfigError, match="compss"):
         validate_config({**test_config, "compss": {"cores": 4}})
+
+
+def _compss_cfg(test_config, tmp_path):
+    from hpcdl.config import validate_config
+
+    cfg = {**test_config, "results_dir": str(tmp_path / "results")}
+    for study in cfg["studies"]:
+        cfg[study] = {**cfg[study], "runtime": "compss"}
+    return validate_config(cfg)
+
+
+def test_every_rule_command_sets_its_task_units_where_compss_reads_them(test_config, tmp_path):
+    """test.yaml: checkpoint and hpo say "1"; shuffle's largest M is 2; spatial's largest run 2 ranks x 1."""
+    cfg = _compss_cfg(test_config, tmp_path)
+    expected = {"checkpoint": "1", "hpo": "1", "shuffle": "2", "spatial": "2"}
+    for study, units in expected.items():
+        cmd = compss.task_app_command(study, "c.json", cfg)
+        run = shlex.split(cmd.removeprefix("(").removesuffix(")").split(" && ")[1])
+        assert run[:2] == [f"HPCDL_{study.upper()}_UNITS={units}", "runcompss"], (study, run[:2])
+        enq = compss.enqueue_compss_command(study, "/c.json", cfg)
+        assert enq[:3] == ["env", f"HPCDL_{study.upper()}_UNITS={units}", "enqueue_compss"]
+
+
+def test_a_var_setting_is_expanded_by_the_shell_that_runs_the_rule(test_config, tmp_path):
+    """The generated command runs in a real shell; a stand-in runcompss on PATH reports its environment."""
+    cfg = _compss_cfg(test_config, tmp_path)
+    cfg["checkpoint"]["computing_units"] = "$SLURM_CPUS_PER_TASK"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for tool, body in (("runcompss", 'echo "units=$HPCDL_CHECKPOINT_UNITS"'), ("python", "exit 0")):
+        (bindir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bindir / tool).chmod(0o755)
+    cmd = compss.task_app_command("checkpoint", "c.json", cfg)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_CPUS_PER_TASK": "6"}
+    out = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "units=6"
+
+
+def test_enqueue_resolves_a_var_setting_now_or_names_it(test_config, tmp_path, monkeypatch):
+    from hpcdl.runtime.units import UnitsError
+
+    cfg = _compss_cfg(test_config, tmp_path)
+    cfg["hpo"]["computing_units"] = "$HPCDL_TEST_CORES"
+    monkeypatch.delenv("HPCDL_TEST_CORES", raising=False)
+    with pytest.raises(UnitsError, match=r"hpo.computing_units='\$HPCDL_TEST_CORES'.*HPCDL_TEST_CORES, "
+                                         r"which is not set"):
+        compss.enqueue_compss_command("hpo", "/c.json", cfg)
+    monkeypatch.setenv("HPCDL_TEST_CORES", "12")
+    assert compss.enqueue_compss_command("hpo", "/c.json", cfg)[1] == "HPCDL_HPO_UNITS=12"
+
+
+def test_command_cli_prints_the_rule_command(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(f"results_dir: {tmp_path / 'results'}\nstudies: [checkpoint]\n"
+                        "checkpoint: {runtime: compss, computing_units: '3'}\n")
+    out = subprocess.run([sys.executable, "-m", "hpcdl.runtime.compss", "command", "checkpoint",
+                          "--config", "c.yaml"], cwd=tmp_path, capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "HPCDL_CHECKPOINT_UNITS=3 runcompss --lang=python" in out.stdout
+    assert out.stdout.rstrip().endswith(f"--config {cfg_file})")

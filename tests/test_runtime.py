@@ -66,6 +66,17 @@ def test_retry_runs_once_more(tmp_path):
         compss_wait_on(rt.always_fails())
 
 
+def test_default_on_failure_is_retry_as_in_pycompss(tmp_path):
+    assert compss_wait_on(rt.fail_first_time_no_decorator(str(tmp_path / "marker"))) == "second attempt"
+
+
+def test_on_failure_management_is_mandatory_as_in_pycompss():
+    from hpcdl.runtime.local import on_failure
+
+    with pytest.raises(TypeError, match="management"):
+        on_failure(returns=None)
+
+
 def test_units_from_environment_set_torch_threads(monkeypatch):
     monkeypatch.setenv("HPCDL_TEST_UNITS", "2")
     assert compss_wait_on(rt.units_from_env()) == 2

@@ -10,3 +10,9 @@
     plan         the sweep points of a validated config
     analysis     tables, figures and claims; checks: config checks beyond the schema
 """
+
+
+def task_units(cfg: dict) -> int | str:
+    """Cores each timed task reserves (@constraint computing_units): the configured setting."""
+    value = cfg["checkpoint"]["computing_units"]
+    return int(value) if str(value).isdigit() else value

@@ -1,28 +1,19 @@
 """The PyCOMPSs API surface the task apps use.
 
-Under the COMPSs runtime (runcompss / enqueue_compss) these are the real PyCOMPSs objects;
-otherwise a local backend (hpcdl.runtime.local) runs tasks in spawned worker processes.
-Set HPCDL_RUNTIME=local to force the local backend even where PyCOMPSs is importable.
+Under the COMPSs runtime (runcompss / enqueue_compss) these are the real PyCOMPSs objects; with
+HPCDL_RUNTIME=pycompss outside it, the binding's own decorators in its sequential mode (tasks run
+inline); otherwise a local backend (hpcdl.runtime.local) runs tasks in spawned worker processes.
+hpcdl.runtime.backend says how the choice is made; BACKEND_INFO records it (provenance).
 """
 
 from __future__ import annotations
 
-import os
+from hpcdl.runtime.backend import detect
 
+BACKEND_INFO = detect()
+BACKEND = BACKEND_INFO.name
 
-def _under_compss() -> bool:
-    if os.environ.get("HPCDL_RUNTIME", "").lower() == "local":
-        return False
-    try:
-        from pycompss.util.context import in_pycompss
-    except ImportError:
-        return False
-    return bool(in_pycompss())
-
-
-BACKEND = "compss" if _under_compss() else "local"
-
-if BACKEND == "compss":
+if BACKEND in ("compss", "pycompss-sequential"):
     from pycompss.api.api import compss_barrier, compss_wait_on
     from pycompss.api.constraint import constraint
     from pycompss.api.on_failure import on_failure
@@ -38,11 +29,13 @@ if BACKEND == "compss":
     from pycompss.api.task import task
 
     def failure_reason(future) -> str | None:
+        if BACKEND == "pycompss-sequential":
+            return None  # the binding's sequential mode raises a task's exception instead of IGNOREing it
         # COMPSs gives an IGNOREd task's default value without the exception; its job logs have it.
         return "task failed under COMPSs (see the job's .err log in the COMPSs log directory)"
 
     def set_local_cores(cores) -> None:
-        """Worker counts come from the COMPSs resources under runcompss: nothing to do."""
+        """Worker counts come from the COMPSs resources: nothing to do."""
 else:
     from hpcdl.runtime.local import (
         compss_barrier,
@@ -59,6 +52,6 @@ else:
     FILE_IN, FILE_OUT, FILE_INOUT = "FILE_IN", "FILE_OUT", "FILE_INOUT"
     COLLECTION_IN = "COLLECTION_IN"
 
-__all__ = ["BACKEND", "task", "constraint", "on_failure", "compss_wait_on", "compss_barrier",
-           "failure_reason", "set_local_cores", "IN", "OUT", "INOUT", "FILE_IN", "FILE_OUT",
-           "FILE_INOUT", "COLLECTION_IN"]
+__all__ = ["BACKEND", "BACKEND_INFO", "task", "constraint", "on_failure", "compss_wait_on",
+           "compss_barrier", "failure_reason", "set_local_cores", "IN", "OUT", "INOUT", "FILE_IN",
+           "FILE_OUT", "FILE_INOUT", "COLLECTION_IN"]

@@ -9,8 +9,13 @@ the generated project/resources XML, the COMPSs logs (`log/`, via --specific_log
 The worker's computing units default to what Slurm granted the step (SLURM_CPUS_PER_TASK), else nproc,
 resolved when the rule runs.
 
-    python -m hpcdl.runtime.compss xml --out DIR --cpus N          # write DIR/project.xml, resources.xml
+The tasks' `computing_units` ("$HPCDL_<STUDY>_UNITS", hpcdl.runtime.units) are read by COMPSs from
+its own environment when it starts, so every generated command sets them in front of runcompss /
+enqueue_compss.
+
+    python -m hpcdl.runtime.compss command STUDY --config FILE      # print the rule's runcompss command
     python -m hpcdl.runtime.compss enqueue STUDY --config FILE      # print the enqueue_compss equivalent
+    python -m hpcdl.runtime.compss xml --out DIR --cpus N          # write DIR/project.xml, resources.xml
 """
 
 from __future__ import annotations
@@ -114,12 +119,28 @@ def xml_command(study: str, cfg: dict, *, rule: str | None = None) -> str:
             f"--working-dir {shlex.quote(str(rdir / 'worker'))} --cpus {cpus}")
 
 
+def units_assignments(study: str, cfg: dict, *, resolve_now: bool = False) -> list[str]:
+    """`NAME=value` shell words for the tasks' computing_units variables.
+
+    A "$VAR" setting stays "${VAR}" (double-quoted, expanded by the shell that runs the rule, e.g.
+    on the Slurm node); with resolve_now it is read from this process's environment instead.
+    """
+    from hpcdl.runtime.units import resolve, task_units, units_exports, units_var
+
+    if resolve_now:
+        value = resolve(task_units(study, cfg), f"{study}.computing_units")
+        return [f"{units_var(study)}={value}"]
+    return [f'{name}="{word}"' if word.startswith("$") else f"{name}={word}"
+            for name, word in units_exports(study, cfg).items()]
+
+
 def task_app_command(study: str, config_path: str, cfg: dict, *, rule: str | None = None) -> str:
     """The shell command for `<study>_run`: local Python, or runcompss per `<study>.runtime`."""
     if study_runtime(study, cfg) == "local":
         return shlex.join(local_command(study, config_path))
     # runcompss may start the app from another directory: hand it an absolute config path.
-    run = shlex.join(runcompss_command(study, os.path.abspath(config_path), cfg, rule=rule))
+    run = " ".join([*units_assignments(study, cfg),
+                    shlex.join(runcompss_command(study, os.path.abspath(config_path), cfg, rule=rule))])
     if compss_options(cfg)["project_xml"]:
         return run
     # A subshell, so a redirect the rule appends covers both steps.
@@ -143,7 +164,9 @@ def enqueue_compss_command(study: str, config_path: str, cfg: dict, *, rule: str
     for key in ("queue", "qos", "project_name"):
         if opts[key]:
             cmd.append(f"--{key}={opts[key]}")
-    return [*cmd, *opts["extra_flags"], str(app_path(study)), "--config", str(config_path)]
+    # sbatch hands the submitting environment to the job (Slurm's default --export=ALL): env sets it.
+    return ["env", *units_assignments(study, cfg, resolve_now=True), *cmd, *opts["extra_flags"],
+            str(app_path(study)), "--config", str(config_path)]
 
 
 def project_xml(working_dir: str | Path) -> str:
@@ -201,18 +224,29 @@ def main(argv: list[str] | None = None) -> int:
     x.add_argument("--out", required=True)
     x.add_argument("--cpus", required=True, type=int)
     x.add_argument("--working-dir", required=True)
-    e = sub.add_parser("enqueue", help="print the enqueue_compss command for a study")
-    e.add_argument("study")
-    e.add_argument("--config", required=True)
+    for name, what in (("command", "the shell command of the study's run rule (runcompss under "
+                                    "runtime: compss)"),
+                       ("enqueue", "the enqueue_compss command for a study")):
+        e = sub.add_parser(name, help=f"print {what}")
+        e.add_argument("study")
+        e.add_argument("--config", required=True)
     args = parser.parse_args(argv)
     if args.cmd == "xml":
         for path in write_xml(args.out, args.cpus, args.working_dir):
             print(path)
         return 0
     from hpcdl.config import load_config
+    from hpcdl.runtime.units import UnitsError
 
     cfg = load_config(args.config)
-    print(shlex.join(enqueue_compss_command(args.study, os.path.abspath(args.config), cfg)))
+    try:
+        if args.cmd == "command":
+            print(task_app_command(args.study, args.config, cfg))
+        else:
+            print(shlex.join(enqueue_compss_command(args.study, os.path.abspath(args.config), cfg)))
+    except UnitsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -20,11 +20,12 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 _MANAGEMENTS = ("IGNORE", "RETRY", "FAIL", "CANCEL_SUCCESSORS")
+DEFAULT_MANAGEMENT = "RETRY"
 _IN_WORKER_ENV = "HPCDL_LOCAL_WORKER"
 
 
 class TaskFailedError(RuntimeError):
-    """A task failed under on_failure FAIL (the default), or depended on one that did."""
+    """A task failed under FAIL, or twice under RETRY (the default), or depended on one that did."""
 
 
 def available_cores() -> int:
@@ -328,7 +329,8 @@ class LocalTask:
         self.returns = returns
         self.task_kwargs = task_kwargs
         self.computing_units = getattr(fn, "_hpcdl_computing_units", "1")
-        self.management = getattr(fn, "_hpcdl_management", "FAIL")
+        # PyCOMPSs' default: a task without @on_failure is retried, then fails the application.
+        self.management = getattr(fn, "_hpcdl_management", DEFAULT_MANAGEMENT)
         self.failure_returns = getattr(fn, "_hpcdl_failure_returns", None)
         self.__doc__, self.__module__, self.__qualname__ = fn.__doc__, fn.__module__, fn.__qualname__
 
@@ -367,7 +369,8 @@ def constraint(computing_units="1", **kwargs):
     return deco
 
 
-def on_failure(management="FAIL", returns=None, **kwargs):
+def on_failure(management, returns=None, **kwargs):
+    """`management` is mandatory, as in PyCOMPSs."""
     if management not in _MANAGEMENTS:
         raise ValueError(f"on_failure management must be one of {_MANAGEMENTS}, got {management!r}")
 
