@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pandas as pd
 import pytest
@@ -17,48 +17,70 @@ from hpcdl.checkpoint import integrity, saver
 from hpcdl.checkpoint.formats import FORMATS
 from hpcdl.config import ConfigError, load_config
 
-# Saves a small checkpoint, says so, then saves a 64 MiB one (the parent kills it mid-way).
+# Saves a small checkpoint, then a 64 MiB one that stops at a known point of the commit and
+# says so; the parent kills it there. "payload": every payload file written, nothing fsync'd,
+# no manifest. "manifest": manifest written and fsync'd, staging directory not yet renamed.
 KILLED_CHILD = """
-import sys, torch
+import os, signal, sys, torch
 from pathlib import Path
-from hpcdl.checkpoint import saver
-root, fmt = Path(sys.argv[1]), sys.argv[2]
+from hpcdl.checkpoint import integrity, saver
+root, fmt, stop = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+
+def halt(where):
+    print(f"stopped at {where}", flush=True)
+    signal.pause()                      # until the parent's SIGKILL
+
+durable, rename = integrity.make_durable, os.rename
+if stop == "payload":
+    integrity.make_durable = lambda tmp: halt("payload") if "step-000000002" in tmp.name else durable(tmp)
+else:
+    def renaming(src, dst, *a, **k):
+        if Path(dst).name == "step-000000002" and Path(src).name.startswith(".step-000000002"):
+            halt("manifest")
+        return rename(src, dst, *a, **k)
+    os.rename = renaming
 saver.save({"w": torch.full((1024,), 1.0)}, root, "step-000000001", fmt)
-big = {f"w{i}": torch.full((1 << 20,), 2.0) for i in range(16)}
 print("first committed", flush=True)
-saver.save(big, root, "step-000000002", fmt)
+saver.save({f"w{i}": torch.full((1 << 20,), 2.0) for i in range(16)}, root, "step-000000002", fmt)
 print("second committed", flush=True)
 """
 
 
+def _staged(root) -> list:
+    return list(root.glob(f".step-000000002{integrity.TMP_MARK}*"))
+
+
 def _staged_bytes(root) -> int:
-    return sum(p.stat().st_size for d in root.glob(f".step-000000002{integrity.TMP_MARK}*")
-               for p in d.rglob("*") if p.is_file())
+    return sum(p.stat().st_size for d in _staged(root) for p in d.rglob("*") if p.is_file())
 
 
+@pytest.mark.parametrize("stop", ["payload", "manifest"])
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_sigkill_mid_save_keeps_previous_checkpoint(tmp_path, repo, fmt):
+def test_sigkill_mid_save_keeps_previous_checkpoint(tmp_path, repo, fmt, stop):
     root = tmp_path / "ckpts"
-    child = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, str(root), fmt], cwd=repo,
+    child = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, str(root), fmt, stop], cwd=repo,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    guard = threading.Timer(300, child.kill)  # hang guard only: a stuck child ends the readline below
+    guard.start()
     try:
-        assert child.stdout.readline().strip() == "first committed"
-        deadline = time.monotonic() + 120
-        while _staged_bytes(root) == 0 and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.0005)
-        os.kill(child.pid, signal.SIGKILL)  # in the middle of writing the second checkpoint
+        assert child.stdout.readline().strip() == "first committed", child.stderr.read()[-3000:]
+        assert child.stdout.readline().strip() == f"stopped at {stop}", child.stderr.read()[-3000:]
+        os.kill(child.pid, signal.SIGKILL)  # the second save is at the known point, and stays there
     finally:
+        guard.cancel()
+        if child.poll() is None:
+            child.kill()
         child.wait()
-        out = child.stdout.read()
-    assert "second committed" not in out, "the save finished before the kill; the test proved nothing"
     assert child.returncode == -signal.SIGKILL
-    assert _staged_bytes(root) > 0  # a half-written staging directory is there ...
+    staged = _staged(root)
+    assert len(staged) == 1 and _staged_bytes(root) >= 64 << 20  # the whole payload is on disk ...
+    assert (staged[0] / integrity.MANIFEST).exists() == (stop == "manifest")
     assert integrity.committed(root) == [root / "step-000000001"]  # ... and is not taken for a checkpoint
     assert not (root / "step-000000002").exists()
     back = saver.load(integrity.latest(root))  # previous checkpoint: loadable and verified
     assert torch.equal(back["w"], torch.full((1024,), 1.0))
     removed = integrity.remove_stale(root)
-    assert len(removed) == 1 and not removed[0].exists()
+    assert removed == staged and not staged[0].exists()
 
 
 def _block(test_config, **over) -> dict:
