@@ -1,9 +1,8 @@
-"""Atomic writes, tidy tables with provenance sidecars, and claims (DESIGN.md §4)."""
+"""Atomic writes and tidy tables with provenance sidecars (DESIGN.md §4; claims: hpcdl.claims)."""
 
 from __future__ import annotations
 
 import hashlib
-import html
 import json
 import os
 import platform
@@ -186,33 +185,3 @@ def read_table(path: str | Path) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"table {path} does not exist (run the study's earlier rules first)")
     return pd.read_csv(path)
-
-
-def claim(claim_id: str, statement: str, passed: bool, **measured) -> dict:
-    """One headline restated as a check on this run's numbers; a failing claim is a finding."""
-    return {"id": claim_id, "statement": statement, "passed": bool(passed), "measured": measured}
-
-
-def write_claims(study_dir: str | Path, study: str, claims: list[dict]) -> tuple[Path, Path]:
-    """claims.json (machine-readable) and claims.html (shown in the Snakemake report)."""
-    study_dir = Path(study_dir)
-    for c in claims:
-        missing = {"id", "statement", "passed", "measured"} - set(c)
-        if missing:
-            raise ValueError(f"claim {c!r} lacks {sorted(missing)}; build claims with hpcdl.io.claim()")
-    doc = {"study": study, "claims": claims,
-           "passed": sum(c["passed"] for c in claims), "total": len(claims)}
-    json_path = atomic_write_json(study_dir / "claims.json", doc)
-    verdict = {True: ("green", "PASS"), False: ("firebrick", "FAIL")}
-    rows = "".join(
-        f"<tr><td>{html.escape(c['id'])}</td><td>{html.escape(c['statement'])}</td>"
-        f"<td style='color:{verdict[c['passed']][0]}'><b>{verdict[c['passed']][1]}</b></td>"
-        f"<td><code>{html.escape(json.dumps(c['measured'], default=_json_default))}</code></td></tr>"
-        for c in claims)
-    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{study} claims</title></head><body>"
-            f"<h2>{html.escape(study)}: {doc['passed']}/{doc['total']} claims hold on this run</h2>"
-            "<table border='1' cellpadding='4' style='border-collapse:collapse'>"
-            "<tr><th>claim</th><th>statement</th><th>result</th><th>measured</th></tr>"
-            f"{rows}</table></body></html>\n")
-    html_path = atomic_write_text(study_dir / "claims.html", page)
-    return json_path, html_path

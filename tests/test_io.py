@@ -1,4 +1,4 @@
-"""Atomic writes, provenance sidecars and claims files."""
+"""Atomic writes and provenance sidecars (claims files: tests/test_claims.py)."""
 
 import json
 import os
@@ -13,13 +13,11 @@ import pytest
 
 from hpcdl.io import (
     atomic_write_text,
-    claim,
     config_hash,
     git_commit,
     provenance_path,
     read_table,
     save_figure,
-    write_claims,
     write_table,
 )
 
@@ -79,16 +77,6 @@ def test_git_commit_is_head_and_marks_a_dirty_tree(tmp_path):
 def test_config_hash_ignores_key_order():
     assert config_hash({"a": 1, "b": [1, 2]}) == config_hash({"b": [1, 2], "a": 1})
     assert config_hash({"a": 1}) != config_hash({"a": 2})
-
-
-def test_claims_json_and_html(tmp_path):
-    claims = [claim("fast", "x is fast", True, speedup=2.0), claim("small", "y < 1", False, y=3)]
-    json_path, html_path = write_claims(tmp_path, "demo", claims)
-    doc = json.loads(json_path.read_text())
-    assert doc["passed"] == 1 and doc["total"] == 2
-    assert doc["claims"][1]["measured"] == {"y": 3}
-    page = html_path.read_text()
-    assert "PASS" in page and "FAIL" in page and "x is fast" in page
 
 
 def test_read_table_missing_names_file(tmp_path):

@@ -3,7 +3,7 @@ hybrid data x spatial training equal to whole-batch training, and faults (no han
 
 from __future__ import annotations
 
-import time
+import re
 
 import numpy as np
 import pytest
@@ -46,38 +46,38 @@ def test_partitioned_conv_and_model_exact(nprocs, grid):
 
 
 def test_halo_larger_than_slab_fails_on_every_rank_without_hang():
-    t0 = time.time()
     # 4 planes over 3 ranks = slabs [2, 1, 1]: rank 0 needs 2 planes from rank 1, which has 1
     with pytest.raises(RankFailure) as info:
         run_ranks("hpcdl.spatial.exactness:conv_cases", 3,
                   {"cases": [dict(cin=1, cout=1, kernel=5, stride=1, padding="same", depth=4, height=4,
                                   width=4)]}, timeout_s=120)
+    assert not info.value.timed_out  # failed on its own, not stopped by the 120 s hang guard
     assert "halo larger than slab" in str(info.value)
-    assert time.time() - t0 < 120
 
 
-def test_rank_dying_mid_exchange_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("HPCDL_HALO_TIMEOUT_S", "20")
-    t0 = time.time()
+def test_dead_neighbour_is_a_halo_exchange_error_naming_the_peer(monkeypatch):
+    monkeypatch.setenv("HPCDL_HALO_TIMEOUT_S", "60")
     with pytest.raises(RankFailure) as info:
         run_ranks("hpcdl.spatial.exactness:model_case", 2,
-                  {"shape": (16, 8, 8), "model": MODEL, "die_rank": 1}, timeout_s=90)
-    elapsed = time.time() - t0
+                  {"shape": (16, 8, 8), "model": MODEL, "die_rank": 1, "die_status": 0}, timeout_s=90)
+    assert not info.value.timed_out and info.value.group_formed
     msg = str(info.value)
-    assert "failed" in msg and elapsed < 90
-    # the survivor names the halo exchange and the peer, unless torchrun stopped it first
-    assert "HaloExchangeError" in msg or "exit" in msg
+    # the peer's death closed the connection: an error at once, not the 60 s deadline
+    assert re.search(r"HaloExchangeError: rank 0: halo exchange \((receive from|send to) rank 1, tag \d+\) "
+                     r"failed within 60 s", msg), msg
 
 
 @pytest.mark.slow
 def test_stalled_neighbour_times_out_with_clear_error(monkeypatch):
     monkeypatch.setenv("HPCDL_HALO_TIMEOUT_S", "3")
-    t0 = time.time()
     with pytest.raises(RankFailure) as info:
         run_ranks("hpcdl.spatial.exactness:model_case", 2,
-                  {"shape": (16, 8, 8), "model": MODEL, "stall_rank": 1, "stall_s": 30}, timeout_s=90)
-    assert "HaloExchangeError" in str(info.value) and "rank 1" in str(info.value)
-    assert time.time() - t0 < 30  # the deadline fired, not the stalled rank waking up
+                  {"shape": (16, 8, 8), "model": MODEL, "stall_rank": 1, "stall_s": 60}, timeout_s=90)
+    assert not info.value.timed_out
+    # the survivor's deadline fired (the stalled rank would only wake after 60 s)
+    msg = str(info.value)
+    assert re.search(r"HaloExchangeError: rank 0: halo exchange \((receive from|send to) rank 1(, tag \d+)?"
+                     r"\) (timed out after 3 s|failed within 3 s: .*Timed out)", msg), msg
 
 
 @pytest.mark.slow

@@ -33,3 +33,15 @@ def die_on_rank(victim: int = 1) -> dict:
     t = torch.ones(1)
     dist.all_reduce(t)
     return {"rank": dist.get_rank()}
+
+
+def raise_on_rank(victim: int = 1) -> dict:
+    """Rank `victim` raises before a collective: its traceback must reach the caller."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == victim:
+        raise RuntimeError(f"rank {victim} gives up")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return {"rank": dist.get_rank()}

@@ -77,11 +77,14 @@ def conv_cases(cases: list[dict], grid: tuple[int, int] = (0, 1)) -> list[dict]:
 
 
 def model_case(shape: tuple[int, int, int], model: dict, grid: tuple[int, int] = (0, 1), batch: int = 2,
-               die_rank: int | None = None, stall_rank: int | None = None, stall_s: float = 0.0) -> dict:
+               die_rank: int | None = None, die_status: int = 3, stall_rank: int | None = None,
+               stall_s: float = 0.0) -> dict:
     """Whole CosmoFlow-like model, partitioned vs whole: loss, input grads, every parameter grad.
 
-    Fault tests: `die_rank` exits abruptly while its neighbours are in the first exchange;
-    `stall_rank` sleeps `stall_s` seconds there instead (a hung peer).
+    Fault tests: `die_rank` exits abruptly (status `die_status`) while its neighbours are in the
+    first exchange; `stall_rank` sleeps `stall_s` seconds there instead (a hung peer). With
+    die_status 0 the launcher sees no failed rank and leaves the survivors running, so what the
+    launch reports is the survivors' own error, not a race with the launcher stopping them.
     """
     torch.set_default_dtype(torch.float64)
     grid = (dist.get_world_size(), 1) if grid[0] == 0 else tuple(grid)
@@ -99,7 +102,7 @@ def model_case(shape: tuple[int, int, int], model: dict, grid: tuple[int, int] =
     xs = x.detach()[:, :, ds, hs].clone().requires_grad_(True)
     if die_rank is not None and dist.get_rank() == die_rank:
         # Let the first exchange start on the others, then vanish mid-forward.
-        os._exit(3)
+        os._exit(die_status)
     if stall_rank is not None and dist.get_rank() == stall_rank:
         time.sleep(stall_s)
     loss = nn.functional.mse_loss(sp(xs), target)
