@@ -1,0 +1,209 @@
+"""Conformance of the task apps with the real PyCOMPSs binding (vendored: ../shared/vendor/pycompss).
+
+1. Each task app run with the binding's decorators in its sequential mode (HPCDL_RUNTIME=pycompss,
+   no runtime) writes the same raw tables as the local backend on every deterministic column.
+2. In the binding's master context, its C extension replaced by a recorder, every task of every
+   app passes the binding's decorator validation and registers the intended constraints, whose
+   computing_units resolve (in the environment the generated command sets) to the configured cores.
+3. Backend detection: COMPSs in the master (and worker) context, local outside it; the 2.x API.
+
+The binding is found through HPCDL_PYCOMPSS_BINDING or a `shared/vendor/pycompss` beside the
+checkout (or beside one of its parents); without it these tests skip, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+STUDIES = ("checkpoint", "hpo", "shuffle", "spatial")
+
+
+def _find_binding() -> Path | None:
+    env = os.environ.get("HPCDL_PYCOMPSS_BINDING")
+    candidates = [Path(env)] if env else [p / "shared" / "vendor" / "pycompss" for p in REPO.parents]
+    for path in candidates:
+        if (path / "pycompss" / "api" / "task.py").is_file():
+            return path
+    return None
+
+
+BINDING = _find_binding()
+pytestmark = pytest.mark.skipif(
+    BINDING is None, reason="PyCOMPSs binding not found: set HPCDL_PYCOMPSS_BINDING to the directory "
+                            "holding pycompss/ (the vendored copy is ../shared/vendor/pycompss)")
+
+# What each app's tasks must register: computing units ("study" = the study's configured cores)
+# and the on_failure action the binding submits them with.
+INTENDED = {
+    "checkpoint": {"io_point": ("study", "IGNORE"), "ranks_point": ("study", "IGNORE"),
+                   "resume_point": (1, "IGNORE"), "overhead_point": ("study", "IGNORE")},
+    "hpo": {"train_chunk": ("study", "IGNORE"), "test_accuracy": ("study", "IGNORE"),
+            "warm_up": ("study", "FAIL")},
+    "shuffle": {"run_point": ("study", "IGNORE")},
+    "spatial": {"exactness": ("study", "IGNORE"), "calibrate": ("study", "IGNORE"),
+                "scaling_run": ("study", "IGNORE")},
+}
+# Cores each study's tasks must get in the config below: set (checkpoint) or derived (largest M,
+# largest run's ranks x threads).
+CONFIGURED_UNITS = {"checkpoint": 2, "hpo": 1, "shuffle": 2, "spatial": 2}
+
+# Columns that measure time, bandwidth, memory or name a process: everything else is deterministic.
+NONDETERMINISTIC = re.compile(r"(_s|_per_s|_mb|_rss_bytes|_frac)$|^(worker|driver_pid|sessions)$")
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HPCDL_") or k == "HPCDL_PYCOMPSS_BINDING"}
+    return {**env, "HPCDL_PROGRESS": "0", "MPLBACKEND": "Agg", **extra}
+
+
+def _conformance_config(tmp_path: Path, test_config: dict, name: str, runtime: str) -> Path:
+    """test.yaml, trimmed so every task of every app still runs at least once."""
+    cfg = yaml.safe_load(yaml.safe_dump(test_config))
+    cfg["results_dir"] = str(tmp_path / name)
+    for study in STUDIES:
+        cfg[study]["runtime"] = runtime
+    ck = cfg["checkpoint"]
+    ck.update(formats=["torch", "dcp"], modes=["sync"], computing_units="2",
+              sizes={"min_params": 4096, "max_params": 4096, "points": 1})
+    ck["overhead"].update(modes=["sync"], intervals=[2])
+    cfg["shuffle"]["kakurenbo"] = {"fractions": [0], "world_size": 2}
+    cfg["spatial"]["hybrid"] = {"grid": 16, "layouts": []}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def _run_app(study: str, config: Path, env: dict) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", f"tasks.{study}", "--config", str(config)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _deterministic(df: pd.DataFrame) -> pd.DataFrame:
+    cols = [c for c in df.columns if not NONDETERMINISTIC.search(c)]
+    return df[cols].sort_values(cols, kind="stable").reset_index(drop=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("study", STUDIES)
+def test_sequential_binding_writes_the_local_backends_tables(study, tmp_path, test_config):
+    # Equal-length result paths: DCP's metadata holds the checkpoint path, so file sizes depend on it.
+    local_cfg = _conformance_config(tmp_path, test_config, "L", "local")
+    seq_cfg = _conformance_config(tmp_path, test_config, "S", "local")
+    _run_app(study, local_cfg, _env(HPCDL_RUNTIME="local"))
+    # Sequential mode runs tasks in the main process: give torch the threads a local worker gets.
+    units = str(CONFIGURED_UNITS[study]) if study in ("checkpoint", "hpo") else "1"
+    proc = _run_app(study, seq_cfg, _env(HPCDL_RUNTIME="pycompss", PYTHONPATH=f"{BINDING}:{REPO}",
+                                         OMP_NUM_THREADS=units))
+    assert f"[{study}] task backend pycompss-sequential" in proc.stderr
+    local_raw, seq_raw = tmp_path / "L" / study / "raw", tmp_path / "S" / study / "raw"
+    tables = sorted(p.name for p in local_raw.glob("*.csv"))
+    assert tables and tables == sorted(p.name for p in seq_raw.glob("*.csv"))
+    for name in tables:
+        local, seq = pd.read_csv(local_raw / name), pd.read_csv(seq_raw / name)
+        assert list(local.columns) == list(seq.columns), name
+        pd.testing.assert_frame_equal(_deterministic(local), _deterministic(seq), check_exact=False,
+                                      rtol=1e-9, obj=f"{study}/raw/{name}")
+        sidecar = json.loads((seq_raw / name.replace(".csv", ".provenance.json")).read_text())
+        assert sidecar["runtime"]["name"] == "pycompss-sequential"
+        assert sidecar["runtime"]["pycompss_api"] == "3.x"
+        local_sidecar = json.loads((local_raw / name.replace(".csv", ".provenance.json")).read_text())
+        assert local_sidecar["runtime"]["name"] == "local"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("study", STUDIES)
+def test_master_context_registers_every_task_with_its_constraints(study, tmp_path, test_config):
+    cfg = _conformance_config(tmp_path, test_config, "master", "compss")
+    out = tmp_path / "recorded.json"
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "pycompss_master.py"), str(BINDING), study,
+                           str(cfg), str(out)], cwd=REPO, env=_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rec = json.loads(out.read_text())
+    intended = INTENDED[study]
+    assert sorted(rec["tasks"]) == sorted(intended), "a task was added or removed: update INTENDED"
+    assert set(rec["submitted"]) == set(intended), "every task must be called at least once"
+    env = rec["units_env"]
+    by_signature = {r["signature"]: r for r in rec["registered"]}
+    for task, (units, on_failure) in intended.items():
+        reg = by_signature[f"tasks.{study}.{task}"]
+        m = re.fullmatch(r"computing_units:(.+);", reg["constraints"])
+        assert m, reg
+        value = m.group(1)
+        resolved = int(env[value[1:].strip("{}")]) if value.startswith("$") else int(value)
+        assert resolved == (CONFIGURED_UNITS[study] if units == "study" else units), (task, value, env)
+        actions = {p["on_failure"] for p in rec["processed"] if p["signature"] == f"tasks.{study}.{task}"}
+        assert actions == {on_failure}, (task, actions)
+    # The app finished with the binding's objects in place: its raw tables exist, no failed point.
+    raw = tmp_path / "master" / study / "raw"
+    for table in raw.glob("*.csv"):
+        df = pd.read_csv(table)
+        if "status" in df:
+            assert (df["status"] == "ok").all(), (table.name, df.get("error"))
+        sidecar = json.loads(table.with_name(table.stem + ".provenance.json").read_text())
+        assert sidecar["runtime"]["name"] == "compss"
+    assert any(raw.glob("*.csv"))
+
+
+def _detect_in_subprocess(setup: str, env: dict | None = None) -> dict:
+    code = (f"import sys; sys.path[:0] = [{str(BINDING)!r}, {str(REPO)!r}]\n{setup}\n"
+            "import json, hpcdl.runtime as r\n"
+            "print(json.dumps({**r.BACKEND_INFO.as_dict(), 'task': r.task.__module__}))")
+    proc = subprocess.run([sys.executable, "-c", code], env=env or _env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_detection_picks_compss_in_the_master_context():
+    info = _detect_in_subprocess("from pycompss.util.context import CONTEXT; CONTEXT.set_master()")
+    assert info["name"] == "compss" and info["pycompss_api"] == "3.x"
+    assert info["task"] == "pycompss.api.task"
+
+
+def test_detection_picks_compss_in_the_worker_context():
+    info = _detect_in_subprocess("from pycompss.util.context import CONTEXT; CONTEXT.set_worker()")
+    assert info["name"] == "compss" and info["task"] == "pycompss.api.task"
+
+
+def test_detection_picks_local_outside_the_runtime_even_with_the_binding_importable():
+    info = _detect_in_subprocess("")
+    assert info["name"] == "local" and info["pycompss_importable"] is True
+    assert "not running under the COMPSs runtime" in info["why"]
+    assert info["task"] == "hpcdl.runtime.local"
+
+
+def test_forced_pycompss_outside_the_runtime_is_the_sequential_binding():
+    info = _detect_in_subprocess("", _env(HPCDL_RUNTIME="pycompss"))
+    assert info["name"] == "pycompss-sequential" and info["task"] == "pycompss.api.task"
+
+
+def test_detection_uses_the_2x_module_function_when_there_is_no_context_object(tmp_path):
+    """PyCOMPSs 2.x exposed `pycompss.util.context.in_pycompss()`: a package with only that API."""
+    ctx = tmp_path / "old" / "pycompss" / "util"
+    ctx.mkdir(parents=True)
+    (ctx.parent / "__init__.py").write_text("")
+    (ctx / "__init__.py").write_text("")
+    (ctx / "context.py").write_text("import os\n\ndef in_pycompss():\n"
+                                    "    return os.environ.get('FAKE_SCOPE') == 'master'\n")
+    backend_py = str(REPO / "hpcdl" / "runtime" / "backend.py")
+    code = (f"import sys, importlib.util; sys.path.insert(0, {str(tmp_path / 'old')!r})\n"
+            f"spec = importlib.util.spec_from_file_location('b', {backend_py!r})\n"
+            "b = sys.modules['b'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)\n"
+            "print(b.detect().name, b.detect().pycompss_api)")
+    for scope, expected in (("master", "compss 2.x"), ("", "local 2.x")):
+        proc = subprocess.run([sys.executable, "-c", code], env=_env(FAKE_SCOPE=scope), capture_output=True,
+                              text=True, timeout=60)
+        assert proc.stdout.strip() == expected, proc.stderr
