@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hpcdl.config import load_config  # noqa: E402
 from hpcdl.hpo import driver, plan, storage, train  # noqa: E402
-from hpcdl.io import atomic_write_text  # noqa: E402
+from hpcdl.results import atomic_write_text  # noqa: E402
 
 
 def grid_throughput(cfg: dict, results: Path) -> list[dict]:

@@ -18,9 +18,9 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpcdl.io import available_cores  # noqa: E402
 from hpcdl.perfmodel.calibrate import fit_machine  # noqa: E402
 from hpcdl.perfmodel.oracle import Strategy, predict  # noqa: E402
+from hpcdl.results import available_cores  # noqa: E402
 from hpcdl.runtime.launch import run_ranks  # noqa: E402
 from hpcdl.spatial.arch import build_spec  # noqa: E402
 from hpcdl.spatial.data import ensure_dataset  # noqa: E402

@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from hpcdl.io import _json_default, atomic_write_json, atomic_write_text
+from hpcdl.results import _json_default, atomic_write_json, atomic_write_text
 
 STATUSES = ("passed", "failed", "not_measured")
 _SHOWN = {"passed": ("green", "PASS"), "failed": ("firebrick", "FAIL"),

@@ -18,7 +18,7 @@ import pandas as pd
 
 from hpcdl.checkpoint import distributed, measure, plan, training
 from hpcdl.config import study_dir
-from hpcdl.io import write_table
+from hpcdl.results import write_table
 from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
 from hpcdl.runtime.app import start_app
 

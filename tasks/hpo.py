@@ -19,7 +19,7 @@ from hpcdl.config import study_dir
 from hpcdl.data.fashion_mnist import load_split
 from hpcdl.hpo import driver, records, storage, train
 from hpcdl.hpo.plan import plan_studies
-from hpcdl.io import write_table
+from hpcdl.results import write_table
 from hpcdl.runtime import (
     BACKEND,
     compss_wait_on,

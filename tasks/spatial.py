@@ -17,7 +17,7 @@ import time
 import pandas as pd
 
 from hpcdl.config import study_dir
-from hpcdl.io import available_cores, write_table
+from hpcdl.results import available_cores, write_table
 from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
 from hpcdl.runtime.app import start_app
 from hpcdl.spatial import runs

@@ -92,7 +92,7 @@ def test_bad_units_settings_name_the_key(value, message):
 
 
 def test_provenance_records_the_backend_and_derived_tables_their_tasks_backend(tmp_path):
-    from hpcdl.io import write_table
+    from hpcdl.results import write_table
 
     started = time.time()
     raw = write_table(pd.DataFrame({"x": [1]}), tmp_path / "s" / "raw" / "points.csv", {"a": 1}, started)

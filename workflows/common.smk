@@ -13,7 +13,7 @@
 from snakemake.exceptions import WorkflowError
 
 from hpcdl.config import study_config
-from hpcdl.io import atomic_write_json
+from hpcdl.results import atomic_write_json
 
 # Every rule runs in this environment under --use-conda (path relative to workflows/).
 CONDA_ENV = "../envs/hpcdl.yaml"

@@ -16,7 +16,7 @@ import pandas as pd
 from hpcdl.checkpoint.plan import sweep_sizes
 from hpcdl.checkpoint.training import young_daly_interval_s
 from hpcdl.claims import claim, every, not_measured
-from hpcdl.io import read_table, save_figure, write_table
+from hpcdl.results import read_table, save_figure, write_table
 
 MiB = 2**20
 FORMAT_ORDER = ["torch", "safetensors", "dcp", "hdf5", "npz"]

@@ -14,7 +14,7 @@ import pandas as pd
 
 from hpcdl.claims import claim, not_measured
 from hpcdl.hpo.plan import grid_size, pruning_baseline
-from hpcdl.io import read_table, save_figure, write_table
+from hpcdl.results import read_table, save_figure, write_table
 
 SPEEDUP_EFFICIENCY = 0.8  # 2 workers >= 1.6x faster than 1
 BEST_TEST_ACC = 0.85

@@ -205,7 +205,7 @@ def resources_xml(cpus: int) -> str:
 
 
 def write_xml(out: str | Path, cpus: int, working_dir: str | Path) -> tuple[Path, Path]:
-    from hpcdl.io import atomic_write_text
+    from hpcdl.results import atomic_write_text
 
     if cpus < 1:
         raise ValueError(f"--cpus must be >= 1, got {cpus}")

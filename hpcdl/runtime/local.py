@@ -34,7 +34,7 @@ def available_cores() -> int:
         if not env.isdigit() or int(env) < 1:
             raise ValueError(f"HPCDL_LOCAL_CORES must be a positive integer, got {env!r}")
         return int(env)
-    from hpcdl.io import available_cores as affinity_cores
+    from hpcdl.results import available_cores as affinity_cores
 
     return affinity_cores()
 

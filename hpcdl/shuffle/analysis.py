@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.claims import claim, every, not_measured
-from hpcdl.io import read_table, save_figure, write_table
+from hpcdl.results import read_table, save_figure, write_table
 from hpcdl.shuffle.plan import exchange_count
 from hpcdl.shuffle.run import SAMPLE_BYTES
 from hpcdl.shuffle.sweep import expand

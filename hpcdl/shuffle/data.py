@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcdl.data import fashion_mnist
-from hpcdl.io import atomic_write_bytes, atomic_write_json, config_hash
+from hpcdl.results import atomic_write_bytes, atomic_write_json, config_hash
 
 NAMES = ("x_train", "y_train", "x_val", "y_val")
 

@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.claims import claim, every, not_measured
-from hpcdl.io import read_table, save_figure, write_table
 from hpcdl.perfmodel.calibrate import fit_machine
 from hpcdl.perfmodel.oracle import Machine, Strategy, extrapolate, predict
+from hpcdl.results import read_table, save_figure, write_table
 from hpcdl.spatial.arch import build_spec
 from hpcdl.spatial.runs import expand as expand_runs
 

@@ -1,4 +1,4 @@
-"""Atomic writes and tidy tables with provenance sidecars (DESIGN.md §4; claims: hpcdl.claims)."""
+"""Writing results: atomic files, figures, tidy tables with provenance sidecars (DESIGN.md §4)."""
 
 from __future__ import annotations
 

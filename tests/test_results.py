@@ -11,7 +11,7 @@ from datetime import datetime
 import pandas as pd
 import pytest
 
-from hpcdl.io import (
+from hpcdl.results import (
     atomic_write_text,
     config_hash,
     git_commit,
