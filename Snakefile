@@ -3,7 +3,8 @@
 #   snakemake --profile slurm --configfile configs/paper.yaml   (cluster, paper scale)
 from snakemake.utils import min_version, validate
 
-from hpcdl.config import ConfigError, validate_config
+from hpcdl.config import ConfigError, validate_config, write_full_schema
+from hpcdl.study import registered
 from hpcdl.runtime.cluster import require_slurm_for
 
 min_version("9.0")
@@ -17,7 +18,8 @@ try:
     CONFIG = validate_config(config)
 except ConfigError as exc:
     raise ValueError(f"invalid configuration: {exc}") from None
-validate(config, "configs/schema.yaml")
+# Snakemake's own check, on the schema completed from the study declarations.
+validate(config, write_full_schema(f"{workflow.basedir}/.snakemake/hpcdl/schema.yaml"))
 RESULTS = CONFIG["results_dir"]
 # Task apps import `tasks` and `hpcdl` from this checkout, also inside conda envs and on cluster nodes.
 shell.prefix(f"export PYTHONPATH={workflow.basedir}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
@@ -54,13 +56,40 @@ rule study_config:
         atomic_write_json(output[0], params.block)
 
 
-for _study in CONFIG["studies"]:
+STUDY_SPECS = registered()
 
-    include: f"workflows/{_study}.smk"
+
+include: "workflows/study.smk"
+
+
+# ---- report front page (DESIGN.md §4): the verdict, embedded by workflows/report/workflow.rst ----
+from hpcdl.verdict import write_verdict
+
+
+# Each study's claims.json is downstream of its raw tables, run summary and sidecars, so depending on
+# the claims alone reruns the verdict whenever anything it shows changes.
+rule verdict:
+    input:
+        [f"{RESULTS}/{study}/claims.json" for study in CONFIG["studies"]],
+    output:
+        f"{RESULTS}/verdict.html",
+    params:
+        studies={study: STUDY_SPECS[study].title for study in CONFIG["studies"]},
+    log:
+        f"{RESULTS}/logs/verdict.log",
+    localrule: True
+    conda:
+        "envs/hpcdl.yaml"
+    run:
+        write_verdict(RESULTS, params.studies, output[0])
+
+
+# ---- end of the report front page ----
 
 
 rule all:
     default_target: True
     input:
+        rules.verdict.output,
         [getattr(rules, f"{study}_plot").output for study in CONFIG["studies"]],
         [getattr(rules, f"{study}_claims").output for study in CONFIG["studies"]],

@@ -1,5 +1,9 @@
-"""Load and validate a configuration against configs/schema.yaml (the same schema Snakemake's
-validate() uses), fill defaults, and run each study's semantic checks.
+"""Load and validate a configuration against the config schema, fill defaults, and run each
+study's semantic checks.
+
+The schema is configs/schema.yaml (shared keys) completed from the registered studies
+(hpcdl.study): the `studies` enum and one `<study>: {$ref: schema/<study>.yaml}` per study, so
+adding a study edits no shared file. `write_full_schema` gives Snakemake's validate() the same.
 
 Every error is a ConfigError naming the key, the bad value and what is allowed.
 """
@@ -19,9 +23,11 @@ from jsonschema import Draft202012Validator, validators
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from hpcdl.study import registered
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SCHEMA_PATH = CONFIG_DIR / "schema.yaml"
-STUDIES = ("checkpoint", "hpo", "shuffle", "spatial")
+STUDIES = tuple(registered())
 
 
 class ConfigError(ValueError):
@@ -61,7 +67,25 @@ def _registry(schema_dir: Path) -> Registry:
 
 
 def load_schema(path: Path = SCHEMA_PATH) -> dict:
-    return yaml.safe_load(Path(path).read_text())
+    """The shared schema plus every registered study's enum entry and block `$ref` (absolute)."""
+    path = Path(path)
+    schema = yaml.safe_load(path.read_text())
+    props = schema["properties"]
+    props["studies"]["items"] = {"enum": list(STUDIES)}
+    props["studies"]["default"] = list(STUDIES)
+    for study in STUDIES:
+        block = path.parent / "schema" / f"{study}.yaml"
+        if not block.exists():
+            raise FileNotFoundError(f"study {study!r} is registered but has no schema file {block}")
+        props[study] = {"$ref": str(block)}
+    return schema
+
+
+def write_full_schema(out: str | Path) -> Path:
+    """load_schema() as a file, for Snakemake's validate() (which takes a path)."""
+    from hpcdl.results import atomic_write_text
+
+    return atomic_write_text(out, yaml.safe_dump(load_schema(), sort_keys=False))
 
 
 def _key(path) -> str:

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpcdl.study import registered
+
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile")]
 
@@ -33,7 +35,11 @@ def test_whole_workflow_and_report(tmp_path):
         claims = json.loads((study_dir / "claims.json").read_text())
         assert claims["study"] == study and claims["total"] >= 1, claims
         tables = list((study_dir / "tables").glob("*.csv"))
-        assert tables, f"{study} wrote no tables"
+        # Exactly what the study declares (hpcdl/<study>/__init__.py SPEC): nothing more, nothing less.
+        spec = registered()[study]
+        assert sorted(p.stem for p in (study_dir / "raw").glob("*.csv")) == sorted(spec.raw_tables), study
+        assert sorted(p.stem for p in tables) == sorted(spec.tables), study
+        assert sorted(p.stem for p in (study_dir / "figures").glob("*.png")) == sorted(spec.figures), study
         for table in tables:
             assert table.with_name(table.stem + ".provenance.json").exists(), table
         figures = list((study_dir / "figures").glob("*.png"))

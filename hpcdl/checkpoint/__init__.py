@@ -11,8 +11,29 @@
     analysis     tables, figures and claims; checks: config checks beyond the schema
 """
 
+from hpcdl.study import StudySpec
 
-def task_units(cfg: dict) -> int | str:
-    """Cores each timed task reserves (@constraint computing_units): the configured setting."""
+
+def _task_units(cfg: dict) -> int | str:
+    """Cores each timed task reserves: the configured setting (an int, or "$VAR")."""
     value = cfg["checkpoint"]["computing_units"]
     return int(value) if str(value).isdigit() else value
+
+
+def _run_resources(cfg: dict) -> dict:
+    block = cfg["checkpoint"]
+    # the largest fp32 state held about five times: state, snapshot, staging, loaded copy, slack
+    return {"mem_mb": max(2000, 5 * 4 * block["sizes"]["max_params"] // 2**20), "runtime": 60,
+            # the DCP points start their ranks with srun inside this N-task allocation
+            "tasks": max([1, *block["dcp_ranks"]]), "mpi": "srun"}
+
+
+SPEC = StudySpec(
+    name="checkpoint",
+    title="Checkpoint cost (formats, sync vs async, resume, interval)",
+    raw_tables=("io", "resume", "overhead"),
+    tables=("io_cost", "resume", "overhead", "young_daly", "failures"),
+    figures=("save_load_time", "bandwidth", "blocking", "overhead", "bytes_on_disk", "dcp_ranks"),
+    task_units=_task_units,
+    run_resources=_run_resources,
+)

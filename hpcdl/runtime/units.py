@@ -1,7 +1,7 @@
 """The one computing_units mechanism of every task app.
 
 A study's tasks say `@constraint(computing_units="$HPCDL_<STUDY>_UNITS")`. The value comes from
-the study package's `task_units(cfg)` (an int, or a "$VAR" config setting such as
+the study's declaration (hpcdl.study.StudySpec.task_units) (an int, or a "$VAR" config setting such as
 "$SLURM_CPUS_PER_TASK"). COMPSs reads a "$VAR" constraint from the runtime's own environment
 when the runtime starts, before the app runs, so the value must be exported by the command that
 starts it: `units_exports` gives the shell assignments the generated commands put in front of
@@ -12,7 +12,6 @@ error, since the runtime has already read it).
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 
@@ -29,7 +28,9 @@ def units_var(study: str) -> str:
 
 def task_units(study: str, cfg: dict) -> int | str:
     """The study's setting: an int, or a "$VAR" string to be read from the environment at run time."""
-    return importlib.import_module(f"hpcdl.{study}").task_units(cfg)
+    from hpcdl.study import spec
+
+    return spec(study).task_units(cfg)
 
 
 def resolve(value: int | str, key: str, environ=None) -> int:

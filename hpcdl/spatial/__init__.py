@@ -1,9 +1,22 @@
 """Spatial scaling study: halo-exchange partitioned Conv3d, CosmoFlow-like hybrid training, analysis."""
 
+from hpcdl.study import StudySpec
 
-def task_units(cfg: dict) -> int:
-    """Cores each task reserves: the largest run's ranks x threads, so no two timed runs overlap."""
+
+def _largest_run(cfg: dict) -> int:
     from hpcdl.spatial.runs import expand
 
-    block = cfg["spatial"]
-    return max(p["ranks"] for p in expand(block)) * block["threads_per_rank"]
+    return max(p["ranks"] for p in expand(cfg["spatial"]))
+
+
+SPEC = StudySpec(
+    name="spatial",
+    title="Spatial scaling (hybrid data x spatial 3D CNN)",
+    raw_tables=("exactness", "calibration", "runs", "iterations", "ranks"),
+    tables=("runs", "loss", "exactness", "calibration_fit", "extrapolation", "strategy_choice"),
+    figures=("strong_scaling", "weak_scaling", "oracle_parity", "extrapolation", "memory", "loss"),
+    # the largest run's ranks x threads, so no two timed runs overlap
+    task_units=lambda cfg: _largest_run(cfg) * cfg["spatial"]["threads_per_rank"],
+    # the batch step starts each run's ranks with srun inside this N-task allocation
+    run_resources=lambda cfg: {"mem_mb": 4000, "runtime": 30, "tasks": _largest_run(cfg), "mpi": "srun"},
+)

@@ -1,0 +1,215 @@
+"""Study declarations (hpcdl/study.py): every registered study is complete, nothing drifts from
+its declaration, and a new study needs only its own files."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpcdl.config import STUDIES, load_config, load_schema
+from hpcdl.study import StudySpec, registered
+
+REPO = Path(__file__).resolve().parent.parent
+SPECS = registered()
+
+
+def test_the_studies_are_the_declared_ones():
+    assert STUDIES == tuple(SPECS) == ("checkpoint", "hpo", "shuffle", "spatial")
+    schema = load_schema()
+    assert schema["properties"]["studies"]["items"]["enum"] == list(STUDIES)
+    for name in STUDIES:
+        assert schema["properties"][name]["$ref"].endswith(f"configs/schema/{name}.yaml")
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_a_registered_study_has_all_its_files(name):
+    spec = SPECS[name]
+    assert isinstance(spec, StudySpec) and spec.name == name and spec.title
+    assert (REPO / "configs" / "schema" / f"{name}.yaml").is_file()
+    assert (REPO / "tasks" / f"{name}.py").is_file()
+    assert (REPO / "tests" / f"test_{name}.py").is_file(), "every study has a test module"
+    tree = ast.parse((REPO / "hpcdl" / name / "analysis.py").read_text())
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert {"aggregate", "plot", "claims"} <= defined
+    for kind in ("raw_tables", "tables", "figures"):
+        names = getattr(spec, kind)
+        assert names and len(set(names)) == len(names), (kind, names)
+    for config in ("default", "paper", "test"):
+        assert name in yaml.safe_load((REPO / "configs" / f"{config}.yaml").read_text()), config
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_figure_has_a_caption_and_no_caption_is_orphaned(name):
+    spec = SPECS[name]
+    for figure in spec.figures:
+        caption = spec.caption(figure)
+        assert caption.is_file() and caption.read_text().strip(), f"{name}: figure {figure} has no caption"
+    assert (REPO / "workflows" / "report" / name / "claims.rst").read_text().strip()
+    on_disk = {p.stem for p in (REPO / "workflows" / "report" / name).glob("*.rst")}
+    assert on_disk == {*spec.figures, "claims"}, f"captions without a figure: {on_disk - set(spec.figures)}"
+
+
+def test_plot_names_no_figure_the_spec_does_not_declare():
+    """Static check on the figure file names each plot() writes (the workflow test checks the files)."""
+    for name, spec in SPECS.items():
+        tree = ast.parse((REPO / "hpcdl" / name / "analysis.py").read_text())
+        # literal names only: a formatted name (f"{kind}_scaling.png") is checked by the workflow test
+        in_fstrings = {id(c) for j in ast.walk(tree) if isinstance(j, ast.JoinedStr) for c in j.values}
+        written = {node.value.removesuffix(".png") for node in ast.walk(tree)
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                   and node.value.endswith(".png") and id(node) not in in_fstrings}
+        assert written <= set(spec.figures), (name, written - set(spec.figures))
+
+
+def test_run_rule_resources_follow_the_config():
+    cfg = load_config(REPO / "configs" / "test.yaml")
+    cfg["checkpoint"]["dcp_ranks"] = [1, 4]
+    cfg["checkpoint"]["sizes"]["max_params"] = 64 * 2**20 // 4 * 8  # 512 MiB of fp32
+    res = SPECS["checkpoint"].run_resources(cfg)
+    assert res == {"mem_mb": 2560, "runtime": 60, "tasks": 4, "mpi": "srun"}
+    cfg["shuffle"]["grids"] = [{"world_sizes": [2, 8], "qs": [0], "partitionings": ["random"]}]
+    assert SPECS["shuffle"].run_resources(cfg)["tasks"] == 8
+    assert SPECS["shuffle"].task_units(cfg) == 8
+    cfg["spatial"]["strong"]["layouts"] = [[1, 1, 1], [1, 2, 2]]
+    cfg["spatial"]["threads_per_rank"] = 2
+    assert SPECS["spatial"].run_resources(cfg)["tasks"] == 4
+    assert SPECS["spatial"].task_units(cfg) == 8
+    cfg["hpo"]["grid"]["workers"], cfg["hpo"]["workers"] = [1, 3], 2
+    assert SPECS["hpo"].run_threads(cfg) == 3 and SPECS["checkpoint"].run_threads(cfg) is None
+    cfg["hpo"]["computing_units"] = "$SLURM_CPUS_PER_TASK"
+    assert SPECS["hpo"].task_units(cfg) == "$SLURM_CPUS_PER_TASK"
+
+
+def test_a_bad_declaration_is_refused(tmp_path, monkeypatch):
+    pkg = tmp_path / "hpcdl_fake"
+    (pkg / "wrong").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "wrong" / "__init__.py").write_text("from hpcdl.study import StudySpec\nSPEC = StudySpec(\n"
+                                               "    'other', 't', ('r',), ('t',), ('f',), lambda c: 1,"
+                                               " lambda c: {})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import hpcdl
+    import hpcdl.study as study
+
+    monkeypatch.setattr(hpcdl, "__path__", [str(pkg)])
+    monkeypatch.setitem(sys.modules, "hpcdl.wrong", None)
+    monkeypatch.delitem(sys.modules, "hpcdl.wrong")
+    with pytest.raises(TypeError, match=r"hpcdl/wrong/__init__.py: SPEC must be a StudySpec named 'wrong'"):
+        study._discover()
+
+
+# A toy study written only into its own files, in a copy of the repository.
+TOY_FILES = {
+    "hpcdl/toy/__init__.py": '''"""Toy study: squares of the configured numbers."""
+from hpcdl.study import StudySpec
+
+SPEC = StudySpec(name="toy", title="Toy study", raw_tables=("points",), tables=("squares",),
+                 figures=("squares",), task_units=lambda cfg: 1,
+                 run_resources=lambda cfg: {"mem_mb": 500, "runtime": 5})
+''',
+    "hpcdl/toy/analysis.py": '''from pathlib import Path
+
+from hpcdl.claims import claim
+from hpcdl.results import read_table, save_figure, write_table
+
+CLAIMS = ("squares_grow",)
+
+
+def aggregate(cfg, study_dir):
+    df = read_table(Path(study_dir) / "raw" / "points.csv")
+    write_table(df.sort_values("x"), Path(study_dir) / "tables" / "squares.csv", cfg, 0.0)
+
+
+def plot(cfg, study_dir):
+    import matplotlib.pyplot as plt
+
+    df = read_table(Path(study_dir) / "tables" / "squares.csv")
+    fig, ax = plt.subplots()
+    ax.plot(df["x"], df["y"], "o-")
+    save_figure(fig, Path(study_dir) / "figures" / "squares.png")
+
+
+def claims(cfg, study_dir):
+    df = read_table(Path(study_dir) / "tables" / "squares.csv")
+    grows = bool(df["y"].is_monotonic_increasing)
+    return [claim("squares_grow", "y = x^2 grows with x", grows, y=df["y"].tolist())]
+''',
+    "tasks/toy.py": '''"""Toy study as a PyCOMPSs application."""
+import time
+
+import pandas as pd
+
+from hpcdl.config import study_dir
+from hpcdl.results import write_table
+from hpcdl.runtime import compss_wait_on, constraint, task
+from hpcdl.runtime.app import start_app
+
+
+@constraint(computing_units="$HPCDL_TOY_UNITS")
+@task(returns=1)
+def square(x):
+    return {"x": x, "y": x * x}
+
+
+def main(argv=None):
+    cfg = start_app("toy", argv, __doc__)
+    started = time.time()
+    rows = compss_wait_on([square(x) for x in cfg["toy"]["xs"]])
+    write_table(pd.DataFrame(rows), study_dir(cfg, "toy") / "raw" / "points.csv", cfg, started)
+
+
+if __name__ == "__main__":
+    main()
+''',
+    "configs/schema/toy.yaml": '''$schema: "https://json-schema.org/draft/2020-12/schema"
+type: object
+default: {}
+additionalProperties: false
+properties:
+  runtime: {enum: [local, compss], default: local}
+  xs: {type: array, items: {type: integer}, default: [1, 2, 3]}
+''',
+    "workflows/report/toy/squares.rst": "y = x squared: the curve rises.\n",
+    "workflows/report/toy/claims.rst": "The toy study's claims.\n",
+    "tests/test_toy.py": "def test_nothing_to_see():\n    assert 2 * 2 == 4\n",
+}
+
+
+@pytest.mark.slow
+def test_a_new_study_needs_only_its_own_files(tmp_path):
+    """Copy the tree, add the toy study's files and a config block: the workflow runs it."""
+    copy = tmp_path / "repo"
+    tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             cwd=REPO, capture_output=True, text=True, check=True).stdout.split("\0")
+    for rel in filter(None, tracked):
+        if (REPO / rel).is_file():
+            (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, copy / rel)
+    for rel, text in TOY_FILES.items():
+        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+        (copy / rel).write_text(text)
+    config = tmp_path / "toy.yaml"
+    config.write_text(f"results_dir: {tmp_path / 'results'}\nstudies: [toy]\ntoy: {{xs: [3, 1, 2]}}\n")
+    env = {**os.environ, "PYTHONPATH": str(copy), "HPCDL_PROGRESS": "0",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    run = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(copy / "Snakefile"), "--directory",
+                          str(copy), "--cores", "1", "--configfile", str(config)], cwd=copy, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    toy = tmp_path / "results" / "toy"
+    assert (toy / "figures" / "squares.png").read_bytes()[:4] == b"\x89PNG"
+    doc = json.loads((toy / "claims.json").read_text())
+    assert [c["id"] for c in doc["claims"]] == ["squares_grow"] and doc["claims"][0]["status"] == "passed"
+    table = (toy / "tables" / "squares.csv").read_text().split()
+    assert table == ["x,y", "1,1", "2,4", "3,9"]
+    cli = subprocess.run([sys.executable, "-m", "hpcdl.cli", "plot", "toy", "--config", str(config)],
+                         cwd=copy, env=env, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
