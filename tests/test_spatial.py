@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from hpcdl.config import ConfigError, validate_config
+from hpcdl.layers import build_spec, cosmoflow_spec, n_params, padding_for
 from hpcdl.perfmodel.calibrate import fit_line, fit_machine
-from hpcdl.perfmodel.microbench import compute_timings
 from hpcdl.perfmodel.oracle import Machine, Strategy, extrapolate, fresh_bytes, predict, t_allreduce
-from hpcdl.spatial.arch import build_spec, cosmoflow_spec, n_params
+from hpcdl.spatial.calibration import compute_timings
 from hpcdl.spatial.data import SlabReader, ensure_dataset, grf
-from hpcdl.spatial.partition import padding_for, plan_axis, split_sizes
+from hpcdl.spatial.partition import plan_axis, split_sizes
 
 # ---- partition plans ------------------------------------------------------------------------
 
@@ -255,7 +255,7 @@ def test_extrapolation_picks_spatial_for_cosmoflow():
 
 
 def test_interquartile_mean_drops_both_tails():
-    from hpcdl.perfmodel.microbench import interquartile_mean
+    from hpcdl.spatial.calibration import interquartile_mean
 
     assert interquartile_mean([100, 1, 2, 200, 3, 4, 5, 6]) == pytest.approx(4.5)
     assert interquartile_mean([7.0]) == 7.0

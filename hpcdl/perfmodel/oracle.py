@@ -1,6 +1,6 @@
 """ParaDL-style analytical oracle: per-layer compute, alpha-beta communication and memory per rank.
 
-Pure Python (no torch): takes the layer specs of hpcdl.spatial.arch and a machine description,
+Pure Python (no torch): takes the layer specs of hpcdl.layers and a machine description,
 returns predicted seconds per iteration broken down like the measurements
 (compute / halo / gather / allreduce / io / optimizer) and bytes of memory per rank.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from hpcdl.spatial.arch import flops, layer_key, n_params, numel
+from hpcdl.layers import flops, layer_key, n_params, numel
 
 BYTES = 4  # fp32 activations and gradients
 

@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.claims import claim, every, not_measured
+from hpcdl.layers import build_spec
 from hpcdl.perfmodel.calibrate import fit_machine
 from hpcdl.perfmodel.oracle import Machine, Strategy, extrapolate, predict
 from hpcdl.results import read_table, save_figure, write_table
-from hpcdl.spatial.arch import build_spec
 from hpcdl.spatial.runs import expand as expand_runs
 
 COMPONENTS = ["compute_s", "halo_s", "gather_s", "allreduce_s", "io_s"]

@@ -6,7 +6,7 @@ from hpcdl.config import ConfigError
 
 
 def _planes_after(n: int, block: dict) -> list[int]:
-    """Size of a spatial axis entering each conv/pool layer (same arithmetic as hpcdl.spatial.arch)."""
+    """Size of a spatial axis entering each conv/pool layer (same arithmetic as hpcdl.layers)."""
     m = block["model"]
     k, s = m["kernel"], m["conv_stride"]
     p = (k - 1) // 2 if m["padding"] == "same" else 0

@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpcdl.spatial.arch import build_spec
+from hpcdl.layers import build_spec, padding_for
 from hpcdl.spatial.model import CosmoFlow, SpatialConv3d, SpatialCosmoFlow, make_layout
-from hpcdl.spatial.partition import padding_for, split_sizes
+from hpcdl.spatial.partition import split_sizes
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

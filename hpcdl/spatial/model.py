@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from hpcdl.spatial.arch import conv_out
+from hpcdl.layers import conv_out
 from hpcdl.spatial.halo import TIMERS, Line, halo_exchange
 from hpcdl.spatial.partition import AxisPlan, plan_axis, split_sizes
 

@@ -28,19 +28,6 @@ def split_sizes(n: int, parts: int, what: str = "depth", allow_uneven: bool = Tr
     return tuple(base + (1 if i < rem else 0) for i in range(parts))
 
 
-def padding_for(kernel: int, padding: str | int) -> int:
-    """'same' (odd kernel, stride 1 keeps the size), 'valid' (0) or an explicit int."""
-    if padding == "same":
-        if kernel % 2 == 0:
-            raise ValueError(f"'same' padding needs an odd kernel, got {kernel}")
-        return (kernel - 1) // 2
-    if padding == "valid":
-        return 0
-    if isinstance(padding, int) and 0 <= padding < kernel:
-        return padding
-    raise ValueError(f"padding must be 'same', 'valid' or an int in [0, kernel), got {padding!r}")
-
-
 @dataclass(frozen=True)
 class AxisPlan:
     """Input slabs -> output slabs of one op along one axis, plus the input window each rank needs."""

@@ -10,8 +10,8 @@ import os
 import time
 from pathlib import Path
 
+from hpcdl.layers import build_spec
 from hpcdl.runtime.launch import run_ranks
-from hpcdl.spatial.arch import build_spec
 from hpcdl.spatial.data import ensure_dataset
 
 TRAIN = "hpcdl.spatial.train:train_run"
@@ -46,6 +46,26 @@ def expand(block: dict) -> list[dict]:
                    "ranks": d * pd * ph, "shape": list(run_shape("train", t["grid"], t["layout"])),
                    "batch_size": t["batch_size"], "iterations": t["iterations"], "repeat": 0})
     return points
+
+
+# What each unit of work reads from the `spatial:` block. Its task receives only that part, and
+# the point store keys the unit's stored result by it (hpcdl.points): editing a sweep list,
+# `repeats`, `warmup`, the extrapolation or the machine recomputes no stored result, and a unit
+# that starts reading another key fails with a KeyError instead of reusing a stale result.
+def run_block(block: dict) -> dict:
+    return {k: block[k] for k in ("seed", "dtype", "n_samples", "grf", "model", "lr", "allow_uneven",
+                                  "threads_per_rank", "run_timeout_s", "halo_timeout_s")}
+
+
+def calibration_block(block: dict) -> dict:
+    return {**{k: block[k] for k in ("seed", "n_samples", "grf", "model", "batch_size", "calibration",
+                                     "threads_per_rank", "run_timeout_s")},
+            "strong": {"grid": block["strong"]["grid"]}, "weak": {"grid": block["weak"]["grid"]}}
+
+
+def exactness_block(block: dict) -> dict:
+    return {**{k: block[k] for k in ("model", "run_timeout_s", "halo_timeout_s")},
+            "exactness": {"shape": block["exactness"]["shape"]}}
 
 
 def dataset_for(block: dict, resources_dir: str, shape) -> Path:
@@ -96,7 +116,7 @@ def calibrate_point(block: dict, resources_dir: str) -> list[dict]:
     """Microbenchmarks on 2 ranks (ping-pong) + rank-0 compute/IO timings, same machine, same study."""
     c = block["calibration"]
     data_dir = dataset_for(block, resources_dir, run_shape("strong", block["strong"]["grid"], [1, 1, 1]))
-    return run_ranks("hpcdl.perfmodel.microbench:calibrate_rank", 2, {
+    return run_ranks("hpcdl.spatial.calibration:calibrate_rank", 2, {
         "specs": calibration_specs(block), "data_dir": str(data_dir), "sizes_bytes": c["pingpong_bytes"],
         "fractions": c["fractions"], "repeats": c["repeats"], "comm_gap_s": c["comm_gap_ms"] / 1e3},
         timeout_s=block["run_timeout_s"], threads_per_rank=block["threads_per_rank"])[0]

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpcdl.spatial.arch import build_spec
+from hpcdl.layers import build_spec
 from hpcdl.spatial.data import SlabReader
 from hpcdl.spatial.groups import hybrid_groups
 from hpcdl.spatial.halo import TIMERS

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from hpcdl.layers import flops, layer_key, numel
 from hpcdl.perfmodel.oracle import fresh_bytes
-from hpcdl.spatial.arch import flops, layer_key, numel
 from hpcdl.spatial.data import SlabReader
 from hpcdl.spatial.model import LEAK, partitioned_conv3d, single_layout, window
 from hpcdl.spatial.partition import plan_axis

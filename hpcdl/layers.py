@@ -1,9 +1,22 @@
-"""The CosmoFlow-like network as plain data: one list of layer specs shared by the torch model
-(hpcdl.spatial.model) and the performance oracle (hpcdl.perfmodel), so both see the same shapes."""
+"""3D CNN layers as plain data (shapes, FLOPs, parameters), the one home of layer-shape arithmetic.
+
+The spatial study's torch model (hpcdl.spatial.model) and the performance oracle (hpcdl.perfmodel)
+both read these specs, so they see the same shapes; this module imports neither."""
 
 from __future__ import annotations
 
-from hpcdl.spatial.partition import padding_for
+
+def padding_for(kernel: int, padding: str | int) -> int:
+    """'same' (odd kernel, stride 1 keeps the size), 'valid' (0) or an explicit int."""
+    if padding == "same":
+        if kernel % 2 == 0:
+            raise ValueError(f"'same' padding needs an odd kernel, got {kernel}")
+        return (kernel - 1) // 2
+    if padding == "valid":
+        return 0
+    if isinstance(padding, int) and 0 <= padding < kernel:
+        return padding
+    raise ValueError(f"padding must be 'same', 'valid' or an int in [0, kernel), got {padding!r}")
 
 
 def conv_out(n: int, kernel: int, stride: int, pad: int) -> int:
