@@ -11,7 +11,7 @@ FASHION_MNIST ?= /usr/share/datasets/fashion-mnist
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export MPLBACKEND := Agg
 
-.PHONY: figures report test test-fast lint bench data clean
+.PHONY: figures report test test-fast lint bench data browser clean
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -31,6 +31,18 @@ data:
 	  fi; \
 	fi
 
+# Headless Chromium (Debian's package) for the report test (tests/test_report.py), installed when
+# missing and apt is usable; without it that test skips (fails under CI=true).
+browser:
+	@if ! command -v chromium >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else \
+	    echo "chromium is not installed: run 'sudo apt-get install chromium' to test the report in a browser" >&2; \
+	  fi; \
+	fi
+
 figures: $(STAMP) data
 	snakemake --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete --printshellcmds
 	$(MAKE) report
@@ -38,7 +50,7 @@ figures: $(STAMP) data
 report: $(STAMP)
 	snakemake --cores 1 --configfile $(CONFIG) --report $(REPORT)
 
-test: $(STAMP) data
+test: $(STAMP) data browser
 	pytest -m "" --durations=25 tests
 
 test-fast: $(STAMP) data

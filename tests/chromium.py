@@ -5,7 +5,7 @@ on fd 4, each a JSON object ended by a NUL byte (the transport Puppeteer's `pipe
 no WebSocket client is needed. Unlike `--dump-dom`, this lets a test click through the report app
 and wait on a condition in the page instead of a fixed virtual-time budget.
 
-`chromium_or_skip()` finds Debian's `chromium` (installed by `make data`): absent, tests skip with
+`chromium_or_skip()` finds Debian's `chromium` (installed by `make browser`, part of `make test`): absent, tests skip with
 the reason, except under CI=true, where they fail.
 """
 
@@ -29,7 +29,7 @@ def chromium_or_skip() -> str:
     for name in EXECUTABLES:
         if path := shutil.which(name):
             return path
-    reason = "headless Chromium not found (Debian: apt-get install chromium, or `make data` as root)"
+    reason = "headless Chromium not found (Debian: apt-get install chromium, or `make browser` as root)"
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(f"CI=true but {reason}", pytrace=False)
     pytest.skip(reason)
