@@ -6,6 +6,8 @@
 Writes raw/io.csv (save/load cost per format, mode, size, ranks), raw/resume.csv
 (bit-identical resume per format) and raw/overhead.csv (throughput vs checkpoint
 interval). A failing point becomes a row with status=failed and its error; the rest runs.
+Every point's record is kept in <results>/checkpoint/points/ as it finishes (hpcdl.points): a
+rerun after a kill runs only the points not finished yet.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 import pandas as pd
 
 from hpcdl.checkpoint import distributed, measure, plan, training
-from hpcdl.config import study_dir
+from hpcdl.points import StudyRun, failed_row
 from hpcdl.results import write_table
 from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
 from hpcdl.runtime.app import start_app
@@ -26,48 +28,51 @@ from hpcdl.runtime.app import start_app
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_CHECKPOINT_UNITS")
 @task(returns=1)
-def io_point(point: dict) -> list:
-    return measure.run_point(**point)
+def io_point(point: dict, slot) -> list:
+    return slot.run(measure.run_point, **point)
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_CHECKPOINT_UNITS")
 @task(returns=1)
-def ranks_point(point: dict) -> list:
-    return distributed.run_point(**point)
+def ranks_point(point: dict, slot) -> list:
+    return slot.run(distributed.run_point, **point)
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="1")
 @task(returns=1)
-def resume_point(point: dict) -> dict:
-    return training.resume_check(**point)
+def resume_point(point: dict, slot) -> dict:
+    return slot.run(training.resume_check, **point)
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_CHECKPOINT_UNITS")
 @task(returns=1)
-def overhead_point(point: dict) -> dict:
-    return training.overhead_run(**point)
+def overhead_point(point: dict, slot) -> dict:
+    return slot.run(training.overhead_run, **point)
 
 
-def _rows(points: list[dict], futures: list, results: list, label) -> list[dict]:
+def _rows(outcomes, label) -> list[dict]:
     """Successful records (a task may return several) plus one failed row per failed point."""
     rows = []
-    for point, fut, res in zip(points, futures, results, strict=True):
-        if res is None:
-            rows.append({**label(point), "status": "failed",
-                         "error": failure_reason(fut) or "task returned no result"})
+    for o in outcomes:
+        if not o.ok:
+            rows.append(failed_row(label(o.point), o.error))
             continue
-        for rec in res if isinstance(res, list) else [res]:
+        for rec in o.result if isinstance(o.result, list) else [o.result]:
             rows.append({**rec, "status": "ok", "error": ""})
     return rows
 
 
+def _submit_io(p: dict, slot):
+    args = {k: v for k, v in p.items() if k != "kind"}
+    return io_point(args, slot) if p["kind"] == "io" else ranks_point(args, slot)
+
+
 def main(argv=None) -> None:
     cfg = start_app("checkpoint", argv, __doc__.splitlines()[0])
-    started = time.time()
-    out = study_dir(cfg, "checkpoint")
+    run = StudyRun(cfg, "checkpoint")
     scratch = plan.scratch_path(cfg)
     scratch.mkdir(parents=True, exist_ok=True)
 
@@ -76,28 +81,29 @@ def main(argv=None) -> None:
     ovh_pts = plan.overhead_points(cfg)
     print(f"[checkpoint] {len(io_pts)} I/O points, {len(res_pts)} resume checks, "
           f"{len(ovh_pts)} overhead runs; scratch {scratch}", file=sys.stderr, flush=True)
-    io_futs = [io_point({k: v for k, v in p.items() if k != "kind"}) if p["kind"] == "io"
-               else ranks_point({k: v for k, v in p.items() if k != "kind"}) for p in io_pts]
-    res_futs = [resume_point(p) for p in res_pts]
-    ovh_futs = [overhead_point(p) for p in ovh_pts]
-    io_res, res_res, ovh_res = compss_wait_on(io_futs, res_futs, ovh_futs)
+    # A point's key covers its whole dict: plan.py puts in it everything the measurement reads.
+    batches = [run.submit("io", io_pts, _submit_io),
+               run.submit("resume", res_pts, lambda p, slot: resume_point(p, slot)),
+               run.submit("overhead", ovh_pts, lambda p, slot: overhead_point(p, slot))]
+    io_out, res_out, ovh_out = run.gather(batches, compss_wait_on, failure_reason)
     shutil.rmtree(scratch, ignore_errors=True)
 
-    raw = out / "raw"
-    io_rows = _rows(io_pts, io_futs, io_res, lambda p: {
+    raw = run.dir / "raw"
+    io_rows = _rows(io_out, lambda p: {
         "format": p.get("fmt", "dcp"), "mode": p.get("mode", "sync"), "process_group": p["kind"] == "ranks",
         "ranks": p.get("ranks", 1),
         "n_params": p["n_params"]})
-    res_rows = _rows(res_pts, res_futs, res_res, lambda p: {
+    res_rows = _rows(res_out, lambda p: {
         "format": p["fmt"], "steps_total": p["steps_total"], "stop_at": p["stop_at"]})
-    ovh_rows = _rows(ovh_pts, ovh_futs, ovh_res, lambda p: {
+    ovh_rows = _rows(ovh_out, lambda p: {
         "mode": p["mode"], "interval_steps": p["interval"],
         "format": p["fmt"], "steps": p["steps"]})
-    write_table(pd.DataFrame(io_rows), raw / "io.csv", cfg, started)
-    write_table(pd.DataFrame(res_rows), raw / "resume.csv", cfg, started)
-    write_table(pd.DataFrame(ovh_rows), raw / "overhead.csv", cfg, started)
+    write_table(pd.DataFrame(io_rows), raw / "io.csv", cfg, run.started)
+    write_table(pd.DataFrame(res_rows), raw / "resume.csv", cfg, run.started)
+    write_table(pd.DataFrame(ovh_rows), raw / "overhead.csv", cfg, run.started)
+    run.write_summary()
     failed = sum(r["status"] == "failed" for r in io_rows + res_rows + ovh_rows)
-    print(f"[checkpoint] done in {time.time() - started:.0f} s; {failed} failed point(s)",
+    print(f"[checkpoint] done in {time.time() - run.started:.0f} s; {failed} failed point(s)",
           file=sys.stderr, flush=True)
 
 

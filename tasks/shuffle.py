@@ -6,18 +6,18 @@
 Writes raw/epochs.csv (one row per point, epoch and rank) and raw/points.csv (one row per
 point with its status; a failed point keeps its error). HPCDL_SHUFFLE_KILL="POINT:RANK:EPOCH"
 makes RANK of sweep point POINT ("*" = every partial point) die inside its exchange of
-EPOCH (fault-injection for tests).
+EPOCH (fault-injection for tests). Every point's record is kept in <results>/shuffle/points/ as
+it finishes (hpcdl.points): a rerun after a kill runs only the points not finished yet.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 
 import pandas as pd
 
-from hpcdl.config import study_dir
+from hpcdl.points import StudyRun, failed_row
 from hpcdl.results import write_table
 from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
 from hpcdl.runtime.app import start_app
@@ -30,8 +30,8 @@ KILL_ENV = "HPCDL_SHUFFLE_KILL"
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_SHUFFLE_UNITS")
 @task(returns=1)
-def run_point(point, train, data, timeout_s, kill):
-    return run.run_point(point=point, train=train, data=data, timeout_s=timeout_s, kill=kill)
+def run_point(point, train, data, timeout_s, kill, slot):
+    return slot.run(run.run_point, point=point, train=train, data=data, timeout_s=timeout_s, kill=kill)
 
 
 def _kill_for(point: dict) -> dict | None:
@@ -47,29 +47,32 @@ def _kill_for(point: dict) -> dict | None:
 def main(argv=None) -> None:
     cfg = start_app("shuffle", argv, __doc__.splitlines()[0])
     block = cfg["shuffle"]
-    out = study_dir(cfg, "shuffle")
-    started = time.time()
-    data = shuffle_data.prepare(cfg["data"]["fashion_mnist_dir"], out / "cache", block["n_train"],
+    study = StudyRun(cfg, "shuffle")
+    data = shuffle_data.prepare(cfg["data"]["fashion_mnist_dir"], study.dir / "cache", block["n_train"],
                                 block["n_val"], seed=block["seeds"][0])
     points = sweep.expand(block)
     train = {k: block[k] for k in ("epochs", "batch_size", "lr", "momentum", "model", "alpha",
                                    "exchange_timeout_s")}
     print(f"[shuffle] {len(points)} sweep points", file=sys.stderr, flush=True)
-    futures = [run_point(p, train, data, block["point_timeout_s"], _kill_for(p)) for p in points]
-    results = compss_wait_on(futures)
+    # The key covers what the task computes from: the point, the training settings, the data files
+    # (their path holds a hash of what made them); not the timeout or a test's kill injection.
+    batch = study.submit("point", points, lambda p, slot: run_point(
+        p, train, data, block["point_timeout_s"], _kill_for(p), slot),
+        inputs=lambda p: {"point": p, "train": train, "data": data})
+    (outcomes,) = study.gather([batch], compss_wait_on, failure_reason)
     rows, status = [], []
-    for p, fut, res in zip(points, futures, results, strict=True):
-        if res is None:
-            reason = failure_reason(fut) or "task failed"
-            status.append({**p, "status": "failed", "error": reason[-2000:], "point_wall_s": float("nan")})
-            print(f"[shuffle] point {p['point']} FAILED: {reason.splitlines()[0] if reason else ''}",
-                  file=sys.stderr, flush=True)
+    for o in outcomes:
+        if not o.ok:
+            status.append({**failed_row(o.point, o.error), "point_wall_s": float("nan")})
+            last = o.error.strip().splitlines()[-1] if o.error.strip() else ""
+            print(f"[shuffle] point {o.point['point']} FAILED: {last}", file=sys.stderr, flush=True)
             continue
-        rows.extend(res)
-        status.append({**p, "status": "ok", "error": "", "point_wall_s": res[0]["point_wall_s"]})
-    raw = out / "raw"
-    write_table(pd.DataFrame(rows), raw / "epochs.csv", cfg, started)
-    write_table(pd.DataFrame(status), raw / "points.csv", cfg, started)
+        rows.extend(o.result)
+        status.append({**o.point, "status": "ok", "error": "", "point_wall_s": o.result[0]["point_wall_s"]})
+    raw = study.dir / "raw"
+    write_table(pd.DataFrame(rows), raw / "epochs.csv", cfg, study.started)
+    write_table(pd.DataFrame(status), raw / "points.csv", cfg, study.started)
+    study.write_summary()
 
 
 if __name__ == "__main__":
