@@ -9,6 +9,8 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+# The test-scale workflow run, once per session (tests/workflow_run.py).
+pytest_plugins = ["workflow_run"]
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 

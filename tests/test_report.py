@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from chromium import Chromium, chromium_or_skip
 
-from hpcdl.claims import claim, not_measured, write_claims
+from hpcdl.claims import STATUSES, claim, not_measured, write_claims
 from hpcdl.verdict import EVIDENCE_CHARS, RUN_SUMMARY, main, render_html, verdict
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -132,3 +133,98 @@ def test_cli_writes_the_page(results, tmp_path):
     page = out.read_text()
     assert page.startswith("<table id='hpcdl-verdict'") and "Alpha study" in page
     assert "data-study='gamma'" in page and "data-study='beta'" not in page
+
+
+# ---------------------------------------------------------------------------------------------
+# The real report in a real browser
+
+# The verdict rows as rendered, once the report app has run (null until then).
+VERDICT_ROWS = """(() => {
+  const table = document.querySelector('#hpcdl-verdict');
+  if (!table || typeof app === 'undefined' || !app) return null;
+  return {
+    top: table.getBoundingClientRect().top,
+    rows: [...table.querySelectorAll('tbody.study')].map(b => ({
+      study: b.dataset.study, text: b.innerText,
+      failing: [...b.querySelectorAll('tr.claim.failed')].map(r => r.dataset.claim),
+      unmeasured: [...b.querySelectorAll('tr.claim.not_measured')].map(r => r.dataset.claim)})),
+  };
+})()"""
+
+# The results listed in the navbar after a category is opened: [path, ...] (null until shown).
+LISTED = """(() => {
+  const rows = [...document.querySelectorAll('table.table-auto tbody tr')];
+  return rows.length ? rows.map(r => r.querySelector('td').innerText.trim()) : null;
+})()"""
+
+
+@pytest.fixture(scope="session")
+def chromium_exe() -> str:
+    return chromium_or_skip()
+
+
+def _expected_points(study_dir: Path) -> str:
+    summary = study_dir / "raw" / RUN_SUMMARY
+    if summary.exists():
+        n = json.loads(summary.read_text())
+        return f"ok {n['ok']} · failed {n['failed']} · skipped {n['skipped']}"
+    statuses = [pd.read_csv(f)["status"] for f in (study_dir / "raw").glob("*.csv")
+                if "status" in pd.read_csv(f, nrows=0).columns]
+    ok = sum(int((s == "ok").sum()) for s in statuses)
+    failed = sum(int((s == "failed").sum()) for s in statuses)
+    return f"ok {ok} · failed {failed} · skipped ?"
+
+
+@pytest.mark.slow
+def test_report_opens_on_the_verdict_in_chromium(chromium_exe, test_scale_workflow, tmp_path):
+    """chromium_exe first: without a browser the test skips before the workflow runs."""
+    wf = test_scale_workflow
+    assert wf.run.returncode == 0, wf.run.stderr[-4000:]
+    assert wf.made.returncode == 0, wf.made.stderr[-3000:]
+    browser = Chromium(chromium_exe, tmp_path / "profile")
+    try:
+        browser.navigate(wf.report.as_uri())
+        page = browser.wait_for(VERDICT_ROWS, what="the report app and its verdict table")
+        shot = browser.screenshot(wf.results / "report.png")
+
+        # The first thing on the landing page, in view without scrolling, every study in order.
+        assert 0 <= page["top"] < 200, page["top"]
+        assert [r["study"] for r in page["rows"]] == wf.studies
+        for row in page["rows"]:
+            study_dir = wf.results / row["study"]
+            doc = json.loads((study_dir / "claims.json").read_text())
+            assert f"{doc['passed']}/{doc['total']}" in row["text"], row
+            assert _expected_points(study_dir) in row["text"], row
+            ids = {s: [c["id"] for c in doc["claims"] if c["status"] == s] for s in STATUSES[1:]}
+            assert (row["failing"], row["unmeasured"]) == (ids["failed"], ids["not_measured"]), row
+            for c in doc["claims"]:
+                if c["status"] == "failed":
+                    assert c["statement"] in row["text"], c["id"]
+                if c["status"] == "not_measured":
+                    assert c["reason"] in row["text"], c["id"]
+            prov = json.loads(next((study_dir / "raw").glob("*.provenance.json")).read_text())
+            assert f"commit {prov['git_commit'][:12]}" in row["text"], row
+            assert f"host {prov['host']} ({prov['cores']} cores)" in row["text"], row
+
+        # Each study's link opens its category, which lists its figures and claims; each figure shows.
+        for study in wf.studies:
+            browser.navigate(wf.report.as_uri())
+            browser.wait_for(VERDICT_ROWS, what="the verdict table")
+            browser.evaluate(f"document.querySelector('tbody.study[data-study=\"{study}\"] a').click()")
+            listed = browser.wait_for(LISTED, what=f"the results of {study}'s category")
+            figures = sorted(p.name for p in (wf.results / study / "figures").glob("*.png"))
+            assert figures, study
+            assert sorted(Path(p).name for p in listed) == sorted([*figures, "claims.html"]), listed
+            assert all(Path(p).parts[-3] == study or Path(p).name == "claims.html" for p in listed), listed
+            for path in listed:
+                if not path.endswith(".png"):
+                    continue
+                browser.evaluate(f"""[...document.querySelectorAll('table.table-auto tbody tr')]
+                    .find(r => r.querySelector('td').innerText.trim() === {json.dumps(path)})
+                    .querySelector('a').click()""")
+                browser.wait_for(f"""[...document.images].some(img => img.complete && img.naturalWidth > 0
+                    && img.src === results[{json.dumps(path)}].data_uri)""", timeout=20,
+                                 what=f"{path} displayed")
+    finally:
+        browser.close()
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -3,32 +3,19 @@
 import base64
 import html
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from workflow_run import REPO, snakemake
 
 from hpcdl.study import registered
 
-REPO = Path(__file__).resolve().parent.parent
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile")]
-
-
-def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    return subprocess.run([*SNAKEMAKE, "--directory", str(workdir),
-                           "--configfile", str(REPO / "configs" / "test.yaml"), *args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
-
 
 @pytest.mark.slow
-def test_whole_workflow_and_report(tmp_path):
-    studies = yaml.safe_load((REPO / "configs" / "test.yaml").read_text())["studies"]
-    run = snakemake(tmp_path, "--cores", "2")
+def test_whole_workflow_and_report(test_scale_workflow):
+    # One run and report per session (tests/workflow_run.py), also rendered by tests/test_report.py.
+    tmp_path, studies, run = test_scale_workflow.workdir, test_scale_workflow.studies, test_scale_workflow.run
     assert run.returncode == 0, run.stderr[-4000:]
     for study in studies:
         study_dir = tmp_path / "results" / study
@@ -49,8 +36,7 @@ def test_whole_workflow_and_report(tmp_path):
     again = snakemake(tmp_path, "--cores", "2", "-n")
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
-    report = tmp_path / "results" / "report.html"
-    made = snakemake(tmp_path, "--report", str(report))
+    report, made = test_scale_workflow.report, test_scale_workflow.made
     assert made.returncode == 0, made.stderr[-3000:]
     results = _report_results(report.read_text())
     for study in studies:

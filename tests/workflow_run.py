@@ -1,0 +1,52 @@
+"""pytest plugin (registered in conftest.py): one real test-scale Snakemake run, shared by the suite.
+
+`test_scale_workflow` (session scope) runs `snakemake --cores 2` with configs/test.yaml in a fresh
+directory and then `--report`, once per session: tests/test_workflow.py checks the outputs and the
+report's embedded data, tests/test_report.py renders the same report in Chromium. Running the
+workflow once keeps `make test` within its time budget. The processes' results are returned, not
+asserted, so each test fails with snakemake's own output.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile")]
+TEST_CONFIG = REPO / "configs" / "test.yaml"
+
+
+def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    return subprocess.run([*SNAKEMAKE, "--directory", str(workdir), "--configfile", str(TEST_CONFIG), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@dataclass(frozen=True)
+class WorkflowRun:
+    workdir: Path
+    studies: list[str]
+    run: subprocess.CompletedProcess
+    report: Path
+    made: subprocess.CompletedProcess | None  # the --report call; None when the run failed
+
+    @property
+    def results(self) -> Path:
+        return self.workdir / "results"
+
+
+@pytest.fixture(scope="session")
+def test_scale_workflow(tmp_path_factory) -> WorkflowRun:
+    workdir = tmp_path_factory.mktemp("workflow")
+    studies = yaml.safe_load(TEST_CONFIG.read_text())["studies"]
+    run = snakemake(workdir, "--cores", "2")
+    report = workdir / "results" / "report.html"
+    made = snakemake(workdir, "--report", str(report)) if run.returncode == 0 else None
+    return WorkflowRun(workdir, studies, run, report, made)
