@@ -5,8 +5,8 @@ on fd 4, each a JSON object ended by a NUL byte (the transport Puppeteer's `pipe
 no WebSocket client is needed. Unlike `--dump-dom`, this lets a test click through the report app
 and wait on a condition in the page instead of a fixed virtual-time budget.
 
-`chromium_or_skip()` finds Debian's `chromium` (installed by `make browser`, part of `make test`): absent, tests skip with
-the reason, except under CI=true, where they fail.
+`chromium_or_skip()` finds Debian's `chromium` (installed by `make browser`, part of `make test`):
+absent, tests skip with the reason, except under CI=true, where they fail.
 """
 
 from __future__ import annotations
