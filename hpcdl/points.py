@@ -221,11 +221,12 @@ class StudyRun:
             self._started_before = set(executions(self.root))
         return self._started_before
 
-    def submit(self, task: str, points: Iterable, submit: Callable, inputs: Callable = lambda p: p) -> Batch:
+    def submit(self, task: str, points: Iterable, submit: Callable, inputs: Callable = lambda p: p,
+               quiet: bool = False) -> Batch:
         """Plan, then call submit(point, slot) for every point not reused (it returns the task's future)."""
         batch = self.plan(task, points, inputs)
         todo = [e for e in batch.entries if e.stored is None]
-        if len(todo) < len(batch.entries) or any(e.why != "new" for e in todo):
+        if not quiet and (len(todo) < len(batch.entries) or any(e.why != "new" for e in todo)):
             why = [f"{sum(e.why == w for e in todo)} {text}" for w, text in
                    (("retry", "failed before"), ("interrupted", "interrupted in an earlier run"))
                    if any(e.why == w for e in todo)]
@@ -258,7 +259,7 @@ class StudyRun:
     def one(self, task: str, point, submit: Callable, wait: Callable, reason: Callable,
             inputs: Callable = lambda p: p) -> Outcome:
         """A point on its own (the main program waits for it before going on)."""
-        return self.gather([self.submit(task, [point], submit, inputs)], wait, reason)[0][0]
+        return self.gather([self.submit(task, [point], submit, inputs, quiet=True)], wait, reason)[0][0]
 
     def _reused(self, e: _Entry) -> Outcome:
         if e.stored["status"] == "ok":
@@ -288,7 +289,7 @@ class StudyRun:
         if summary["total"] != summary["ok"] + summary["failed"] + summary["skipped"]:
             raise ValueError(f"run summary does not add up: {summary}")
         self.log(f"points: {summary['ok']} ok, {summary['failed']} failed, "
-                 f"{summary['skipped']} reused from the store")
+                 f"{summary['skipped']} finished in an earlier run and reused")
         return atomic_write_json(self.dir / "raw" / "run_summary.json", summary)
 
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import pandas as pd
 
-from hpcdl.config import study_dir
 from hpcdl.data.fashion_mnist import load_split
 from hpcdl.hpo import driver, records, storage, train
 from hpcdl.hpo.plan import plan_studies
+from hpcdl.points import StudyRun
 from hpcdl.results import write_table
 from hpcdl.runtime import (
     BACKEND,
@@ -83,8 +82,8 @@ def _run_studies(hpo: dict, store, data, units: int, out) -> list:
 def main(argv=None) -> None:
     cfg = start_app("hpo", argv, __doc__.splitlines()[0])
     hpo = cfg["hpo"]
-    out = study_dir(cfg, "hpo")
-    started = time.time()
+    run = StudyRun(cfg, "hpo")  # trials resume through the Optuna journal, not the point store
+    out, started = run.dir, run.started
     load_split(cfg["data"]["fashion_mnist_dir"], "test")  # fail early, with how-to-get, if data is missing
     units = int(os.environ[units_var("hpo")])  # start_app resolved it (a "$VAR" setting included)
     data = train.DataSpec(cfg["data"]["fashion_mnist_dir"], hpo["data"]["val_fraction"], hpo["seed"],
@@ -99,6 +98,7 @@ def main(argv=None) -> None:
     write_table(pd.DataFrame([r for s in studies for r in records.intermediate_rows(s)]),
                 raw / "intermediate.csv", cfg, started)
     write_table(pd.DataFrame([records.study_row(s) for s in studies]), raw / "studies.csv", cfg, started)
+    run.write_summary(records.run_counts(studies, since=started))
 
 
 if __name__ == "__main__":

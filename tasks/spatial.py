@@ -6,17 +6,18 @@
 Order: the float64 exactness check, the calibration microbenchmarks, then the scaling runs.
 Each task reserves the cores of the largest run (HPCDL_SPATIAL_UNITS) and the main program
 waits for each timed task before submitting the next, so no two timed runs overlap.
-Writes raw/{exactness,calibration,runs,iterations,ranks}.csv (+ provenance).
+Writes raw/{exactness,calibration,runs,iterations,ranks}.csv (+ provenance). Every result is kept in
+<results>/spatial/points/ as it finishes (hpcdl.points): a rerun after a kill keeps the order and
+reuses the exactness checks, calibration and runs already done whose parameters are unchanged.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 
 import pandas as pd
 
-from hpcdl.config import study_dir
+from hpcdl.points import StudyRun, failed_row
 from hpcdl.results import available_cores, write_table
 from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
 from hpcdl.runtime.app import start_app
@@ -26,22 +27,22 @@ from hpcdl.spatial import runs
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_SPATIAL_UNITS")
 @task(returns=1)
-def exactness(block, layout):
-    return runs.exactness_point(block, layout)
+def exactness(block, layout, slot):
+    return slot.run(runs.exactness_point, block, layout)
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_SPATIAL_UNITS")
 @task(returns=1)
-def calibrate(block, resources_dir):
-    return runs.calibrate_point(block, resources_dir)
+def calibrate(block, resources_dir, slot):
+    return slot.run(runs.calibrate_point, block, resources_dir)
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_SPATIAL_UNITS")
 @task(returns=1)
-def scaling_run(point, block, resources_dir):
-    return runs.run_point(point, block, resources_dir)
+def scaling_run(point, block, resources_dir, slot):
+    return slot.run(runs.run_point, point, block, resources_dir)
 
 
 def _log(msg: str) -> None:
@@ -51,42 +52,53 @@ def _log(msg: str) -> None:
 def main(argv=None) -> None:
     cfg = start_app("spatial", argv, __doc__.splitlines()[0])
     block, res_dir = cfg["spatial"], cfg["data"]["resources_dir"]
-    out = study_dir(cfg, "spatial") / "raw"
-    started = time.time()
+    study = StudyRun(cfg, "spatial")
+    out = study.dir / "raw"
     points = runs.expand(block)
     for p in points:  # generate every field cache once, before any task reads it
         runs.dataset_for(block, res_dir, p["shape"])
+    # Each task gets (and each stored result is keyed by) only the part of the block it reads.
+    ex_block, cal_block, run_block = runs.exactness_block(block), runs.calibration_block(block), \
+        runs.run_block(block)
 
-    ex = compss_wait_on([exactness(block, lay) for lay in block["exactness"]["layouts"]])
-    ex_rows = [r for res in ex if res for r in res]
-    write_table(pd.DataFrame(ex_rows), out / "exactness.csv", cfg, started)
+    (ex,) = study.gather([study.submit("exactness", block["exactness"]["layouts"],
+                                       lambda lay, slot: exactness(ex_block, lay, slot),
+                                       inputs=lambda lay: {"block": ex_block, "layout": lay})],
+                         compss_wait_on, failure_reason)
+    ex_rows = [r for o in ex if o.ok for r in o.result]
+    write_table(pd.DataFrame(ex_rows), out / "exactness.csv", cfg, study.started)
     worst = max((r["err_grad_params"] for r in ex_rows), default=None)
     _log(f"exactness: {len(ex_rows)} rank rows, worst parameter-gradient error {worst}")
 
-    fut = calibrate(block, res_dir)
-    cal = compss_wait_on(fut)
-    if cal is None:
-        raise SystemExit(f"[spatial] calibration failed: {failure_reason(fut)}")
-    write_table(pd.DataFrame(cal).assign(cores=available_cores()), out / "calibration.csv", cfg, started)
+    cal = study.one("calibration", res_dir, lambda rd, slot: calibrate(cal_block, rd, slot), compss_wait_on,
+                    failure_reason, inputs=lambda rd: {"block": cal_block, "resources_dir": rd})
+    if not cal.ok:
+        study.write_summary()
+        raise SystemExit(f"[spatial] calibration failed: {cal.error}")
+    write_table(pd.DataFrame(cal.result).assign(cores=available_cores()), out / "calibration.csv", cfg,
+                study.started)
 
     summaries, iters, ranks = [], [], []
     for i, p in enumerate(points):
         # one at a time: a timing taken next to another run would measure the contention
-        fut = scaling_run(p, block, res_dir)
-        res = compss_wait_on(fut)
-        if res is None:
-            reason = failure_reason(fut) or "task failed"
-            summaries.append({**{k: v for k, v in p.items() if k not in ("layout", "shape")},
-                              "status": "failed", "error": reason[-2000:]})
-            _log(f"run {p['run']} FAILED: {reason.splitlines()[0] if reason else ''}")
+        o = study.one("run", p, lambda p, slot: scaling_run(p, run_block, res_dir, slot), compss_wait_on,
+                      failure_reason, inputs=lambda p: {"point": p, "block": run_block,
+                                                        "resources_dir": res_dir})
+        if not o.ok:
+            label = {k: v for k, v in p.items() if k not in ("layout", "shape")}
+            summaries.append(failed_row(label, o.error))
+            _log(f"run {p['run']} FAILED: {o.error.splitlines()[0] if o.error else ''}")
             continue
-        summaries.append(res["summary"])
-        iters += res["iterations"]
-        ranks += res["ranks"]
-        _log(f"run {i + 1}/{len(points)} {p['run']} done in {res['summary']['launch_wall_s']:.1f} s")
-    write_table(pd.DataFrame(summaries), out / "runs.csv", cfg, started)
-    write_table(pd.DataFrame(iters), out / "iterations.csv", cfg, started)
-    write_table(pd.DataFrame(ranks), out / "ranks.csv", cfg, started)
+        summaries.append(o.result["summary"])
+        iters += o.result["iterations"]
+        ranks += o.result["ranks"]
+        wall = o.result["summary"]["launch_wall_s"]
+        how = f"reused from {study.root}" if o.reused else f"done in {wall:.1f} s"
+        _log(f"run {i + 1}/{len(points)} {p['run']} {how}")
+    write_table(pd.DataFrame(summaries), out / "runs.csv", cfg, study.started)
+    write_table(pd.DataFrame(iters), out / "iterations.csv", cfg, study.started)
+    write_table(pd.DataFrame(ranks), out / "ranks.csv", cfg, study.started)
+    study.write_summary()
 
 
 if __name__ == "__main__":

@@ -87,3 +87,19 @@ def study_row(study: optuna.Study) -> dict:
         "best_test_acc": test.get("acc") if best and test.get("trial") == best.number else None,
         **{f"best_{k}": (_params(best).get(k) if best else None) for k in PARAM_COLUMNS},
     }
+
+
+def run_counts(studies: list[optuna.Study], since: float) -> dict:
+    """Trials as points of this run (raw/run_summary.json): those started at or after `since` ran
+    now (ok: complete or pruned; failed), earlier ones were reused from the journal (skipped).
+    Trials interrupted by a driver's death are not counted: a replacement stands for each."""
+    counts = {"ok": 0, "failed": 0, "skipped": 0}
+    for study in studies:
+        for t in study.get_trials(deepcopy=False):
+            if not counted(t):
+                continue
+            if t.datetime_start is not None and t.datetime_start.timestamp() < since:
+                counts["skipped"] += 1
+            else:
+                counts["failed" if t.state == TrialState.FAIL else "ok"] += 1
+    return {**counts, "total": sum(counts.values())}
