@@ -79,8 +79,6 @@ def test_sigkill_mid_save_keeps_previous_checkpoint(tmp_path, repo, fmt, stop):
     assert not (root / "step-000000002").exists()
     back = saver.load(integrity.latest(root))  # previous checkpoint: loadable and verified
     assert torch.equal(back["w"], torch.full((1024,), 1.0))
-    removed = integrity.remove_stale(root)
-    assert removed == staged and not staged[0].exists()
 
 
 def _block(test_config, **over) -> dict:

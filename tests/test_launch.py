@@ -146,15 +146,15 @@ def test_ranks_keep_their_heap_unless_the_caller_chose_malloc_settings(clean_env
     names = sorted(launch.RANK_MALLOC_ENV)
     clean_env.delenv("MALLOC_MMAP_MAX_", raising=False)
     clean_env.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
-    seen = run_ranks("hpcdl.runtime.probes:environment", 2, {"names": names}, timeout_s=120)
+    seen = run_ranks("rank_probes:environment", 2, {"names": names}, timeout_s=120)
     assert seen == [{"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "131072"}] * 2
-    seen = run_ranks("hpcdl.runtime.probes:environment", 1, {"names": names}, timeout_s=120, keep_heap=False)
+    seen = run_ranks("rank_probes:environment", 1, {"names": names}, timeout_s=120, keep_heap=False)
     assert seen == [{"MALLOC_MMAP_MAX_": None, "MALLOC_TRIM_THRESHOLD_": "131072"}]
 
 
 def test_rank_raising_gives_its_traceback(clean_env, capsys):
     with pytest.raises(RankFailure, match=r"on 2 ranks failed \(exit 1\)") as info:
-        run_ranks("hpcdl.runtime.probes:raise_on_rank", 2, {"victim": 1}, timeout_s=120)
+        run_ranks("rank_probes:raise_on_rank", 2, {"victim": 1}, timeout_s=120)
     assert info.value.group_formed and not info.value.timed_out  # failed in the target: never retried
     assert re.search(r"\[rank 1\] Traceback \(most recent call last\):.*in raise_on_rank\n.*"
                      r"RuntimeError: rank 1 gives up", str(info.value), re.S), str(info.value)
@@ -163,7 +163,7 @@ def test_rank_raising_gives_its_traceback(clean_env, capsys):
 
 def test_rank_dying_is_a_failure_naming_it_not_a_timeout(clean_env, capsys):
     with pytest.raises(RankFailure, match=r"on 2 ranks failed \(exit 1\)") as info:
-        run_ranks("hpcdl.runtime.probes:die_on_rank", 2, {"victim": 1}, timeout_s=120)
+        run_ranks("rank_probes:die_on_rank", 2, {"victim": 1}, timeout_s=120)
     assert info.value.group_formed and not info.value.timed_out
     msg = str(info.value)
     # os._exit leaves no traceback: torchrun's report names rank 1 and its status, unless the

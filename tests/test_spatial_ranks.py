@@ -7,10 +7,10 @@ import re
 
 import numpy as np
 import pytest
+from references import reference_losses
 
 from hpcdl.runtime.launch import RankFailure, run_ranks
 from hpcdl.spatial.data import ensure_dataset
-from hpcdl.spatial.train import reference_losses
 
 TOL = 1e-10
 # kernel 1/3/5, stride 1/2, same/valid padding, an even and an uneven depth
@@ -20,7 +20,7 @@ MODEL = {"channels": [3, 4], "dense": [8]}
 
 
 def _suite(nprocs, grid):
-    conv = run_ranks("hpcdl.spatial.exactness:conv_cases", nprocs, {"cases": CASES, "grid": grid},
+    conv = run_ranks("rank_probes:conv_cases", nprocs, {"cases": CASES, "grid": grid},
                      timeout_s=240)
     model = run_ranks("hpcdl.spatial.exactness:model_case", nprocs,
                       {"shape": (16, 12, 10), "model": MODEL, "grid": grid}, timeout_s=240)
@@ -48,7 +48,7 @@ def test_partitioned_conv_and_model_exact(nprocs, grid):
 def test_halo_larger_than_slab_fails_on_every_rank_without_hang():
     # 4 planes over 3 ranks = slabs [2, 1, 1]: rank 0 needs 2 planes from rank 1, which has 1
     with pytest.raises(RankFailure) as info:
-        run_ranks("hpcdl.spatial.exactness:conv_cases", 3,
+        run_ranks("rank_probes:conv_cases", 3,
                   {"cases": [dict(cin=1, cout=1, kernel=5, stride=1, padding="same", depth=4, height=4,
                                   width=4)]}, timeout_s=120)
     assert not info.value.timed_out  # failed on its own, not stopped by the 120 s hang guard

@@ -170,17 +170,6 @@ def latest(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def remove_stale(root: Path) -> list[Path]:
-    """Delete staging directories whose writer process is gone (a crash mid-save)."""
-    removed = []
-    for p in Path(root).glob(f".*{TMP_MARK}*"):
-        pid = p.name.split(TMP_MARK, 1)[1].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
-    return removed
-
-
 def prune(root: Path, keep: int) -> None:
     """Keep only the newest `keep` committed checkpoints."""
     for p in committed(root)[:-keep] if keep > 0 else []:

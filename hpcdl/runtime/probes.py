@@ -1,9 +1,16 @@
-"""Tiny rank functions that check a launch works end to end (used by tests and the Slurm check)."""
+"""Check that a rank launch works end to end, here or inside a Slurm allocation.
+
+    python -m hpcdl.runtime.probes [N]     # N ranks (default 2) all-reduce; prints what each saw
+
+Exits 1 when a rank saw a wrong sum. The Slurm test (tests/slurm/ranks_probe.py) runs the same probe.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import sys
 
 
 def allreduce_sum(value: float = 1.0) -> dict:
@@ -18,30 +25,19 @@ def allreduce_sum(value: float = 1.0) -> dict:
             "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
 
 
-def environment(names: list[str]) -> dict:
-    """The values of `names` in this rank's environment (None where unset)."""
-    return {name: os.environ.get(name) for name in names}
+def main(argv: list[str] | None = None) -> int:
+    from hpcdl.runtime.launch import run_ranks
+
+    args = sys.argv[1:] if argv is None else argv
+    n = int(args[0]) if args else 2
+    results = run_ranks("hpcdl.runtime.probes:allreduce_sum", n, {"value": 1.0}, timeout_s=120)
+    expected = n * (n + 1) / 2
+    for r in results:
+        print(json.dumps(r))
+    bad = [r["rank"] for r in results if r["sum"] != expected]
+    print(f"{n} ranks: {'OK' if not bad else f'wrong sum on ranks {bad}'} (expected {expected:g})")
+    return 1 if bad else 0
 
 
-def die_on_rank(victim: int = 1) -> dict:
-    """Rank `victim` exits abruptly before a collective; the others must not hang."""
-    import torch
-    import torch.distributed as dist
-
-    if dist.get_rank() == victim:
-        os._exit(3)
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    return {"rank": dist.get_rank()}
-
-
-def raise_on_rank(victim: int = 1) -> dict:
-    """Rank `victim` raises before a collective: its traceback must reach the caller."""
-    import torch
-    import torch.distributed as dist
-
-    if dist.get_rank() == victim:
-        raise RuntimeError(f"rank {victim} gives up")
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    return {"rank": dist.get_rank()}
+if __name__ == "__main__":
+    sys.exit(main())

@@ -71,25 +71,6 @@ def rank_plan(sizes: np.ndarray, q: float, seed: int, epoch: int, rank: int) -> 
     return RankPlan(order=order, send_pos=chosen[by_dest], send_counts=send_counts, recv_counts=recv_counts)
 
 
-def apply_exchange(ids: list[np.ndarray], q: float, seed: int, epoch: int) -> list[np.ndarray]:
-    """Pure simulation of one exchange over all ranks (same plan as the distributed code).
-
-    Received samples overwrite the positions of the sent ones, which is how a rank never
-    holds more than its partition plus k received samples.
-    """
-    m = len(ids)
-    sizes = np.array([len(p) for p in ids])
-    plans = [rank_plan(sizes, q, seed, epoch, r) for r in range(m)]
-    outgoing = [np.split(ids[r][plans[r].send_pos], np.cumsum(plans[r].send_counts)[:-1]) for r in range(m)]
-    new = []
-    for t in range(m):
-        recv = np.concatenate([outgoing[r][t] for r in range(m)] + [np.empty(0, ids[t].dtype)])
-        part = ids[t].copy()
-        part[plans[t].send_pos] = recv
-        new.append(part)
-    return new
-
-
 def global_indices(n: int, m: int, seed: int, epoch: int, rank: int) -> np.ndarray:
     """DistributedSampler semantics: one shared permutation of all N, padded by wrapping, strided."""
     check_world(n, m)

@@ -15,9 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpcdl.layers import build_spec, padding_for
-from hpcdl.spatial.model import CosmoFlow, SpatialConv3d, SpatialCosmoFlow, make_layout
-from hpcdl.spatial.partition import split_sizes
+from hpcdl.layers import build_spec
+from hpcdl.spatial.model import CosmoFlow, SpatialCosmoFlow, make_layout
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -25,55 +24,17 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max().item() / (scale if scale > 0 else 1.0))
 
 
-def _world_layout(grid):
+def world_layout(grid):
     world, rank = dist.get_world_size(), dist.get_rank()
     if grid[0] * grid[1] != world:
         raise ValueError(f"spatial grid {grid[0]}x{grid[1]} needs {grid[0] * grid[1]} ranks, have {world}")
     return make_layout(tuple(grid), tuple(range(world)), dist.group.WORLD if world > 1 else None, rank)
 
 
-def _sum(t: torch.Tensor, layout) -> torch.Tensor:
+def sum_over_layout(t: torch.Tensor, layout) -> torch.Tensor:
     if layout.size > 1:
         dist.all_reduce(t, group=layout.group)
     return t
-
-
-def conv_cases(cases: list[dict], grid: tuple[int, int] = (0, 1)) -> list[dict]:
-    """One SpatialConv3d per case over all ranks (grid (0, 1) = world along depth)."""
-    torch.set_default_dtype(torch.float64)
-    grid = (dist.get_world_size(), 1) if grid[0] == 0 else tuple(grid)
-    layout = _world_layout(grid)
-    out = []
-    for i, c in enumerate(cases):
-        torch.manual_seed(1000 + i)
-        k, s = c["kernel"], c["stride"]
-        p = padding_for(k, c["padding"])
-        ref = nn.Conv3d(c["cin"], c["cout"], k, stride=s, padding=p)
-        x = torch.randn(c.get("n", 2), c["cin"], c["depth"], c["height"], c["width"], requires_grad=True)
-        y = ref(x)
-        g = torch.randn_like(y)
-        y.backward(g)
-        conv = copy.deepcopy(ref)
-        conv.zero_grad()
-        in_sizes = (split_sizes(c["depth"], grid[0]), split_sizes(c["height"], grid[1]))
-        sc = SpatialConv3d(conv, layout, in_sizes, tag=16 * i)
-        (cd, ch) = layout.coords
-        d0, h0 = sum(in_sizes[0][:cd]), sum(in_sizes[1][:ch])
-        od, oh = sc.out_sizes
-        o0, p0 = sum(od[:cd]), sum(oh[:ch]) if grid[1] > 1 else 0
-        oh_n = oh[ch] if grid[1] > 1 else oh[0]
-        xs = x.detach()[:, :, d0:d0 + in_sizes[0][cd], h0:h0 + in_sizes[1][ch]].clone().requires_grad_(True)
-        ys = sc(xs)
-        ref_slab = y.detach()[:, :, o0:o0 + od[cd], p0:p0 + oh_n]
-        ys.backward(g[:, :, o0:o0 + od[cd], p0:p0 + oh_n])
-        gw = _sum(conv.weight.grad.clone(), layout)
-        gb = _sum(conv.bias.grad.clone(), layout)
-        out.append({**c, "rank": dist.get_rank(), "err_out": rel_err(ys.detach(), ref_slab),
-                    "err_grad_input": rel_err(xs.grad, x.grad[:, :, d0:d0 + in_sizes[0][cd],
-                                                             h0:h0 + in_sizes[1][ch]]),
-                    "err_grad_weight": rel_err(gw, ref.weight.grad),
-                    "err_grad_bias": rel_err(gb, ref.bias.grad)})
-    return out
 
 
 def model_case(shape: tuple[int, int, int], model: dict, grid: tuple[int, int] = (0, 1), batch: int = 2,
@@ -88,7 +49,7 @@ def model_case(shape: tuple[int, int, int], model: dict, grid: tuple[int, int] =
     """
     torch.set_default_dtype(torch.float64)
     grid = (dist.get_world_size(), 1) if grid[0] == 0 else tuple(grid)
-    layout = _world_layout(grid)
+    layout = world_layout(grid)
     torch.manual_seed(7)
     ref = CosmoFlow(build_spec(tuple(shape), model))
     x = torch.randn(batch, 1, *shape, requires_grad=True)
@@ -112,7 +73,7 @@ def model_case(shape: tuple[int, int, int], model: dict, grid: tuple[int, int] =
     for p_ref, p in zip(ref.parameters(), net.parameters(), strict=False):
         g = p.grad.clone()
         if id(p) in conv_ids:
-            _sum(g, layout)
+            sum_over_layout(g, layout)
         errs.append(rel_err(g, p_ref.grad))
     return {"rank": dist.get_rank(), "err_loss": rel_err(loss.detach(), loss_ref.detach()),
             "err_grad_input": rel_err(xs.grad, x.grad[:, :, ds, hs]), "err_grad_params": max(errs),

@@ -95,26 +95,3 @@ def train_run(data_dir: str, n_data: int, grid: tuple[int, int], model: dict, ba
             "slab_depth": ds.stop - ds.start, "slab_height": hs.stop - hs.start,
             "peak_rss_mb": rss_mb(), "base_rss_mb": base, "records": records,
             "n_params": sum(p.numel() for p in net.parameters())}
-
-
-def reference_losses(data_dir: str, model: dict, batch_size: int, iterations: int, lr: float, seed: int,
-                     dtype: str = "float64") -> list[float]:
-    """The same training on one process with the whole model and batch (no process group needed)."""
-    torch.set_default_dtype(getattr(torch, dtype))
-    reader = SlabReader(data_dir)
-    torch.manual_seed(seed)
-    net = CosmoFlow(build_spec(reader.shape, model))
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-    order = np.random.default_rng(seed).permutation(len(reader))
-    losses = []
-    for it in range(iterations):
-        start = (it * batch_size) % len(reader)
-        idx = np.take(order, range(start, start + batch_size), mode="wrap")
-        xb, yb = reader.read(idx, slice(None), slice(None))
-        opt.zero_grad(set_to_none=False)
-        loss = nn.functional.mse_loss(net(torch.from_numpy(xb).to(torch.get_default_dtype())),
-                                      torch.from_numpy(yb).to(torch.get_default_dtype()))
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.item()))
-    return losses
