@@ -62,16 +62,25 @@ def _narrow(x: torch.Tensor, dim: int, start: int, length: int) -> torch.Tensor:
 def _p2p(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]], tag: int) -> None:
     """Post all receives, then all sends, then wait with a deadline so a dead peer is an error."""
     t0 = time.perf_counter()
-    works = [(dist.irecv(buf, src=peer, tag=tag), peer, "receive from") for buf, peer in recvs]
-    works += [(dist.isend(buf, dst=peer, tag=tag), peer, "send to") for buf, peer in sends]
     timeout = exchange_timeout_s()
+
+    def failed(verb: str, peer: int, exc: Exception) -> HaloExchangeError:
+        return HaloExchangeError(f"rank {dist.get_rank()}: halo exchange ({verb} rank {peer}, tag {tag}) "
+                                 f"failed within {timeout:.0f} s: {exc}")
+
+    works = []
+    # Posting fails too once a dead peer's connection is closed, before any wait.
+    for verb, post, pairs in (("receive from", dist.irecv, recvs), ("send to", dist.isend, sends)):
+        for buf, peer in pairs:
+            try:
+                works.append((post(buf, peer, tag=tag), peer, verb))
+            except RuntimeError as exc:
+                raise failed(verb, peer, exc) from exc
     for work, peer, verb in works:
         try:
             ok = work.wait(timedelta(seconds=timeout))
         except RuntimeError as exc:
-            raise HaloExchangeError(
-                f"rank {dist.get_rank()}: halo exchange ({verb} rank {peer}, tag {tag}) failed "
-                f"within {timeout:.0f} s: {exc}") from exc
+            raise failed(verb, peer, exc) from exc
         if ok is False:
             raise HaloExchangeError(f"rank {dist.get_rank()}: halo exchange ({verb} rank {peer}) "
                                     f"timed out after {timeout:.0f} s")
