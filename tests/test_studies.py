@@ -193,11 +193,16 @@ def test_a_new_study_needs_only_its_own_files(tmp_path):
         if (REPO / rel).is_file():
             (copy / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, copy / rel)
-    for rel, text in TOY_FILES.items():
-        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
-        (copy / rel).write_text(text)
+    # Two toy studies, so a rule that ran another study's command would show.
+    for name in ("toy", "toy2"):
+        for rel, text in TOY_FILES.items():
+            target = copy / rel.replace("toy", name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text.replace('"toy"', f'"{name}"').replace("TOY_UNITS", f"{name.upper()}_UNITS")
+                              .replace("Toy study", f"{name} study"))
     config = tmp_path / "toy.yaml"
-    config.write_text(f"results_dir: {tmp_path / 'results'}\nstudies: [toy]\ntoy: {{xs: [3, 1, 2]}}\n")
+    config.write_text(f"results_dir: {tmp_path / 'results'}\nstudies: [toy, toy2]\ntoy: {{xs: [3, 1, 2]}}\n"
+                      "toy2: {xs: [5, 4]}\n")
     env = {**os.environ, "PYTHONPATH": str(copy), "HPCDL_PROGRESS": "0",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     run = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(copy / "Snakefile"), "--directory",
@@ -210,6 +215,9 @@ def test_a_new_study_needs_only_its_own_files(tmp_path):
     assert [c["id"] for c in doc["claims"]] == ["squares_grow"] and doc["claims"][0]["status"] == "passed"
     table = (toy / "tables" / "squares.csv").read_text().split()
     assert table == ["x,y", "1,1", "2,4", "3,9"]
+    toy2 = tmp_path / "results" / "toy2"
+    assert (toy2 / "tables" / "squares.csv").read_text().split() == ["x,y", "4,16", "5,25"]
+    assert json.loads((toy2 / "claims.json").read_text())["study"] == "toy2"
     cli = subprocess.run([sys.executable, "-m", "hpcdl.cli", "plot", "toy", "--config", str(config)],
                          cwd=copy, env=env, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr

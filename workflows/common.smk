@@ -1,15 +1,13 @@
-# Wiring shared by every study's workflow (functions only; the rules live in the .smk files).
-#
-# A study <s> declares in workflows/<s>.smk four rules, each with a log, threads, resources and
+# Wiring shared by every study's rules (functions only). workflows/study.smk generates, for each
+# registered study <s> (hpcdl/<s>/__init__.py SPEC), four rules with a log, threads, resources and
 # `conda: CONDA_ENV`:
 #   <s>_run        input {RESULTS}/<s>/config.json (from the Snakefile's study_config rule);
 #                  shell "{params.app} 2>&1 | tee {log}" (progress on the terminal and in the log),
-#                  params app=task_app("<s>");
-#                  output the raw tables under {RESULTS}/<s>/raw/
-#   <s>_aggregate  shell cli_step("aggregate", "<s>") -> tables/*.csv
-#   <s>_plot       shell cli_step("plot", "<s>") -> figures/*.png, each wrapped in
+#                  params app=task_app("<s>"); output the raw tables under {RESULTS}/<s>/raw/
+#   <s>_aggregate  params cmd=cli_step("aggregate", "<s>") -> tables/*.csv
+#   <s>_plot       params cmd=cli_step("plot", "<s>") -> figures/*.png, each wrapped in
 #                  report(path, category=<study title>, caption="report/<s>/<figure>.rst")
-#   <s>_claims     shell cli_step("claims", "<s>") -> claims.json, claims.html (in the report)
+#   <s>_claims     params cmd=cli_step("claims", "<s>") -> claims.json, claims.html (in the report)
 from snakemake.exceptions import WorkflowError
 
 from hpcdl.config import study_config
@@ -39,4 +37,5 @@ def all_cores(default=2):
 
 
 def cli_step(step, study):
-    return f"python -m hpcdl.cli {step} {study} --config {study_cfg_path(study)} > {{log}} 2>&1"
+    """The analysis command of one step (a rule's params: its shell adds the log redirect)."""
+    return f"python -m hpcdl.cli {step} {study} --config {study_cfg_path(study)}"

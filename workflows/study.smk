@@ -1,7 +1,9 @@
 # The rules of every study, generated from its declaration (hpcdl/<study>/__init__.py: SPEC, see
 # hpcdl/study.py): run (the PyCOMPSs task app) -> aggregate (tables) -> plot (figures, each with
 # its caption in report/<study>/<figure>.rst) -> claims (claims.json / claims.html). Adding a study
-# edits nothing here.
+# edits nothing here. Snakemake evaluates a `shell:` expression when the job runs, after this loop
+# has moved on, so everything study-specific a command needs goes in through `params` (evaluated
+# here, per rule).
 for _spec in (STUDY_SPECS[_name] for _name in CONFIG["studies"]):
     _dir = f"{RESULTS}/{_spec.name}"
     _cfg = study_cfg_path(_spec.name)
@@ -41,8 +43,10 @@ for _spec in (STUDY_SPECS[_name] for _name in CONFIG["studies"]):
             runtime=5,
         conda:
             CONDA_ENV
+        params:
+            cmd=cli_step("aggregate", _spec.name),
         shell:
-            cli_step("aggregate", _spec.name)
+            "{params.cmd} > {log} 2>&1"
 
     rule:
         name:
@@ -67,8 +71,10 @@ for _spec in (STUDY_SPECS[_name] for _name in CONFIG["studies"]):
             runtime=5,
         conda:
             CONDA_ENV
+        params:
+            cmd=cli_step("plot", _spec.name),
         shell:
-            cli_step("plot", _spec.name)
+            "{params.cmd} > {log} 2>&1"
 
     rule:
         name:
@@ -91,5 +97,7 @@ for _spec in (STUDY_SPECS[_name] for _name in CONFIG["studies"]):
             runtime=5,
         conda:
             CONDA_ENV
+        params:
+            cmd=cli_step("claims", _spec.name),
         shell:
-            cli_step("claims", _spec.name)
+            "{params.cmd} > {log} 2>&1"
