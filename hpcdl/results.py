@@ -77,6 +77,11 @@ def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
     return atomic_write_bytes(path, buf.getvalue())
 
 
+def mark_no_data(ax, why: str) -> None:
+    """Say on an axes why it is empty (a figure the workflow expects is still written)."""
+    ax.text(0.5, 0.5, why, ha="center", va="center", wrap=True, transform=ax.transAxes)
+
+
 def config_hash(obj) -> str:
     """sha256 of the canonical JSON form: equal configs hash equal whatever the key order."""
     canon = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default)

@@ -16,7 +16,7 @@ import pandas as pd
 from hpcdl.checkpoint.plan import sweep_sizes
 from hpcdl.checkpoint.training import young_daly_interval_s
 from hpcdl.claims import claim, every, not_measured
-from hpcdl.results import read_table, save_figure, write_table
+from hpcdl.results import mark_no_data, read_table, save_figure, write_table
 
 MiB = 2**20
 FORMAT_ORDER = ["torch", "safetensors", "dcp", "hdf5", "npz"]
@@ -133,11 +133,6 @@ def _size_axis(ax) -> None:
 
 
 
-def _empty(ax, what: str) -> None:
-    ax.text(0.5, 0.5, f"no successful {what} points in this run", ha="center", va="center",
-            transform=ax.transAxes)
-
-
 def plot(cfg: dict, study_dir: Path) -> None:
     import matplotlib
 
@@ -159,7 +154,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
             d = sync[sync["format"] == f].sort_values("state_bytes")
             ax.plot(d["state_bytes"] / MiB, d[column], "o-", color=col[f], label=f)
         if sync.empty:
-            _empty(ax, "sync")
+            mark_no_data(ax, "no successful sync points in this run")
         _size_axis(ax)
         ax.set(yscale="log", xlabel="model state (MiB, fp32)", title=title)
         ax.grid(True, which="both", alpha=0.3)
@@ -176,7 +171,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
         ceil = sync.groupby("state_bytes")["ceiling_bw_bytes_per_s"].median()
         ax.plot(ceil.index / MiB, ceil.values / MiB, "k--", lw=2, label="storage ceiling (write+fsync)")
     else:
-        _empty(ax, "sync")
+        mark_no_data(ax, "no successful sync points in this run")
     _size_axis(ax)
     ax.set(xlabel="model state (MiB, fp32)", ylabel="write bandwidth to durable bytes (MiB/s)",
            title="Checkpoint write bandwidth vs storage ceiling")
@@ -193,7 +188,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
             if not d.empty:
                 ax.plot(d["state_bytes"] / MiB, d["blocking_s"], style, color=col[f], label=f"{f} {mode}")
     if one.empty:
-        _empty(ax, "I/O")
+        mark_no_data(ax, "no successful I/O points in this run")
     _size_axis(ax)
     ax.set(yscale="log", xlabel="model state (MiB, fp32)",
            ylabel="training stall per checkpoint (s)", title="Blocking time: sync (solid) vs async (dashed)")
@@ -224,7 +219,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
                      color=col[f], label=f)
         ax2.legend(fontsize=8)
     else:
-        _empty(ax, "sync")
+        mark_no_data(ax, "no successful sync points in this run")
     ax.set(xlabel="format", ylabel="checkpoint size on disk (MiB)")
     _size_axis(ax2)
     ax2.set(yscale="log", xlabel="model state (MiB, fp32)", ylabel="bytes beyond the raw tensors (KiB)",
@@ -242,7 +237,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
         ax.plot(d["state_bytes"] / MiB, d["commit_s"], "o-", color=f"C{i}", label=f"save, {label}")
         ax.plot(d["state_bytes"] / MiB, d["load_s"], "s:", color=f"C{i}", label=f"load, {label}")
     if dcp.empty:
-        _empty(ax, "DCP")
+        mark_no_data(ax, "no successful DCP points in this run")
     _size_axis(ax)
     ax.set(yscale="log", xlabel="model state (MiB, fp32, all ranks)", ylabel="time (s)",
            title="DCP save/load by number of gloo ranks")
@@ -263,7 +258,7 @@ def _nonempty(path: Path) -> bool:
 def _plot_overhead(plt, ovh: pd.DataFrame, yd: pd.DataFrame, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if ovh.empty:
-        _empty(ax, "overhead")
+        mark_no_data(ax, "no successful overhead points in this run")
         save_figure(fig, path)
         return
     base = float(ovh["baseline_steps_per_s"].median())

@@ -14,7 +14,7 @@ import pandas as pd
 
 from hpcdl.claims import claim, not_measured
 from hpcdl.hpo.plan import grid_size, pruning_baseline
-from hpcdl.results import read_table, save_figure, write_table
+from hpcdl.results import mark_no_data, read_table, save_figure, write_table
 
 SPEEDUP_EFFICIENCY = 0.8  # 2 workers >= 1.6x faster than 1
 BEST_TEST_ACC = 0.85
@@ -122,7 +122,7 @@ def _placeholder(path: Path, title: str, why: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 3))
     ax.axis("off")
     ax.set_title(title)
-    ax.text(0.5, 0.5, why, ha="center", va="center", wrap=True)
+    mark_no_data(ax, why)
     save_figure(fig, path)
     plt.close(fig)
 

@@ -19,7 +19,7 @@ from hpcdl.claims import claim, every, not_measured
 from hpcdl.layers import build_spec
 from hpcdl.perfmodel.calibrate import fit_machine
 from hpcdl.perfmodel.oracle import Machine, Strategy, extrapolate, predict
-from hpcdl.results import read_table, save_figure, write_table
+from hpcdl.results import mark_no_data, read_table, save_figure, write_table
 from hpcdl.spatial.runs import expand as expand_runs
 
 COMPONENTS = ["compute_s", "halo_s", "gather_s", "allreduce_s", "io_s"]
@@ -159,7 +159,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
         sel = sel.sort_values(["order", "ranks", "data"])
         fig, ax = plt.subplots(figsize=(10, 4.5))
         if sel.empty:
-            ax.text(0.5, 0.5, f"no {kind} runs configured", ha="center", transform=ax.transAxes)
+            mark_no_data(ax, f"no {kind} runs configured")
         else:
             _stacked(ax, sel, title)
         fig.tight_layout()
