@@ -189,7 +189,7 @@ class StudyRun:
         self.started = time.time()  # the start time every table of this run records
         self.cfg, self.study = cfg, study
         self.dir = Path(cfg["results_dir"]) / study
-        self.root = self.dir / "points"
+        self.root = self.dir.resolve() / "points"  # absolute: COMPSs runs tasks in a sandbox directory
         stamp = datetime.fromtimestamp(self.started, UTC).strftime("%Y%m%dT%H%M%S")
         self.session = f"{stamp}-{os.getpid()}"
         self.keep_failed = _keep_failed_from_env() if keep_failed is None else keep_failed
