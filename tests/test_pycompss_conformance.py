@@ -77,7 +77,11 @@ def _conformance_config(tmp_path: Path, test_config: dict, name: str, runtime: s
               sizes={"min_params": 4096, "max_params": 4096, "points": 1})
     ck["overhead"].update(modes=["sync"], intervals=[2])
     cfg["shuffle"]["kakurenbo"] = {"fractions": [0], "world_size": 2}
-    cfg["spatial"]["hybrid"] = {"grid": 16, "layouts": []}
+    sp = cfg["spatial"]
+    sp["hybrid"] = {"grid": 16, "layouts": []}
+    sp["strong"]["layouts"] = [[1, 2, 1]]  # one scaling run on 2 ranks, then the train run
+    sp["calibration"] = {"pingpong_bytes": [1024, 4096], "fractions": [1.0], "repeats": 1}
+    cfg["shuffle"]["grids"] = [{"world_sizes": [2], "qs": [0.5], "partitionings": ["skewed"]}]  # + F=0 global
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
