@@ -169,6 +169,8 @@ def test_sigkill_driver_mid_study_then_resume(repo, tmp_path, write_config, test
     rows = pd.read_csv(tmp_path / "results" / "hpo" / "raw" / "studies.csv")
     assert rows.loc[0, "n_finished"] == 8 and rows.loc[0, "sessions"] == 2
     assert rows.loc[0, "n_interrupted"] == len(in_flight)
+    summary = json.loads((tmp_path / "results" / "hpo" / "raw" / "run_summary.json").read_text())
+    assert summary == {"ok": 8 - len(before), "failed": 0, "skipped": len(before), "total": 8}
 
 
 @pytest.mark.parametrize(
