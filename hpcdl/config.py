@@ -203,7 +203,8 @@ def study_config(cfg: dict, study: str) -> dict:
 
 
 def study_dir(cfg: dict, study: str) -> Path:
-    return Path(cfg["results_dir"]) / study
+    """Absolute: under COMPSs a task runs in its sandbox directory, not where the app started."""
+    return Path(cfg["results_dir"]).absolute() / study
 
 
 def config_from_args(argv: list[str] | None = None, description: str | None = None) -> dict:

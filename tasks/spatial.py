@@ -13,6 +13,7 @@ reuses the exactness checks, calibration and runs already done whose parameters 
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pandas as pd
@@ -51,7 +52,8 @@ def _log(msg: str) -> None:
 
 def main(argv=None) -> None:
     cfg = start_app("spatial", argv, __doc__.splitlines()[0])
-    block, res_dir = cfg["spatial"], cfg["data"]["resources_dir"]
+    # absolute: under COMPSs a task runs in its sandbox directory, not where the app started
+    block, res_dir = cfg["spatial"], os.path.abspath(cfg["data"]["resources_dir"])
     study = StudyRun(cfg, "spatial")
     out = study.dir / "raw"
     points = runs.expand(block)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -20,13 +19,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from raw_tables import assert_same_raw_tables
 
 from hpcdl.points import executions
 
 REPO = Path(__file__).resolve().parent.parent
 HANG_GUARD_S = 300  # only bounds a hung run; no assertion depends on how long anything takes
 # Columns that measure time, bandwidth, memory or name a process (as in test_pycompss_conformance).
-NONDETERMINISTIC = re.compile(r"(_s|_per_s|_mb|_rss_bytes|_frac)$|^(worker|driver_pid|sessions)$")
 
 
 def _env(**extra) -> dict:
@@ -79,20 +78,6 @@ def _app(study: str, config: Path, **env) -> subprocess.CompletedProcess:
     return proc
 
 
-def _deterministic(df: pd.DataFrame) -> pd.DataFrame:
-    return df[[c for c in df.columns if not NONDETERMINISTIC.search(c)]].reset_index(drop=True)
-
-
-def _assert_same_tables(raw: Path, reference: Path) -> None:
-    names = sorted(p.name for p in reference.glob("*.csv"))
-    assert names and names == sorted(p.name for p in raw.glob("*.csv"))
-    for name in names:
-        got, want = pd.read_csv(raw / name), pd.read_csv(reference / name)
-        assert list(got.columns) == list(want.columns), name
-        pd.testing.assert_frame_equal(_deterministic(got), _deterministic(want), check_exact=False,
-                                      rtol=1e-9, obj=str(raw / name))
-
-
 def _summary(results: Path, study: str) -> dict:
     return json.loads((results / study / "raw" / "run_summary.json").read_text())
 
@@ -137,7 +122,7 @@ def test_sigkilled_app_reruns_only_unfinished_points(study, tmp_path, write_conf
                                                "skipped": len(finished), "total": total}
     assert len(_ok_records(root)) == total
     assert "reused" in rerun.stderr
-    _assert_same_tables(tmp_path / "K" / study / "raw", tmp_path / "W" / study / "raw")
+    assert_same_raw_tables(tmp_path / "K" / study / "raw", tmp_path / "W" / study / "raw")
 
     if study == "checkpoint":
         # A grown sweep recomputes only the new points: one format more = its I/O and resume points.

@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from raw_tables import assert_same_raw_tables
 
 REPO = Path(__file__).resolve().parent.parent
 STUDIES = ("checkpoint", "hpo", "shuffle", "spatial")
@@ -57,8 +58,6 @@ INTENDED = {
 # largest run's ranks x threads).
 CONFIGURED_UNITS = {"checkpoint": 2, "hpo": 1, "shuffle": 2, "spatial": 2}
 
-# Columns that measure time, bandwidth, memory or name a process: everything else is deterministic.
-NONDETERMINISTIC = re.compile(r"(_s|_per_s|_mb|_rss_bytes|_frac)$|^(worker|driver_pid|sessions)$")
 
 
 def _env(**extra) -> dict:
@@ -94,11 +93,6 @@ def _run_app(study: str, config: Path, env: dict) -> subprocess.CompletedProcess
     return proc
 
 
-def _deterministic(df: pd.DataFrame) -> pd.DataFrame:
-    cols = [c for c in df.columns if not NONDETERMINISTIC.search(c)]
-    return df[cols].sort_values(cols, kind="stable").reset_index(drop=True)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("study", STUDIES)
 def test_sequential_binding_writes_the_local_backends_tables(study, tmp_path, test_config):
@@ -112,13 +106,7 @@ def test_sequential_binding_writes_the_local_backends_tables(study, tmp_path, te
                                          OMP_NUM_THREADS=units))
     assert f"[{study}] task backend pycompss-sequential" in proc.stderr
     local_raw, seq_raw = tmp_path / "L" / study / "raw", tmp_path / "S" / study / "raw"
-    tables = sorted(p.name for p in local_raw.glob("*.csv"))
-    assert tables and tables == sorted(p.name for p in seq_raw.glob("*.csv"))
-    for name in tables:
-        local, seq = pd.read_csv(local_raw / name), pd.read_csv(seq_raw / name)
-        assert list(local.columns) == list(seq.columns), name
-        pd.testing.assert_frame_equal(_deterministic(local), _deterministic(seq), check_exact=False,
-                                      rtol=1e-9, obj=f"{study}/raw/{name}")
+    for name in assert_same_raw_tables(seq_raw, local_raw):
         sidecar = json.loads((seq_raw / name.replace(".csv", ".provenance.json")).read_text())
         assert sidecar["runtime"]["name"] == "pycompss-sequential"
         assert sidecar["runtime"]["pycompss_api"] == "3.x"

@@ -19,7 +19,8 @@ def sweep_sizes(min_params: int, max_params: int, points: int) -> list[int]:
 
 
 def scratch_path(cfg: dict) -> Path:
-    return Path(cfg["results_dir"]) / cfg["checkpoint"]["scratch_dir"]
+    # absolute: under COMPSs a task runs in its sandbox directory, not where the app started
+    return Path(cfg["results_dir"]).absolute() / cfg["checkpoint"]["scratch_dir"]
 
 
 def io_points(cfg: dict) -> list[dict]:

@@ -1,0 +1,29 @@
+"""Comparing two runs' raw tables on every deterministic column (shared by the resume and
+PyCOMPSs conformance tests)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+
+# Columns that measure time, bandwidth, memory or name a process: everything else is deterministic.
+NONDETERMINISTIC = re.compile(r"(_s|_per_s|_mb|_rss_bytes|_frac)$|^(worker|driver_pid|sessions)$")
+
+
+def deterministic(df: pd.DataFrame) -> pd.DataFrame:
+    cols = [c for c in df.columns if not NONDETERMINISTIC.search(c)]
+    return df[cols].sort_values(cols, kind="stable").reset_index(drop=True)
+
+
+def assert_same_raw_tables(raw: Path, reference: Path) -> list[str]:
+    """The same CSV tables with the same columns, equal on every deterministic column; their names."""
+    names = sorted(p.name for p in reference.glob("*.csv"))
+    assert names and names == sorted(p.name for p in raw.glob("*.csv")), (names, raw)
+    for name in names:
+        got, want = pd.read_csv(raw / name), pd.read_csv(reference / name)
+        assert list(got.columns) == list(want.columns), name
+        pd.testing.assert_frame_equal(deterministic(got), deterministic(want), check_exact=False,
+                                      rtol=1e-9, obj=str(raw / name))
+    return names
