@@ -22,7 +22,9 @@ except ConfigError as exc:
 validate(config, write_full_schema(f"{workflow.basedir}/.snakemake/hpcdl/schema.yaml"))
 RESULTS = CONFIG["results_dir"]
 # Task apps import `tasks` and `hpcdl` from this checkout, also inside conda envs and on cluster nodes.
-shell.prefix(f"export PYTHONPATH={workflow.basedir}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
+# A prefix replaces Snakemake's default "set -euo pipefail; ", so it is restated: without pipefail a
+# task app that dies inside `app | tee log` would leave the rule with tee's exit status 0.
+shell.prefix(f"set -euo pipefail; export PYTHONPATH={workflow.basedir}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; ")
 
 
 # Under the Slurm executor, fail before any job when Slurm is not reachable (instead of hanging).

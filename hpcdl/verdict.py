@@ -160,6 +160,9 @@ def render_html(entries: list[dict]) -> str:
     total = sum(e["total"] for e in ran_all)
     cell = "padding:2px 6px;vertical-align:top"
     parts = [
+        # Snakemake's content pane centres its child vertically (flex items-center); a verdict taller
+        # than the window would lose its top, out of reach of the scrollbar. Top-align that pane.
+        "<style>div.h-screen:has(#hpcdl-verdict) { align-items: flex-start; }</style>",
         "<table id='hpcdl-verdict' style='border-collapse:collapse;font-size:0.85rem;margin:0'>",
         f"<caption style='text-align:left;font-weight:bold'>Verdict: {passed}/{total} claims hold on "
         f"this run ({len(ran_all)} of {len(entries)} studies ran)</caption>",

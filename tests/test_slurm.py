@@ -216,8 +216,6 @@ def study_args(workdir: Path) -> list[str]:
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_study_workflow_runs_as_slurm_jobs(slurm_cluster, tmp_path):  # noqa: F811
-    if not SNAKEFILE.exists() or not (REPO / "workflows" / f"{STUDY}.smk").exists():
-        pytest.skip(f"{SNAKEFILE} or workflows/{STUDY}.smk missing")
     local_dir, slurm_dir = tmp_path / "local", tmp_path / "slurm"
     on_slurm = snakemake(["--profile", "slurm", *study_args(slurm_dir), *FAST_POLL], timeout_s=600)
     assert on_slurm.returncode == 0, on_slurm.output[-4000:]
