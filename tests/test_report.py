@@ -131,7 +131,7 @@ def test_cli_writes_the_page(results, tmp_path):
     out = tmp_path / "verdict.html"
     main(["--results-dir", str(results), "--out", str(out), "alpha=Alpha study", "gamma"])
     page = out.read_text()
-    assert page.startswith("<table id='hpcdl-verdict'") and "Alpha study" in page
+    assert page.startswith("<style>") and "<table id='hpcdl-verdict'" in page and "Alpha study" in page
     assert "data-study='gamma'" in page and "data-study='beta'" not in page
 
 
