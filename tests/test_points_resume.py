@@ -182,8 +182,11 @@ def test_snakemake_killed_mid_run_then_rerun_reuses_points(sig, tmp_path, write_
     results = tmp_path / "results"
     root = results / "checkpoint" / "points"
     log = open(tmp_path / "snakemake1.log", "w")
+    # A test run started in the background (nohup, `make test &`, CI) inherits SIGINT ignored, and
+    # an ignored signal stays ignored across exec: give Snakemake the terminal's default back.
     proc = subprocess.Popen(_snakemake(tmp_path, config, "--cores", "2"), env=_env(), stdout=log,
-                            stderr=log, start_new_session=True)
+                            stderr=log, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_for_records(root, proc, 1)
     finally:
