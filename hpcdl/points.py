@@ -43,6 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from hpcdl.config import study_dir
 from hpcdl.results import atomic_write_bytes, atomic_write_json, config_hash
 
 KEEP_FAILED_ENV = "HPCDL_KEEP_FAILED"
@@ -188,8 +189,8 @@ class StudyRun:
     def __init__(self, cfg: dict, study: str, keep_failed: bool | None = None):
         self.started = time.time()  # the start time every table of this run records
         self.cfg, self.study = cfg, study
-        self.dir = Path(cfg["results_dir"]) / study
-        self.root = self.dir.resolve() / "points"  # absolute: COMPSs runs tasks in a sandbox directory
+        self.dir = study_dir(cfg, study)  # absolute: COMPSs runs tasks in a sandbox directory
+        self.root = self.dir / "points"
         stamp = datetime.fromtimestamp(self.started, UTC).strftime("%Y%m%dT%H%M%S")
         self.session = f"{stamp}-{os.getpid()}"
         self.keep_failed = _keep_failed_from_env() if keep_failed is None else keep_failed
