@@ -11,7 +11,7 @@ FASHION_MNIST ?= /usr/share/datasets/fashion-mnist
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export MPLBACKEND := Agg
 
-.PHONY: figures report test test-fast lint bench data browser clean
+.PHONY: figures report test test-fast lint bench data browser tools clean
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -43,14 +43,28 @@ browser:
 	  fi; \
 	fi
 
-figures: $(STAMP) data
+# Debian tools the studies drive: valgrind (hetmem's memory-access traces) and numactl (hetmem's NUMA
+# probe), installed when missing and apt is usable; without valgrind the hetmem study says how to get it.
+tools:
+	@missing=""; command -v valgrind >/dev/null || missing="$$missing valgrind"; \
+	command -v numactl >/dev/null || missing="$$missing numactl"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing$$missing with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else \
+	    echo "missing$$missing: run 'sudo apt-get install$$missing'" >&2; \
+	  fi; \
+	fi
+
+figures: $(STAMP) data tools
 	snakemake --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete --printshellcmds
 	$(MAKE) report
 
 report: $(STAMP)
 	snakemake --cores 1 --configfile $(CONFIG) --report $(REPORT)
 
-test: $(STAMP) data browser
+test: $(STAMP) data browser tools
 	pytest -m "" --durations=25 tests
 
 test-fast: $(STAMP) data
