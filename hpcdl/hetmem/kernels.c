@@ -135,7 +135,7 @@ static void gups(long log2n, int iters) {
  * on a batch; forward, backward and an SGD update. Objects: the batch, targets, weights, the
  * hidden activations and the gradients. */
 static void mlp(long h, int iters) {
-    long batch = 32, in = 64, out = 16;
+    long batch = 16, in = 32, out = 8;
     float *xb = object("inputs", batch * in * 4), *yb = object("targets", batch * out * 4);
     float *w1 = object("w1", in * h * 4), *w2 = object("w2", h * out * 4);
     float *act = object("hidden", batch * h * 4), *dact = object("grad_hidden", batch * h * 4);

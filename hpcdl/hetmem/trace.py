@@ -196,7 +196,7 @@ def parse_lackey(path: Path, app: str, objects: list[Obj], marker: int) -> Trace
 def trace_app(app: str, size: int, iters: int, work_dir: Path, valgrind: str = "valgrind", cc: str = "cc",
               keep_raw: bool = False) -> tuple[Trace, dict]:
     """Compile, time untraced, trace, parse; the compact trace is saved as work_dir/<app>.npz."""
-    binary = compile_kernels(work_dir / "bin", cc)
+    binary = compile_kernels(work_dir / "bin" / app, cc)
     timing = run_untraced(binary, app, size, iters)
     raw = work_dir / f"{app}.lackey"
     objs, marker, traced = run_traced(binary, app, size, iters, raw, valgrind)
