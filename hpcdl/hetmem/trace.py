@@ -193,6 +193,13 @@ def parse_lackey(path: Path, app: str, objects: list[Obj], marker: int) -> Trace
                  instr, int((~inside).sum()))
 
 
+def compact(raw: Path, app: str, objects: list[Obj], marker: int, out: Path) -> Trace:
+    """Parse the lackey trace and write the compact one; a bad trace raises before anything is written."""
+    trace = parse_lackey(raw, app, objects, marker)
+    trace.save(out)
+    return trace
+
+
 def trace_app(app: str, size: int, iters: int, work_dir: Path, valgrind: str = "valgrind", cc: str = "cc",
               keep_raw: bool = False) -> tuple[Trace, dict]:
     """Compile, time untraced, trace, parse; the compact trace is saved as work_dir/<app>.npz."""
@@ -201,12 +208,11 @@ def trace_app(app: str, size: int, iters: int, work_dir: Path, valgrind: str = "
     raw = work_dir / f"{app}.lackey"
     objs, marker, traced = run_traced(binary, app, size, iters, raw, valgrind)
     t0 = time.perf_counter()
-    trace = parse_lackey(raw, app, objs, marker)
+    trace = compact(raw, app, objs, marker, work_dir / f"{app}.npz")
     parse_s = time.perf_counter() - t0
-    raw_bytes = raw.stat().st_size
-    trace.save(work_dir / f"{app}.npz")
+    raw_mb = raw.stat().st_size / 2**20
     if not keep_raw:
         raw.unlink()
-    return trace, {**timing, **traced, "parse_s": parse_s, "raw_trace_bytes": raw_bytes,
+    return trace, {**timing, **traced, "parse_s": parse_s, "raw_trace_mb": raw_mb,
                    "accesses": int(len(trace.addr)), "instructions": trace.instructions,
                    "other_accesses": trace.other_accesses}
