@@ -212,7 +212,7 @@ def _claim_error(block: dict, v: pd.DataFrame, missing: dict[str, str]) -> dict:
     per_app = {a: round(float(g["error"].abs().mean()), 5) for a, g in v.groupby("app", sort=False)} if not v.empty else {}
     mean = float(v["error"].abs().mean()) if not v.empty else None
     measured = {"mean_abs_error": mean, "max_abs_error": float(v["error"].abs().max()) if not v.empty else None,
-                "per_app_mean_abs_error": per_app, "placements": int(len(v)), "ceiling": ceiling,
+                "per_app_mean_abs_error": per_app, "placements": int(len(v)), "threshold": ceiling,
                 "reference": "simulated"}
     if missing or mean is None or not np.isfinite(mean):
         return not_measured("estimate_error_le_5pct", stmt, list(missing.values()) or ["no validation rows"], **measured)
@@ -225,7 +225,7 @@ def _claim_speed(block: dict, speed: pd.DataFrame, missing: dict[str, str]) -> d
             "(cache simulation of the trace + the placement's timing), for every app")
     holds = {r.app: bool(r.speedup >= floor) for r in speed.itertuples()} if not speed.empty else {}
     ratios = {r.app: round(float(r.speedup), 1) for r in speed.itertuples()} if not speed.empty else {}
-    return every("estimate_100x_faster", stmt, holds, missing, speedup=ratios, floor=floor, reference="simulated")
+    return every("estimate_100x_faster", stmt, holds, missing, speedup=ratios, threshold=floor, reference="simulated")
 
 
 def _claim_bound(block: dict, pol: pd.DataFrame, missing: dict[str, str]) -> dict:
