@@ -11,6 +11,9 @@ Environment (`PlacementEnv`): the application's pages cut into ranges (layout.ra
                is at most 1 whatever the application's scale); a move that would exceed the capacity is refused and costs
                `invalid_penalty`
 Each episode draws its capacity from the configured ones, so one trained agent serves them all.
+The agent's placement at a capacity is the best (estimated) placement visited in its
+deterministic rollout and a few sampled ones (`rollout`): a briefly trained policy's argmax alone
+is often the stop action.
 """
 
 from __future__ import annotations
@@ -129,20 +132,28 @@ def train_ppo(env, timesteps: int, seed: int):
     from stable_baselines3 import PPO
 
     torch.set_num_threads(1)   # the same arithmetic under every task backend
-    model = PPO("MlpPolicy", env, n_steps=128, batch_size=64, n_epochs=4, learning_rate=3e-3, gamma=0.99,
+    model = PPO("MlpPolicy", env, n_steps=128, batch_size=64, n_epochs=4, learning_rate=1e-3, gamma=0.99,
                 seed=seed, device="cpu", verbose=0, policy_kwargs={"net_arch": [64, 64]})
     model.learn(total_timesteps=timesteps)
     return model
 
 
-def rollout(model, env, capacity: float) -> np.ndarray:
-    """The trained agent's placement at one capacity (deterministic actions until stop)."""
+def rollout(model, env, capacity: float, episodes: int, seed: int) -> np.ndarray:
+    """The trained agent's placement at one capacity: the placement with the lowest estimated runtime
+    visited in one deterministic and `episodes` sampled rollouts of the policy (each visited
+    placement is one cheap estimate, so searching the policy's neighbourhood costs milliseconds)."""
     env.fixed_capacity = capacity
-    obs, _ = env.reset(seed=0)
-    done = False
-    while not done:
-        action, _ = model.predict(obs, deterministic=True)
-        obs, _, terminated, truncated, _ = env.step(action)
-        done = terminated or truncated
+    best, best_rt = None, np.inf
+    for k in range(episodes + 1):
+        obs, _ = env.reset(seed=seed + k)
+        if env.runtime < best_rt:
+            best, best_rt = env.chosen.copy(), env.runtime
+        done = False
+        while not done:
+            action, _ = model.predict(obs, deterministic=(k == 0))
+            obs, _, terminated, truncated, _ = env.step(action)
+            done = terminated or truncated
+            if env.runtime < best_rt:
+                best, best_rt = env.chosen.copy(), env.runtime
     env.fixed_capacity = None
-    return env.chosen.copy()
+    return best

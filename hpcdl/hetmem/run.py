@@ -108,7 +108,7 @@ def _policies(app, layout, ranges, profile, model, t_fast, t_slow, block, seed, 
         cap_pages = int(cap * layout.n_pages)
         choices = {"greedy": agent.greedy(layout, ranges, est, cap_pages),
                    "random": agent.random_policy(ranges, cap_pages, rng),
-                   "ppo": agent.rollout(model_rl, env, cap)}
+                   "ppo": agent.rollout(model_rl, env, cap, ag["rollouts"], _seed(seed, app, "rollout"))}
         masks = np.stack([layout.ranges_mask(ranges, c) for c in choices.values()])
         est_rt = est.estimate(masks)
         ref_rt, _ = reference.reference_runs(profile, model, masks)
