@@ -43,14 +43,21 @@ def main(argv=None) -> None:
     apps = cfg["hetmem"]["apps"]
     print(f"[hetmem] {len(apps)} app(s): {', '.join(a['name'] for a in apps)}", file=sys.stderr, flush=True)
     # The key covers the app and every setting its task computes from, not where its files go.
-    batch = study.submit("app", apps, lambda p, slot: app_point(p, block, work_dir, slot),
-                         inputs=lambda p: {"app": p, "block": block})
+    batch = study.submit(
+        "app",
+        apps,
+        lambda p, slot: app_point(p, block, work_dir, slot),
+        inputs=lambda p: {"app": p, "block": block},
+    )
     (outcomes,) = study.gather([batch], compss_wait_on, failure_reason)
     traces, validation, policies = [], [], []
     for o in outcomes:
         if not o.ok:
-            traces.append(failed_row({"app": o.point["name"], "size": o.point["size"], "iters": o.point["iters"]},
-                                     o.error))
+            traces.append(
+                failed_row(
+                    {"app": o.point["name"], "size": o.point["size"], "iters": o.point["iters"]}, o.error
+                )
+            )
             last = o.error.strip().splitlines()[-1] if o.error.strip() else ""
             print(f"[hetmem] app {o.point['name']} FAILED: {last}", file=sys.stderr, flush=True)
             continue
@@ -59,12 +66,22 @@ def main(argv=None) -> None:
         policies.extend(o.result["policies"])
     raw = study.dir / "raw"
     write_table(pd.DataFrame(traces), raw / "traces.csv", cfg, study.started)
-    write_table(pd.DataFrame(validation, columns=_columns(validation, "app")), raw / "validation.csv", cfg,
-                study.started)
-    write_table(pd.DataFrame(policies, columns=_columns(policies, "app")), raw / "policies.csv", cfg, study.started)
+    write_table(
+        pd.DataFrame(validation, columns=_columns(validation, "app")),
+        raw / "validation.csv",
+        cfg,
+        study.started,
+    )
+    write_table(
+        pd.DataFrame(policies, columns=_columns(policies, "app")), raw / "policies.csv", cfg, study.started
+    )
     study.write_summary()
     failed = sum(r["status"] == "failed" for r in traces)
-    print(f"[hetmem] done in {time.time() - study.started:.0f} s; {failed} failed app(s)", file=sys.stderr, flush=True)
+    print(
+        f"[hetmem] done in {time.time() - study.started:.0f} s; {failed} failed app(s)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _columns(rows: list[dict], first: str) -> list[str]:

@@ -320,7 +320,8 @@ def _spatial_pick(t, strategy):
 
 
 # ---------------------------------------------------------------------------------------- hetmem
-HETMEM_CFG = {"hetmem": {"apps": [{"name": "stream", "size": 64, "iters": 1}, {"name": "cg", "size": 8, "iters": 1}],
+HETMEM_CFG = {"hetmem": {"apps": [{"name": "stream", "size": 64, "iters": 1},
+                                  {"name": "cg", "size": 8, "iters": 1}],
                          "sample_every": 10, "agent": {"capacities": [0.25, 0.75]}, "error_ceiling": 0.05,
                          "speedup_floor": 100, "bound_tolerance": 0.05}}
 
@@ -624,7 +625,8 @@ CASES = [
     # hetmem
     ("hetmem", "estimate_error_le_5pct", "passed", None, None),
     ("hetmem", "estimate_error_le_5pct", "failed",
-     lambda c, t: _set(t, "tables/validation.csv", lambda d: d["placement"] == "object:x", "error", -0.2), None),
+     lambda c, t: _set(t, "tables/validation.csv", lambda d: d["placement"] == "object:x", "error", -0.2),
+     None),
     ("hetmem", "estimate_error_le_5pct", "not_measured", lambda c, t: _hetmem_failed(t, "cg"),
      ["app cg failed", "truncated trace at byte offset 12"]),
     ("hetmem", "estimate_100x_faster", "passed", None, None),

@@ -15,12 +15,24 @@ from hpcdl.hetmem import agent, reference
 from hpcdl.hetmem.estimator import DifferentialEstimator, sample_misses
 from hpcdl.hetmem.layout import PAGE, Layout, PlacementError
 from hpcdl.hetmem.run import build_estimator, run_app
-from hpcdl.hetmem.trace import (KIND_LOAD, KIND_STORE, Obj, ToolMissing, Trace, TraceError, compact,
-                                compile_kernels, run_traced, trace_app)
+from hpcdl.hetmem.trace import (
+    KIND_LOAD,
+    KIND_STORE,
+    Obj,
+    ToolMissing,
+    Trace,
+    TraceError,
+    compact,
+    compile_kernels,
+    run_traced,
+    trace_app,
+)
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.skipif(shutil.which("valgrind") is None or shutil.which("cc") is None,
-                                reason="needs valgrind and a C compiler (make tools)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("valgrind") is None or shutil.which("cc") is None,
+    reason="needs valgrind and a C compiler (make tools)",
+)
 N_STREAM = 512
 
 
@@ -59,7 +71,7 @@ def test_lackey_trace_holds_exactly_the_triads_accesses(stream):
     assert (trace.kind[names != "a"] == KIND_LOAD).all() and trace.kind[-1] == KIND_LOAD
     assert trace.addr[-1] == layout.objects[0].base + 8 * (N_STREAM // 2)
     a = trace.addr[:-1][names[:-1] == "a"]
-    assert (np.diff(a) == 8).all()   # the store stream walks a in order
+    assert (np.diff(a) == 8).all()  # the store stream walks a in order
     assert np.all(np.diff(trace.icount) >= 0) and trace.instructions > 3 * N_STREAM
     assert info["traced_compute_s"] > info["untraced_compute_s"] > 0
     again = Trace.load(work / "stream.npz")
@@ -79,7 +91,7 @@ def test_truncated_trace_is_an_error_naming_file_and_offset_and_writes_nothing(r
     out = tmp_path / "stream.npz"
     # cut in the middle of a line
     cut = len(text) // 2
-    while text[cut - 1:cut] == b"\n":
+    while text[cut - 1 : cut] == b"\n":
         cut += 1
     bad.write_bytes(text[:cut])
     line_start = text.rfind(b"\n", 0, cut) + 1
@@ -169,7 +181,7 @@ def test_cache_simulation_misses_every_line_of_a_stream_larger_than_the_caches(s
     served = reference.simulate_caches(trace, block["caches"], 64)
     # 3 arrays x 512 doubles = 192 lines, each touched once in order; the 2 KiB LLC holds 32 lines
     assert int((served[:-1] == len(block["caches"])).sum()) == 3 * N_STREAM * 8 // 64
-    assert int((served[:-1] == 0).sum()) == 3 * N_STREAM - 192   # the other 7 of 8 doubles per line hit L1
+    assert int((served[:-1] == 0).sum()) == 3 * N_STREAM - 192  # the other 7 of 8 doubles per line hit L1
 
 
 def test_estimator_formula_on_hand_made_samples():
@@ -196,15 +208,17 @@ def test_estimate_matches_the_simulated_reference_on_a_real_cg_trace(tmp_path, b
     lay = Layout(trace.objects)
     prof = reference.simulate(trace, lay, block)
     model = reference.TimingModel.from_config(block)
-    masks = np.stack([np.ones(lay.n_pages, bool), np.zeros(lay.n_pages, bool)]
-                     + [lay.mask(fast_objects=[n]) for n in lay.names])
+    masks = np.stack(
+        [np.ones(lay.n_pages, bool), np.zeros(lay.n_pages, bool)]
+        + [lay.mask(fast_objects=[n]) for n in lay.names]
+    )
     win = reference.window_times(prof, model, masks[:2])
     ref, ref_s = reference.reference_runs(prof, model, masks)
     est = build_estimator(prof, win[0], win[1], 1, 0)
     got = est.estimate(masks)
-    assert got[:2] == pytest.approx(ref[:2], rel=1e-12)          # the two measured runs, exactly
-    assert ref[0] < ref[1]                                       # fast memory is faster
-    err = np.abs(got / ref - 1)[2:]                              # each object alone in fast memory
+    assert got[:2] == pytest.approx(ref[:2], rel=1e-12)  # the two measured runs, exactly
+    assert ref[0] < ref[1]  # fast memory is faster
+    err = np.abs(got / ref - 1)[2:]  # each object alone in fast memory
     assert err.mean() < 0.05 and err.max() < 0.2
     assert ref_s >= prof.cache_sim_s > 0
 
@@ -229,16 +243,17 @@ def test_placement_env_rewards_runtime_saved_and_refuses_moves_over_capacity():
     from gymnasium.utils.env_checker import check_env
 
     lay, ranges, est = _small_problem()
-    env = agent.make_env(lay, ranges, est, capacities=[0.25], bins=2, migration_cost=0.1,
-                         invalid_penalty=0.5, max_steps=10)
+    env = agent.make_env(
+        lay, ranges, est, capacities=[0.25], bins=2, migration_cost=0.1, invalid_penalty=0.5, max_steps=10
+    )
     check_env(env, skip_render_check=True)
     env.reset(seed=0)
     before = env.runtime
-    _, reward, done, _, _ = env.step(0)          # hot[0:1] to fast: one page of four
+    _, reward, done, _, _ = env.step(0)  # hot[0:1] to fast: one page of four
     assert not done
     saved = (before - env.runtime) / (4.0 - 2.0)
     assert saved > 0 and reward == pytest.approx(saved - 0.1 * 0.25)
-    _, reward, _, _, _ = env.step(1)            # a second page exceeds capacity 0.25: refused
+    _, reward, _, _, _ = env.step(1)  # a second page exceeds capacity 0.25: refused
     assert reward == -0.5 and env.chosen.tolist() == [True, False, False, False]
     _, reward, done, _, _ = env.step(len(ranges))
     assert done and reward == 0.0
@@ -253,5 +268,7 @@ def test_one_app_end_to_end_gives_rows_for_every_placement_and_policy(tmp_path, 
     assert {r["policy"] for r in pol} == {"greedy", "random", "ppo"}
     for r in pol:
         assert r["fast_fraction"] <= r["capacity"] + 1e-12
-        assert r["all_fast_runtime_s"] <= r["ref_runtime_s"] * (1 + 1e-9) <= r["all_slow_runtime_s"] * (1 + 1e-9)
+        assert (
+            r["all_fast_runtime_s"] <= r["ref_runtime_s"] * (1 + 1e-9) <= r["all_slow_runtime_s"] * (1 + 1e-9)
+        )
     assert out["trace"]["objects"] == 2 and (tmp_path / "gups.npz").exists()

@@ -1,7 +1,7 @@
 """Heterogeneous-memory study: a differential-tracing runtime estimator for data placement and a
 placement agent on top (after Denoyelle, Gerofi et al., ISC 2022).
 
-    kernels.c    mini-app kernels (STREAM triad, 3-D stencil, CG, GUPS, an MLP training step) with named objects
+    kernels.c    mini-app kernels with named objects: STREAM triad, 3-D stencil, CG, GUPS, an MLP step
     trace        compile, run untraced and under valgrind lackey, parse the trace (streaming, checked)
     layout       objects -> pages and ranges; placements as page masks (unknown names/ranges refused)
     reference    the SIMULATED reference: pycachesim hierarchy + two memory tiers with a timing model

@@ -8,8 +8,8 @@ Environment (`PlacementEnv`): the application's pages cut into ranges (layout.ra
   action       Discrete(R + 1): move range i to the other tier, or R = stop
   reward       -(estimated runtime after - before) / (all-slow - all-fast runtime)
                - migration_cost * moved bytes / footprint (so a whole episode's runtime reward
-               is at most 1 whatever the application's scale); a move that would exceed the capacity is refused and costs
-               `invalid_penalty`
+               is at most 1 whatever the application's scale); a move that would exceed the
+               capacity is refused and costs `invalid_penalty`
 Each episode draws its capacity from the configured ones, so one trained agent serves them all.
 The agent's placement at a capacity is the best (estimated) placement visited in its
 deterministic rollout and a few sampled ones (`rollout`): a briefly trained policy's argmax alone
@@ -28,9 +28,14 @@ def range_features(est: DifferentialEstimator, ranges: list[Range], bins: int) -
     """(R, bins) sampled events per page of each range in each phase, scaled to max 1."""
     n_win = est.counts.shape[0]
     edges = np.linspace(0, n_win, bins + 1).astype(int)
-    per_bin = np.stack([est.counts[a:b].sum(axis=0) if b > a else np.zeros(est.counts.shape[1])
-                        for a, b in zip(edges[:-1], edges[1:], strict=True)], axis=0)   # (bins, P)
-    feats = np.stack([per_bin[:, r.start:r.start + r.pages].sum(axis=1) / r.pages for r in ranges])
+    per_bin = np.stack(
+        [
+            est.counts[a:b].sum(axis=0) if b > a else np.zeros(est.counts.shape[1])
+            for a, b in zip(edges[:-1], edges[1:], strict=True)
+        ],
+        axis=0,
+    )  # (bins, P)
+    feats = np.stack([per_bin[:, r.start : r.start + r.pages].sum(axis=1) / r.pages for r in ranges])
     top = feats.max()
     return feats / top if top > 0 else feats
 
@@ -38,10 +43,12 @@ def range_features(est: DifferentialEstimator, ranges: list[Range], bins: int) -
 def density(est: DifferentialEstimator, ranges: list[Range]) -> np.ndarray:
     """Sampled events per byte of each range over the whole run (the greedy order)."""
     total = est.counts.sum(axis=0)
-    return np.array([total[r.start:r.start + r.pages].sum() / r.pages for r in ranges])
+    return np.array([total[r.start : r.start + r.pages].sum() / r.pages for r in ranges])
 
 
-def greedy(layout: Layout, ranges: list[Range], est: DifferentialEstimator, capacity_pages: int) -> np.ndarray:
+def greedy(
+    layout: Layout, ranges: list[Range], est: DifferentialEstimator, capacity_pages: int
+) -> np.ndarray:
     """Densest ranges first, each one that still fits."""
     chosen = np.zeros(len(ranges), dtype=bool)
     free = capacity_pages
@@ -68,9 +75,17 @@ def _env_class():
     class PlacementEnv(gym.Env):
         metadata = {"render_modes": []}
 
-        def __init__(self, layout: Layout, ranges: list[Range], est: DifferentialEstimator,
-                     capacities: list[float], bins: int, migration_cost: float, invalid_penalty: float,
-                     max_steps: int):
+        def __init__(
+            self,
+            layout: Layout,
+            ranges: list[Range],
+            est: DifferentialEstimator,
+            capacities: list[float],
+            bins: int,
+            migration_cost: float,
+            invalid_penalty: float,
+            max_steps: int,
+        ):
             self.layout, self.ranges, self.est = layout, ranges, est
             self.capacities = list(capacities)
             self.pages = np.array([r.pages for r in ranges])
@@ -89,13 +104,21 @@ def _env_class():
 
         def _obs(self) -> np.ndarray:
             used = self.pages[self.chosen].sum() / self.layout.n_pages
-            return np.concatenate([self.features.ravel(), self.chosen.astype(float),
-                                   [max(0.0, self.capacity - used), self.capacity]]).astype(np.float32)
+            return np.concatenate(
+                [
+                    self.features.ravel(),
+                    self.chosen.astype(float),
+                    [max(0.0, self.capacity - used), self.capacity],
+                ]
+            ).astype(np.float32)
 
         def reset(self, *, seed=None, options=None):
             super().reset(seed=seed)
-            self.capacity = self.fixed_capacity if self.fixed_capacity is not None else \
-                float(self.np_random.choice(self.capacities))
+            self.capacity = (
+                self.fixed_capacity
+                if self.fixed_capacity is not None
+                else float(self.np_random.choice(self.capacities))
+            )
             self.cap_pages = int(self.capacity * self.layout.n_pages)
             self.chosen = np.zeros(len(self.ranges), dtype=bool)
             self.runtime = self._runtime()
@@ -131,9 +154,20 @@ def train_ppo(env, timesteps: int, seed: int):
     import torch
     from stable_baselines3 import PPO
 
-    torch.set_num_threads(1)   # the same arithmetic under every task backend
-    model = PPO("MlpPolicy", env, n_steps=128, batch_size=64, n_epochs=4, learning_rate=1e-3, gamma=0.99,
-                seed=seed, device="cpu", verbose=0, policy_kwargs={"net_arch": [64, 64]})
+    torch.set_num_threads(1)  # the same arithmetic under every task backend
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=128,
+        batch_size=64,
+        n_epochs=4,
+        learning_rate=1e-3,
+        gamma=0.99,
+        seed=seed,
+        device="cpu",
+        verbose=0,
+        policy_kwargs={"net_arch": [64, 64]},
+    )
     model.learn(total_timesteps=timesteps)
     return model
 

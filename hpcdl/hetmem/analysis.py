@@ -49,30 +49,51 @@ def tracing_table(traces: pd.DataFrame) -> pd.DataFrame:
 
 def error_table(val: pd.DataFrame) -> pd.DataFrame:
     if val.empty:
-        return pd.DataFrame(columns=["app", "sample_every", "mean_abs_error", "max_abs_error", "placements",
-                                     "reference"])
+        return pd.DataFrame(
+            columns=["app", "sample_every", "mean_abs_error", "max_abs_error", "placements", "reference"]
+        )
     val = val.assign(abs_error=val["error"].abs())
-    per_app = val.groupby(["app", "sample_every"], sort=False).agg(
-        mean_abs_error=("abs_error", "mean"), max_abs_error=("abs_error", "max"),
-        placements=("abs_error", "size")).reset_index()
-    overall = val.groupby("sample_every").agg(mean_abs_error=("abs_error", "mean"), max_abs_error=("abs_error", "max"),
-                                              placements=("abs_error", "size")).reset_index().assign(app="all")
+    per_app = (
+        val.groupby(["app", "sample_every"], sort=False)
+        .agg(
+            mean_abs_error=("abs_error", "mean"),
+            max_abs_error=("abs_error", "max"),
+            placements=("abs_error", "size"),
+        )
+        .reset_index()
+    )
+    overall = (
+        val.groupby("sample_every")
+        .agg(
+            mean_abs_error=("abs_error", "mean"),
+            max_abs_error=("abs_error", "max"),
+            placements=("abs_error", "size"),
+        )
+        .reset_index()
+        .assign(app="all")
+    )
     return pd.concat([per_app, overall[per_app.columns]], ignore_index=True).assign(reference="simulated")
 
 
 def speed_table(val: pd.DataFrame, every_n: int) -> pd.DataFrame:
     if val.empty:
         return pd.DataFrame(columns=["app", "estimate_s", "reference_s", "speedup", "reference"])
-    v = val[val["sample_every"].eq(every_n)].groupby("app", sort=False).agg(
-        estimate_s=("estimate_s", "first"), reference_s=("reference_s", "first")).reset_index()
+    v = (
+        val[val["sample_every"].eq(every_n)]
+        .groupby("app", sort=False)
+        .agg(estimate_s=("estimate_s", "first"), reference_s=("reference_s", "first"))
+        .reset_index()
+    )
     return v.assign(speedup=v["reference_s"] / v["estimate_s"], reference="simulated")
 
 
 def policy_table(pol: pd.DataFrame) -> pd.DataFrame:
     if pol.empty:
         return pol
-    return pol.assign(gap_to_all_fast=pol["ref_runtime_s"] / pol["all_fast_runtime_s"] - 1.0,
-                      est_gap_to_all_fast=pol["est_runtime_s"] / pol["all_fast_runtime_s"] - 1.0)
+    return pol.assign(
+        gap_to_all_fast=pol["ref_runtime_s"] / pol["all_fast_runtime_s"] - 1.0,
+        est_gap_to_all_fast=pol["est_runtime_s"] / pol["all_fast_runtime_s"] - 1.0,
+    )
 
 
 def aggregate(cfg: dict, study_dir: Path) -> None:
@@ -95,6 +116,7 @@ def _plt():
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -115,7 +137,10 @@ def plot(cfg: dict, study_dir: Path) -> None:
     else:
         for app, g in v.groupby("app", sort=False):
             ax.scatter(g["ref_runtime_s"] * 1e6, g["est_runtime_s"] * 1e6, label=app, s=18)
-        lo, hi = v[["ref_runtime_s", "est_runtime_s"]].min().min() * 1e6, v[["ref_runtime_s", "est_runtime_s"]].max().max() * 1e6
+        lo, hi = (
+            v[["ref_runtime_s", "est_runtime_s"]].min().min() * 1e6,
+            v[["ref_runtime_s", "est_runtime_s"]].max().max() * 1e6,
+        )
         ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="estimate = reference")
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -131,8 +156,14 @@ def plot(cfg: dict, study_dir: Path) -> None:
     else:
         for app, g in errs.groupby("app", sort=False):
             g = g.sort_values("sample_every")
-            ax.plot(g["sample_every"], 100 * g["mean_abs_error"], "o-", lw=2.5 if app == "all" else 1.2,
-                    color="k" if app == "all" else None, label=app)
+            ax.plot(
+                g["sample_every"],
+                100 * g["mean_abs_error"],
+                "o-",
+                lw=2.5 if app == "all" else 1.2,
+                color="k" if app == "all" else None,
+                label=app,
+            )
         ax.axhline(100 * block["error_ceiling"], color="firebrick", ls=":", label="claim ceiling")
         ax.set_xscale("log")
         ax.legend(fontsize=8)
@@ -142,7 +173,7 @@ def plot(cfg: dict, study_dir: Path) -> None:
     save_figure(fig, figs / "error_vs_sampling.png")
 
     apps = list(dict.fromkeys(pol["app"])) if not pol.empty else []
-    fig, axes = plt.subplots(1, max(1, len(apps)), figsize=(3.2 * max(1, len(apps)), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, max(1, len(apps)), figsize=(3.6 * max(1, len(apps)), 3.6), squeeze=False)
     if not apps:
         mark_no_data(axes[0, 0], "no policy rows")
     for ax, app in zip(axes[0], apps, strict=False):
@@ -151,13 +182,19 @@ def plot(cfg: dict, study_dir: Path) -> None:
             gp = gp.sort_values("capacity")
             ax.plot(gp["capacity"], gp["ref_runtime_s"] / gp["all_fast_runtime_s"], "o-", label=policy)
         ax.axhline(1.0, color="k", ls="--", lw=1, label="all-fast bound")
-        ax.axhline(float((g["all_slow_runtime_s"] / g["all_fast_runtime_s"]).iloc[0]), color="gray", ls=":",
-                   lw=1, label="all-slow")
+        ax.axhline(
+            float((g["all_slow_runtime_s"] / g["all_fast_runtime_s"]).iloc[0]),
+            color="gray",
+            ls=":",
+            lw=1,
+            label="all-slow",
+        )
         ax.set_title(app, fontsize=10)
         ax.set_xlabel("fast capacity (fraction of footprint)")
     axes[0, 0].set_ylabel("simulated runtime / all-fast")
     axes[0, 0].legend(fontsize=7)
     fig.suptitle("Placement policies: simulated runtime vs fast-memory capacity", fontsize=10)
+    fig.tight_layout()
     save_figure(fig, figs / "runtime_vs_fraction.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -196,51 +233,89 @@ def claims(cfg: dict, study_dir: Path) -> list[dict]:
     study_dir = Path(study_dir)
     block = cfg["hetmem"]
     tables = study_dir / "tables"
-    val, speed, pol = _table(tables / "validation.csv"), _table(tables / "speed.csv"), _table(tables / "policies.csv")
+    val, speed, pol = (
+        _table(tables / "validation.csv"),
+        _table(tables / "speed.csv"),
+        _table(tables / "policies.csv"),
+    )
     n = block["sample_every"]
     v = val[val["sample_every"].eq(n)] if not val.empty else val
     missing_val = _failed_apps(study_dir, cfg, set(v["app"]) if not v.empty else set())
-    return [_claim_error(block, v, missing_val),
-            _claim_speed(block, speed, _failed_apps(study_dir, cfg, set(speed["app"]) if not speed.empty else set())),
-            _claim_bound(block, pol, _failed_apps(study_dir, cfg, set(pol["app"]) if not pol.empty else set()))]
+    return [
+        _claim_error(block, v, missing_val),
+        _claim_speed(
+            block, speed, _failed_apps(study_dir, cfg, set(speed["app"]) if not speed.empty else set())
+        ),
+        _claim_bound(block, pol, _failed_apps(study_dir, cfg, set(pol["app"]) if not pol.empty else set())),
+    ]
 
 
 def _claim_error(block: dict, v: pd.DataFrame, missing: dict[str, str]) -> dict:
     ceiling = block["error_ceiling"]
-    stmt = (f"differential-tracing estimate within {100 * ceiling:g} % mean |error| of the SIMULATED two-tier "
-            f"reference over all validation placements of every app (N={block['sample_every']}; seed: 4.4 % on hardware)")
-    per_app = {a: round(float(g["error"].abs().mean()), 5) for a, g in v.groupby("app", sort=False)} if not v.empty else {}
+    stmt = (
+        f"differential-tracing estimate within {100 * ceiling:g} % mean |error| of the SIMULATED two-tier "
+        f"reference over all validation placements of every app (N={block['sample_every']}; "
+        "seed: 4.4 % on hardware)"
+    )
+    per_app = (
+        {a: round(float(g["error"].abs().mean()), 5) for a, g in v.groupby("app", sort=False)}
+        if not v.empty
+        else {}
+    )
     mean = float(v["error"].abs().mean()) if not v.empty else None
-    measured = {"mean_abs_error": mean, "max_abs_error": float(v["error"].abs().max()) if not v.empty else None,
-                "per_app_mean_abs_error": per_app, "placements": int(len(v)), "threshold": ceiling,
-                "reference": "simulated"}
+    measured = {
+        "mean_abs_error": mean,
+        "max_abs_error": float(v["error"].abs().max()) if not v.empty else None,
+        "per_app_mean_abs_error": per_app,
+        "placements": int(len(v)),
+        "threshold": ceiling,
+        "reference": "simulated",
+    }
     if missing or mean is None or not np.isfinite(mean):
-        return not_measured("estimate_error_le_5pct", stmt, list(missing.values()) or ["no validation rows"], **measured)
+        return not_measured(
+            "estimate_error_le_5pct", stmt, list(missing.values()) or ["no validation rows"], **measured
+        )
     return claim("estimate_error_le_5pct", stmt, mean <= ceiling, **measured)
 
 
 def _claim_speed(block: dict, speed: pd.DataFrame, missing: dict[str, str]) -> dict:
     floor = block["speedup_floor"]
-    stmt = (f"one estimate at least {floor:g}x faster than one SIMULATED reference run "
-            "(cache simulation of the trace + the placement's timing), for every app")
+    stmt = (
+        f"one estimate at least {floor:g}x faster than one SIMULATED reference run "
+        "(cache simulation of the trace + the placement's timing), for every app"
+    )
     holds = {r.app: bool(r.speedup >= floor) for r in speed.itertuples()} if not speed.empty else {}
     ratios = {r.app: round(float(r.speedup), 1) for r in speed.itertuples()} if not speed.empty else {}
-    return every("estimate_100x_faster", stmt, holds, missing, speedup=ratios, threshold=floor, reference="simulated")
+    return every(
+        "estimate_100x_faster", stmt, holds, missing, speedup=ratios, threshold=floor, reference="simulated"
+    )
 
 
 def _claim_bound(block: dict, pol: pd.DataFrame, missing: dict[str, str]) -> dict:
     tol = block["bound_tolerance"]
     cap = max(block["agent"]["capacities"])
-    stmt = (f"the greedy or the learned (PPO) placement within {100 * tol:g} % of the all-fast bound at the "
-            f"largest capacity tried ({cap:g} of the footprint), SIMULATED runtimes, for every app")
+    stmt = (
+        f"the greedy or the learned (PPO) placement within {100 * tol:g} % of the all-fast bound at the "
+        f"largest capacity tried ({cap:g} of the footprint), SIMULATED runtimes, for every app"
+    )
     holds, gaps = {}, {}
     if not pol.empty:
         at = pol[np.isclose(pol["capacity"], cap) & pol["policy"].isin(["greedy", "ppo"])]
         for app, g in at.groupby("app", sort=False):
             best = float(g["gap_to_all_fast"].min())
-            gaps[app] = {p: round(float(x), 4) for p, x in zip(g["policy"], g["gap_to_all_fast"], strict=True)}
+            gaps[app] = {
+                p: round(float(x), 4) for p, x in zip(g["policy"], g["gap_to_all_fast"], strict=True)
+            }
             holds[app] = best <= tol
         for app in set(pol["app"]) - set(holds):
             missing[app] = f"app {app} has no greedy/ppo row at capacity {cap:g}"
-    return every("placement_near_all_fast", stmt, holds, missing, gap_to_all_fast=gaps, capacity=cap,
-                 tolerance=tol, reference="simulated")
+    return every(
+        "placement_near_all_fast",
+        stmt,
+        holds,
+        missing,
+        gap_to_all_fast=gaps,
+        capacity=cap,
+        tolerance=tol,
+        reference="simulated",
+    )

@@ -21,6 +21,9 @@ def check(cfg: dict) -> None:
     for i, lv in enumerate(block["caches"]):
         sets, rem = divmod(lv["size_kib"] * 1024, block["line_bytes"] * lv["ways"])
         if sets < 1 or rem or sets & (sets - 1):
-            raise ConfigError(f"hetmem.caches[{i}].size_kib", lv["size_kib"],
-                              f"a size whose sets (size / (line_bytes * ways)) are a power of two; "
-                              f"{lv['size_kib']} KiB / ({block['line_bytes']} B * {lv['ways']}) is not")
+            raise ConfigError(
+                f"hetmem.caches[{i}].size_kib",
+                lv["size_kib"],
+                f"a size whose sets (size / (line_bytes * ways)) are a power of two; "
+                f"{lv['size_kib']} KiB / ({block['line_bytes']} B * {lv['ways']}) is not",
+            )

@@ -21,8 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def sample_misses(miss_window: np.ndarray, miss_page: np.ndarray, n_windows: int, n_pages: int,
-                  every: int, rng: np.random.Generator) -> np.ndarray:
+def sample_misses(
+    miss_window: np.ndarray,
+    miss_page: np.ndarray,
+    n_windows: int,
+    n_pages: int,
+    every: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
     """Sampled event counts (W, P) of one run: every `every`-th miss, from a random phase."""
     phase = int(rng.integers(every))
     take = np.arange(phase, len(miss_window), every)
@@ -32,14 +38,16 @@ def sample_misses(miss_window: np.ndarray, miss_page: np.ndarray, n_windows: int
 
 @dataclass
 class DifferentialEstimator:
-    counts: np.ndarray       # (W, P) sampled events of the all-fast and all-slow runs, pooled
-    t_fast: np.ndarray       # (W,) window times of the all-fast run
-    t_slow: np.ndarray       # (W,) window times of the all-slow run
+    counts: np.ndarray  # (W, P) sampled events of the all-fast and all-slow runs, pooled
+    t_fast: np.ndarray  # (W,) window times of the all-fast run
+    t_slow: np.ndarray  # (W,) window times of the all-slow run
 
     def __post_init__(self):
         if self.counts.shape[0] != len(self.t_fast) or len(self.t_fast) != len(self.t_slow):
-            raise ValueError(f"windows do not align: counts {self.counts.shape}, "
-                             f"{len(self.t_fast)} fast and {len(self.t_slow)} slow window times")
+            raise ValueError(
+                f"windows do not align: counts {self.counts.shape}, "
+                f"{len(self.t_fast)} fast and {len(self.t_slow)} slow window times"
+            )
         self._per_window = self.counts.sum(axis=1)
         total = self.counts.sum(axis=0)
         self._overall = total / total.sum() if total.sum() > 0 else np.full(len(total), 1.0 / len(total))
@@ -52,7 +60,9 @@ class DifferentialEstimator:
         """(K, W): each placement's share of each window's sampled events in fast memory."""
         masks = np.atleast_2d(masks).astype(np.float64)
         if masks.shape[1] != self.counts.shape[1]:
-            raise ValueError(f"a placement covers {masks.shape[1]} pages; the traces have {self.counts.shape[1]}")
+            raise ValueError(
+                f"a placement covers {masks.shape[1]} pages; the traces have {self.counts.shape[1]}"
+            )
         fast = (self.counts @ masks.T).T
         overall = masks @ self._overall
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -25,9 +25,9 @@ class PlacementError(ValueError):
 @dataclass(frozen=True)
 class Range:
     obj: str
-    first_page: int     # page index within the object
+    first_page: int  # page index within the object
     pages: int
-    start: int          # global page index of the first page
+    start: int  # global page index of the first page
 
     @property
     def label(self) -> str:
@@ -59,8 +59,9 @@ class Layout:
 
     def object_pages(self, name: str) -> slice:
         if name not in self.names:
-            raise PlacementError(f"placement names unknown object {name!r}; objects of this app: "
-                                 f"{', '.join(self.names)}")
+            raise PlacementError(
+                f"placement names unknown object {name!r}; objects of this app: {', '.join(self.names)}"
+            )
         k = self.names.index(name)
         return slice(int(self.first_page[k]), int(self.first_page[k] + self.pages_of[k]))
 
@@ -75,8 +76,10 @@ class Layout:
             pages = self.page_index(np.arange(lo - lo % PAGE, hi, PAGE))
             pages = pages[pages >= 0]
             if len(pages) == 0:
-                raise PlacementError(f"address range [{lo:#x}, {hi:#x}) lies outside every object "
-                                     f"({', '.join(f'{o.name}=[{o.base:#x}, {o.base + o.size:#x})' for o in self.objects)})")
+                raise PlacementError(
+                    f"address range [{lo:#x}, {hi:#x}) lies outside every object "
+                    f"({', '.join(f'{o.name}=[{o.base:#x}, {o.base + o.size:#x})' for o in self.objects)})"
+                )
             m[pages] = True
         return m
 
@@ -92,7 +95,7 @@ class Layout:
         m = np.zeros(self.n_pages, dtype=bool)
         for r, on in zip(ranges, chosen, strict=True):
             if on:
-                m[r.start:r.start + r.pages] = True
+                m[r.start : r.start + r.pages] = True
         return m
 
 

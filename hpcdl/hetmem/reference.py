@@ -29,7 +29,7 @@ import numpy as np
 from hpcdl.hetmem.layout import Layout
 from hpcdl.hetmem.trace import KIND_LOAD, KIND_MODIFY, KIND_STORE, Trace
 
-STREAM_LOOKBACK = 8   # a miss to line L counts as streaming if L-1 missed among the last 8 misses
+STREAM_LOOKBACK = 8  # a miss to line L counts as streaming if L-1 missed among the last 8 misses
 
 
 def build_hierarchy(levels: list[dict], line_bytes: int):
@@ -41,8 +41,14 @@ def build_hierarchy(levels: list[dict], line_bytes: int):
     caches = []
     for lv in reversed(levels):
         sets = lv["size_kib"] * 1024 // (line_bytes * lv["ways"])
-        c = Cache(lv["name"], sets, lv["ways"], line_bytes, "LRU",
-                  **({} if below is None else {"load_from": below, "store_to": below}))
+        c = Cache(
+            lv["name"],
+            sets,
+            lv["ways"],
+            line_bytes,
+            "LRU",
+            **({} if below is None else {"load_from": below, "store_to": below}),
+        )
         if below is None:
             mem.load_to(c)
             mem.store_from(c)
@@ -57,8 +63,9 @@ def simulate_caches(trace: Trace, levels: list[dict], line_bytes: int) -> np.nda
     first = caches[0]
     served = np.empty(len(trace.addr), dtype=np.int8)
     before = [0] * len(caches)
-    for i, (addr, size, kind) in enumerate(zip(trace.addr.tolist(), trace.size.tolist(),
-                                               trace.kind.tolist(), strict=True)):
+    for i, (addr, size, kind) in enumerate(
+        zip(trace.addr.tolist(), trace.size.tolist(), trace.kind.tolist(), strict=True)
+    ):
         if kind == KIND_LOAD:
             first.load(addr, length=size)
         elif kind == KIND_STORE:
@@ -82,13 +89,13 @@ class MissProfile:
     (streaming / irregular) and bytes moved. Placement-independent."""
 
     window_instructions: int
-    instructions: np.ndarray   # (W,)
-    hits: np.ndarray           # (W, levels-1): hits in levels 2.. (first-level hits are in the CPI)
-    seq: np.ndarray            # (W, P) streaming misses
-    rnd: np.ndarray            # (W, P) irregular misses
-    bytes: np.ndarray          # (W, P)
-    miss_window: np.ndarray    # window of each memory miss, in order (the PEBS-like event stream)
-    miss_page: np.ndarray      # page of each memory miss
+    instructions: np.ndarray  # (W,)
+    hits: np.ndarray  # (W, levels-1): hits in levels 2.. (first-level hits are in the CPI)
+    seq: np.ndarray  # (W, P) streaming misses
+    rnd: np.ndarray  # (W, P) irregular misses
+    bytes: np.ndarray  # (W, P)
+    miss_window: np.ndarray  # window of each memory miss, in order (the PEBS-like event stream)
+    miss_page: np.ndarray  # page of each memory miss
     cache_sim_s: float
 
     @property
@@ -96,14 +103,24 @@ class MissProfile:
         return len(self.instructions)
 
 
-def miss_profile(trace: Trace, layout: Layout, served: np.ndarray, n_levels: int, line_bytes: int,
-                 window_instructions: int, cache_sim_s: float = float("nan")) -> MissProfile:
+def miss_profile(
+    trace: Trace,
+    layout: Layout,
+    served: np.ndarray,
+    n_levels: int,
+    line_bytes: int,
+    window_instructions: int,
+    cache_sim_s: float = float("nan"),
+) -> MissProfile:
     n_win = max(1, -(-trace.instructions // window_instructions))
     win = np.minimum(trace.icount // window_instructions, n_win - 1)
     instr = np.full(n_win, window_instructions, dtype=np.float64)
     instr[-1] = trace.instructions - window_instructions * (n_win - 1)
-    hits = np.stack([np.bincount(win[served == k], minlength=n_win) for k in range(1, n_levels)], axis=1) \
-        if n_levels > 1 else np.zeros((n_win, 0))
+    hits = (
+        np.stack([np.bincount(win[served == k], minlength=n_win) for k in range(1, n_levels)], axis=1)
+        if n_levels > 1
+        else np.zeros((n_win, 0))
+    )
     page = layout.page_index(trace.addr)
     miss = served == n_levels
     m_win, m_page = win[miss], page[miss]
@@ -118,16 +135,24 @@ def miss_profile(trace: Trace, layout: Layout, served: np.ndarray, n_levels: int
     def grid(weights):
         return np.bincount(flat, weights=weights, minlength=shape[0] * shape[1]).reshape(shape)
 
-    return MissProfile(window_instructions, instr, hits.astype(np.float64),
-                       grid(streaming.astype(float)), grid((~streaming).astype(float)),
-                       grid(line_bytes * (1.0 + stores)), m_win, m_page, cache_sim_s)
+    return MissProfile(
+        window_instructions,
+        instr,
+        hits.astype(np.float64),
+        grid(streaming.astype(float)),
+        grid((~streaming).astype(float)),
+        grid(line_bytes * (1.0 + stores)),
+        m_win,
+        m_page,
+        cache_sim_s,
+    )
 
 
 @dataclass(frozen=True)
 class TimingModel:
     freq_ghz: float
     cpi: float
-    hit_latency_cycles: tuple[float, ...]   # levels 2.. of the hierarchy
+    hit_latency_cycles: tuple[float, ...]  # levels 2.. of the hierarchy
     mlp_stream: float
     mlp_random: float
     compute_overlap: float
@@ -139,22 +164,37 @@ class TimingModel:
     @classmethod
     def from_config(cls, block: dict) -> TimingModel:
         core, fast, slow = block["core"], block["tiers"]["fast"], block["tiers"]["slow"]
-        return cls(core["freq_ghz"], core["cpi"], tuple(lv["hit_latency_cycles"] for lv in block["caches"][1:]),
-                   core["mlp_stream"], core["mlp_random"], core["compute_overlap"],
-                   fast["latency_ns"], fast["bandwidth_gbs"], slow["latency_ns"], slow["bandwidth_gbs"])
+        return cls(
+            core["freq_ghz"],
+            core["cpi"],
+            tuple(lv["hit_latency_cycles"] for lv in block["caches"][1:]),
+            core["mlp_stream"],
+            core["mlp_random"],
+            core["compute_overlap"],
+            fast["latency_ns"],
+            fast["bandwidth_gbs"],
+            slow["latency_ns"],
+            slow["bandwidth_gbs"],
+        )
 
 
 def window_times(profile: MissProfile, model: TimingModel, masks: np.ndarray) -> np.ndarray:
     """Simulated time (s) of every window for each placement: masks (K, P) -> (K, W)."""
     masks = np.atleast_2d(masks).astype(np.float64)
-    core_s = (profile.instructions * model.cpi + profile.hits @ np.asarray(model.hit_latency_cycles,
-                                                                            dtype=float)) / (model.freq_ghz * 1e9)
+    core_s = (
+        profile.instructions * model.cpi + profile.hits @ np.asarray(model.hit_latency_cycles, dtype=float)
+    ) / (model.freq_ghz * 1e9)
     lat_s = np.zeros((len(masks), profile.n_windows))
     bw_s = np.zeros_like(lat_s)
-    for on_fast, lat_ns, bw in ((masks, model.fast_latency_ns, model.fast_bandwidth_gbs),
-                                (1.0 - masks, model.slow_latency_ns, model.slow_bandwidth_gbs)):
-        lat_s += ((profile.seq @ on_fast.T) / model.mlp_stream
-                  + (profile.rnd @ on_fast.T) / model.mlp_random).T * lat_ns * 1e-9
+    for on_fast, lat_ns, bw in (
+        (masks, model.fast_latency_ns, model.fast_bandwidth_gbs),
+        (1.0 - masks, model.slow_latency_ns, model.slow_bandwidth_gbs),
+    ):
+        lat_s += (
+            ((profile.seq @ on_fast.T) / model.mlp_stream + (profile.rnd @ on_fast.T) / model.mlp_random).T
+            * lat_ns
+            * 1e-9
+        )
         bw_s = np.maximum(bw_s, (profile.bytes @ on_fast.T).T / (bw * 1e9))
     mem_s = np.maximum(lat_s, bw_s)
     both = np.minimum(core_s, mem_s)
@@ -175,5 +215,6 @@ def simulate(trace: Trace, layout: Layout, block: dict) -> MissProfile:
     t0 = time.perf_counter()
     served = simulate_caches(trace, block["caches"], block["line_bytes"])
     sim_s = time.perf_counter() - t0
-    return miss_profile(trace, layout, served, len(block["caches"]), block["line_bytes"],
-                        block["window_instructions"], sim_s)
+    return miss_profile(
+        trace, layout, served, len(block["caches"]), block["line_bytes"], block["window_instructions"], sim_s
+    )

@@ -26,8 +26,10 @@ from hpcdl.results import atomic_write_bytes
 KERNELS_C = Path(__file__).with_name("kernels.c")
 KIND_LOAD, KIND_STORE, KIND_MODIFY = 0, 1, 2
 _KINDS = {b" L ": KIND_LOAD, b" S ": KIND_STORE, b" M ": KIND_MODIFY}
-INSTALL_HINT = ("install it with `make tools` (apt-get install valgrind numactl build-essential) "
-                "or your distribution's package manager, or set hetmem.valgrind / hetmem.cc to its path")
+INSTALL_HINT = (
+    "install it with `make tools` (apt-get install valgrind numactl build-essential) "
+    "or your distribution's package manager, or set hetmem.valgrind / hetmem.cc to its path"
+)
 
 
 class ToolMissing(RuntimeError):
@@ -55,28 +57,46 @@ class Trace:
 
     app: str
     objects: list[Obj]
-    addr: np.ndarray        # int64 byte address of each access
-    size: np.ndarray        # int32 bytes
-    kind: np.ndarray        # int8: KIND_LOAD / KIND_STORE / KIND_MODIFY
-    icount: np.ndarray      # int64 instructions of the compute phase executed before the access
-    instructions: int       # instructions of the whole compute phase
-    other_accesses: int     # accesses of the phase outside every object (stack, globals)
+    addr: np.ndarray  # int64 byte address of each access
+    size: np.ndarray  # int32 bytes
+    kind: np.ndarray  # int8: KIND_LOAD / KIND_STORE / KIND_MODIFY
+    icount: np.ndarray  # int64 instructions of the compute phase executed before the access
+    instructions: int  # instructions of the whole compute phase
+    other_accesses: int  # accesses of the phase outside every object (stack, globals)
 
     def save(self, path: Path) -> Path:
         buf = io.BytesIO()
-        np.savez(buf, addr=self.addr, size=self.size, kind=self.kind, icount=self.icount,
-                 meta=np.array([self.instructions, self.other_accesses], dtype=np.int64),
-                 names=np.array([o.name for o in self.objects]),
-                 bases=np.array([o.base for o in self.objects], dtype=np.int64),
-                 sizes=np.array([o.size for o in self.objects], dtype=np.int64), app=np.array(self.app))
+        np.savez(
+            buf,
+            addr=self.addr,
+            size=self.size,
+            kind=self.kind,
+            icount=self.icount,
+            meta=np.array([self.instructions, self.other_accesses], dtype=np.int64),
+            names=np.array([o.name for o in self.objects]),
+            bases=np.array([o.base for o in self.objects], dtype=np.int64),
+            sizes=np.array([o.size for o in self.objects], dtype=np.int64),
+            app=np.array(self.app),
+        )
         return atomic_write_bytes(path, buf.getvalue())
 
     @classmethod
     def load(cls, path: Path) -> Trace:
         with np.load(path) as z:
-            objs = [Obj(str(n), int(b), int(s)) for n, b, s in zip(z["names"], z["bases"], z["sizes"], strict=True)]
-            return cls(str(z["app"]), objs, z["addr"], z["size"], z["kind"], z["icount"],
-                       int(z["meta"][0]), int(z["meta"][1]))
+            objs = [
+                Obj(str(n), int(b), int(s))
+                for n, b, s in zip(z["names"], z["bases"], z["sizes"], strict=True)
+            ]
+            return cls(
+                str(z["app"]),
+                objs,
+                z["addr"],
+                z["size"],
+                z["kind"],
+                z["icount"],
+                int(z["meta"][0]),
+                int(z["meta"][1]),
+            )
 
 
 def require_tool(name: str, what: str) -> str:
@@ -94,8 +114,11 @@ def compile_kernels(out_dir: Path, cc: str = "cc") -> Path:
     binary = out_dir / "hetmem_kernels"
     tmp = out_dir / f".hetmem_kernels.{os.getpid()}"
     # -fno-tree-vectorize: scalar accesses keep every element's access visible in the trace
-    proc = subprocess.run([compiler, "-O2", "-fno-tree-vectorize", "-o", str(tmp), str(KERNELS_C)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [compiler, "-O2", "-fno-tree-vectorize", "-o", str(tmp), str(KERNELS_C)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"compiling {KERNELS_C} failed:\n{proc.stderr}")
     os.replace(tmp, binary)
@@ -127,17 +150,32 @@ def run_untraced(binary: Path, app: str, size: int, iters: int) -> dict:
     return {"untraced_wall_s": wall, "untraced_compute_s": compute_s}
 
 
-def run_traced(binary: Path, app: str, size: int, iters: int, trace_path: Path,
-               valgrind: str = "valgrind") -> tuple[list[Obj], int, dict]:
+def run_traced(
+    binary: Path, app: str, size: int, iters: int, trace_path: Path, valgrind: str = "valgrind"
+) -> tuple[list[Obj], int, dict]:
     """Run the kernel under lackey, the trace going to trace_path; its objects, marker, timings."""
     tracer = require_tool(valgrind, "tracer (valgrind)")
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([tracer, "--tool=lackey", "--trace-mem=yes", f"--log-file={trace_path}",
-                           str(binary), app, str(size), str(iters)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            tracer,
+            "--tool=lackey",
+            "--trace-mem=yes",
+            f"--log-file={trace_path}",
+            str(binary),
+            app,
+            str(size),
+            str(iters),
+        ],
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"valgrind on the {app} kernel exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+        raise RuntimeError(
+            f"valgrind on the {app} kernel exited {proc.returncode}: {proc.stderr.strip()[-2000:]}"
+        )
     objs, marker, compute_s = _objects(proc.stdout)
     return objs, marker, {"traced_wall_s": wall, "traced_compute_s": compute_s}
 
@@ -146,10 +184,10 @@ def parse_lackey(path: Path, app: str, objects: list[Obj], marker: int) -> Trace
     """Stream a lackey trace; keep the compute phase's accesses to the named objects."""
     path = Path(path)
     addrs, sizes, kinds, icounts = [], [], [], []
-    phase = 0          # 0 before the first marker write, 1 inside the compute phase, 2 after
+    phase = 0  # 0 before the first marker write, 1 inside the compute phase, 2 after
     instr = 0
     offset = 0
-    finished = False   # valgrind's exit summary seen
+    finished = False  # valgrind's exit summary seen
     with open(path, "rb") as f:
         for line in f:
             start = offset
@@ -170,7 +208,7 @@ def parse_lackey(path: Path, app: str, objects: list[Obj], marker: int) -> Trace
             comma = line.find(b",", 3)
             try:
                 addr = int(line[3:comma], 16)
-                size = int(line[comma + 1:])
+                size = int(line[comma + 1 :])
             except ValueError:
                 raise TraceError(path, start, f"corrupt access record {line[:40]!r}") from None
             if addr == marker and kind != KIND_LOAD:
@@ -188,9 +226,16 @@ def parse_lackey(path: Path, app: str, objects: list[Obj], marker: int) -> Trace
     inside = np.zeros(len(addr), dtype=bool)
     for o in objects:
         inside |= (addr >= o.base) & (addr < o.base + o.size)
-    return Trace(app, objects, addr[inside], np.asarray(sizes, dtype=np.int32)[inside],
-                 np.asarray(kinds, dtype=np.int8)[inside], np.asarray(icounts, dtype=np.int64)[inside],
-                 instr, int((~inside).sum()))
+    return Trace(
+        app,
+        objects,
+        addr[inside],
+        np.asarray(sizes, dtype=np.int32)[inside],
+        np.asarray(kinds, dtype=np.int8)[inside],
+        np.asarray(icounts, dtype=np.int64)[inside],
+        instr,
+        int((~inside).sum()),
+    )
 
 
 def compact(raw: Path, app: str, objects: list[Obj], marker: int, out: Path) -> Trace:
@@ -200,8 +245,15 @@ def compact(raw: Path, app: str, objects: list[Obj], marker: int, out: Path) -> 
     return trace
 
 
-def trace_app(app: str, size: int, iters: int, work_dir: Path, valgrind: str = "valgrind", cc: str = "cc",
-              keep_raw: bool = False) -> tuple[Trace, dict]:
+def trace_app(
+    app: str,
+    size: int,
+    iters: int,
+    work_dir: Path,
+    valgrind: str = "valgrind",
+    cc: str = "cc",
+    keep_raw: bool = False,
+) -> tuple[Trace, dict]:
     """Compile, time untraced, trace, parse; the compact trace is saved as work_dir/<app>.npz."""
     binary = compile_kernels(work_dir / "bin" / app, cc)
     timing = run_untraced(binary, app, size, iters)
@@ -213,6 +265,12 @@ def trace_app(app: str, size: int, iters: int, work_dir: Path, valgrind: str = "
     raw_mb = raw.stat().st_size / 2**20
     if not keep_raw:
         raw.unlink()
-    return trace, {**timing, **traced, "parse_s": parse_s, "raw_trace_mb": raw_mb,
-                   "accesses": int(len(trace.addr)), "instructions": trace.instructions,
-                   "other_accesses": trace.other_accesses}
+    return trace, {
+        **timing,
+        **traced,
+        "parse_s": parse_s,
+        "raw_trace_mb": raw_mb,
+        "accesses": int(len(trace.addr)),
+        "instructions": trace.instructions,
+        "other_accesses": trace.other_accesses,
+    }
