@@ -272,3 +272,21 @@ def test_one_app_end_to_end_gives_rows_for_every_placement_and_policy(tmp_path, 
             r["all_fast_runtime_s"] <= r["ref_runtime_s"] * (1 + 1e-9) <= r["all_slow_runtime_s"] * (1 + 1e-9)
         )
     assert out["trace"]["objects"] == 2 and (tmp_path / "gups.npz").exists()
+
+
+# ------------------------------------------------------------------------------ the GPU probe's CPU side
+def test_gpu_probe_without_cuda_says_so_and_its_kernels_run_on_cpu_tensors(tmp_path, capsys):
+    import torch
+
+    from hpcdl.hetmem import gpu_probe
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the probe itself is the GPU command")
+    assert gpu_probe.main(["--out", str(tmp_path), "--device", "auto"]) == 0
+    assert "no CUDA device" in capsys.readouterr().err and not any(tmp_path.iterdir())
+    for name, build in gpu_probe.APPS.items():
+        objs, step, moved = build(0.001)
+        assert set(moved) == set(objs) and all(v > 0 for v in moved.values()), name
+        before = {k: v.clone() for k, v in objs.items()}
+        step(objs)
+        assert any(not torch.equal(before[k], objs[k]) for k in objs), f"{name} changed no object"

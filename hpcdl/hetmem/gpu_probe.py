@@ -82,8 +82,11 @@ def _stream(scale):
     import torch
 
     n = int(2**24 * scale)
-    objs = {"a": torch.zeros(n, dtype=torch.float64), "b": torch.rand(n, dtype=torch.float64),
-            "c": torch.rand(n, dtype=torch.float64)}
+    objs = {
+        "a": torch.zeros(n, dtype=torch.float64),
+        "b": torch.rand(n, dtype=torch.float64),
+        "c": torch.rand(n, dtype=torch.float64),
+    }
 
     def step(o):
         torch.add(o["b"], o["c"], alpha=3.0, out=o["a"])
@@ -99,8 +102,9 @@ def _stencil(scale):
 
     def sweep(u, v):
         c = slice(1, -1)
-        v[c, c, c] = (0.4 * u[c, c, c] + 0.1 * (u[:-2, c, c] + u[2:, c, c] + u[c, :-2, c] + u[c, 2:, c]
-                                                 + u[c, c, :-2] + u[c, c, 2:]))
+        v[c, c, c] = 0.4 * u[c, c, c] + 0.1 * (
+            u[:-2, c, c] + u[2:, c, c] + u[c, :-2, c] + u[c, 2:, c] + u[c, c, :-2] + u[c, c, 2:]
+        )
 
     def step(o):  # two sweeps: u -> v -> u, so both grids play both roles
         sweep(o["u"], o["v"])
@@ -128,12 +132,18 @@ def _cg(scale):
     rows, cols, vals = rows[order], cols[order], vals[order]
     rowptr = torch.zeros(n + 1, dtype=torch.int64)
     rowptr[1:] = torch.cumsum(torch.bincount(rows, minlength=n), 0)
-    objs = {"rowptr": rowptr, "colidx": cols.to(torch.int64), "values": vals,
-            "x": torch.zeros(n, dtype=torch.float64), "r": torch.ones(n, dtype=torch.float64),
-            "p": torch.ones(n, dtype=torch.float64), "q": torch.zeros(n, dtype=torch.float64)}
+    objs = {
+        "rowptr": rowptr,
+        "colidx": cols.to(torch.int64),
+        "values": vals,
+        "x": torch.zeros(n, dtype=torch.float64),
+        "r": torch.ones(n, dtype=torch.float64),
+        "p": torch.ones(n, dtype=torch.float64),
+        "q": torch.zeros(n, dtype=torch.float64),
+    }
 
     def step(o):
-        a = torch.sparse_csr_tensor(o["rowptr"], o["colidx"], o["values"], size=(n, n))
+        a = torch.sparse_csr_tensor(o["rowptr"], o["colidx"], o["values"], size=(n, n), check_invariants=False)
         o["q"].copy_(torch.mv(a, o["p"]))
         rr = torch.dot(o["r"], o["r"])
         alpha = rr / torch.dot(o["p"], o["q"])
@@ -143,8 +153,15 @@ def _cg(scale):
         o["p"].mul_(beta).add_(o["r"])
 
     nnz = len(cols)
-    by = {"rowptr": 8 * n, "colidx": 8 * nnz, "values": 8 * nnz, "p": 8 * nnz + 8 * n * 5,
-          "q": 8 * n * 3, "x": 16 * n, "r": 8 * n * 6}
+    by = {
+        "rowptr": 8 * n,
+        "colidx": 8 * nnz,
+        "values": 8 * nnz,
+        "p": 8 * nnz + 8 * n * 5,
+        "q": 8 * n * 3,
+        "x": 16 * n,
+        "r": 8 * n * 6,
+    }
     return objs, step, by
 
 
@@ -154,8 +171,10 @@ def _gups(scale):
     log2 = max(16, int(np.log2(2**26 * scale)))
     n, updates = 2**log2, 2 ** (log2 - 2)
     g = torch.Generator().manual_seed(0)
-    objs = {"table": torch.arange(n, dtype=torch.int64),
-            "ran": torch.randint(0, 2**62, (updates,), generator=g, dtype=torch.int64)}
+    objs = {
+        "table": torch.arange(n, dtype=torch.int64),
+        "ran": torch.randint(0, 2**62, (updates,), generator=g, dtype=torch.int64),
+    }
 
     def step(o):
         idx = o["ran"] & (n - 1)
@@ -169,10 +188,17 @@ def _mlp(scale):
 
     b, i, h, k = 256, 1024, max(64, int(4096 * scale**0.5)), 256
     g = torch.Generator().manual_seed(0)
-    objs = {"inputs": torch.rand(b, i, generator=g), "targets": torch.rand(b, k, generator=g),
-            "w1": torch.randn(i, h, generator=g) * 0.01, "w2": torch.randn(h, k, generator=g) * 0.01,
-            "hidden": torch.zeros(b, h), "grad_hidden": torch.zeros(b, h), "grad_w1": torch.zeros(i, h),
-            "grad_w2": torch.zeros(h, k), "outputs": torch.zeros(b, k)}
+    objs = {
+        "inputs": torch.rand(b, i, generator=g),
+        "targets": torch.rand(b, k, generator=g),
+        "w1": torch.randn(i, h, generator=g) * 0.01,
+        "w2": torch.randn(h, k, generator=g) * 0.01,
+        "hidden": torch.zeros(b, h),
+        "grad_hidden": torch.zeros(b, h),
+        "grad_w1": torch.zeros(i, h),
+        "grad_w2": torch.zeros(h, k),
+        "outputs": torch.zeros(b, k),
+    }
 
     def step(o):
         torch.matmul(o["inputs"], o["w1"], out=o["hidden"])
@@ -186,8 +212,17 @@ def _mlp(scale):
         o["w1"].sub_(0.01 * o["grad_w1"])
         o["w2"].sub_(0.01 * o["grad_w2"])
 
-    uses = {"inputs": 2, "targets": 1, "w1": 3, "w2": 4, "hidden": 6, "grad_hidden": 4, "grad_w1": 2,
-            "grad_w2": 2, "outputs": 5}
+    uses = {
+        "inputs": 2,
+        "targets": 1,
+        "w1": 3,
+        "w2": 4,
+        "hidden": 6,
+        "grad_hidden": 4,
+        "grad_w1": 2,
+        "grad_w2": 2,
+        "outputs": 5,
+    }
     return objs, step, {k2: uses[k2] * v.numel() * 4 for k2, v in objs.items()}
 
 
@@ -228,9 +263,18 @@ def probe_app(name: str, dev, scale: float, repeats: int, random_placements: int
     for label, fast in placements:
         share = sum(moved[n] for n in fast) / total
         est = share * t_fast + (1 - share) * t_slow
-        rows.append({"app": name, "placement": label, "fast_objects": " ".join(sorted(fast)) or "(none)",
-                     "fast_byte_share": share, "measured_s": measured[label], "estimate_s": est,
-                     "error": est / measured[label] - 1, "reference": "hardware (GPU HBM vs mapped pinned host)"})
+        rows.append(
+            {
+                "app": name,
+                "placement": label,
+                "fast_objects": " ".join(sorted(fast)) or "(none)",
+                "fast_byte_share": share,
+                "measured_s": measured[label],
+                "estimate_s": est,
+                "error": est / measured[label] - 1,
+                "reference": "hardware (GPU HBM vs mapped pinned host)",
+            }
+        )
     return rows
 
 
@@ -245,8 +289,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     dev = _device(args.device)
     if dev is None:
-        print("gpu_probe: no CUDA device, so no second memory tier to measure here; the study's "
-              "reference on this machine is the simulated one (python -m tasks.hetmem)", file=sys.stderr)
+        print(
+            "gpu_probe: no CUDA device, so no second memory tier to measure here; the study's "
+            "reference on this machine is the simulated one (python -m tasks.hetmem)",
+            file=sys.stderr,
+        )
         return 0
     import torch
 
@@ -263,12 +310,19 @@ def main(argv=None) -> int:
     df.to_csv(args.out / "gpu_placements.csv", index=False)
     mixed = df[~df["placement"].isin(["all_fast", "all_slow"])]
     summary = {
-        "device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "zero_copy_verified": zero_copy,
+        "device": torch.cuda.get_device_name(dev),
+        "torch": torch.__version__,
+        "zero_copy_verified": zero_copy,
         "mean_abs_error": float(mixed["error"].abs().mean()),
-        "per_app": {a: {"mean_abs_error": float(g["error"].abs().mean()), "max_abs_error": float(g["error"].abs().max()),
-                        "all_fast_s": float(df[(df.app == a) & (df.placement == "all_fast")]["measured_s"].iloc[0]),
-                        "all_slow_s": float(df[(df.app == a) & (df.placement == "all_slow")]["measured_s"].iloc[0])}
-                    for a, g in mixed.groupby("app", sort=False)},
+        "per_app": {
+            a: {
+                "mean_abs_error": float(g["error"].abs().mean()),
+                "max_abs_error": float(g["error"].abs().max()),
+                "all_fast_s": float(df[(df.app == a) & (df.placement == "all_fast")]["measured_s"].iloc[0]),
+                "all_slow_s": float(df[(df.app == a) & (df.placement == "all_slow")]["measured_s"].iloc[0]),
+            }
+            for a, g in mixed.groupby("app", sort=False)
+        },
         "wall_s": time.perf_counter() - t0,
     }
     (args.out / "gpu_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
