@@ -82,7 +82,7 @@ def _conformance_config(tmp_path: Path, test_config: dict, name: str, runtime: s
     sp["strong"]["layouts"] = [[1, 2, 1]]  # one scaling run on 2 ranks, then the train run
     sp["calibration"] = {"pingpong_bytes": [1024, 4096], "fractions": [1.0], "repeats": 1}
     cfg["shuffle"]["grids"] = [{"world_sizes": [2], "qs": [0.5], "partitionings": ["skewed"]}]  # + F=0 global
-    cfg["hetmem"]["apps"] = [{"name": "gups", "size": 10, "iters": 1}, {"name": "cg", "size": 12, "iters": 1}]
+    cfg["hetmem"]["apps"] = [{"name": "gups", "size": 10, "iters": 1}]
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path

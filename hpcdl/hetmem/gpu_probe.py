@@ -143,7 +143,9 @@ def _cg(scale):
     }
 
     def step(o):
-        a = torch.sparse_csr_tensor(o["rowptr"], o["colidx"], o["values"], size=(n, n), check_invariants=False)
+        a = torch.sparse_csr_tensor(
+            o["rowptr"], o["colidx"], o["values"], size=(n, n), check_invariants=False
+        )
         o["q"].copy_(torch.mv(a, o["p"]))
         rr = torch.dot(o["r"], o["r"])
         alpha = rr / torch.dot(o["p"], o["q"])
