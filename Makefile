@@ -43,11 +43,12 @@ browser:
 	  fi; \
 	fi
 
-# Debian tools the studies drive: valgrind (hetmem's memory-access traces) and numactl (hetmem's NUMA
-# probe), installed when missing and apt is usable; without valgrind the hetmem study says how to get it.
+# Debian tools the studies drive: valgrind (hetmem's memory-access traces), numactl (hetmem's NUMA
+# probe) and a C compiler (hetmem compiles its kernels at run time), installed when missing and apt is usable; without valgrind the hetmem study says how to get it.
 tools:
 	@missing=""; command -v valgrind >/dev/null || missing="$$missing valgrind"; \
 	command -v numactl >/dev/null || missing="$$missing numactl"; \
+	command -v cc >/dev/null || missing="$$missing build-essential"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing$$missing with apt-get"; \

@@ -319,7 +319,36 @@ def _spatial_pick(t, strategy):
     ext.loc[top, "chosen"] = ext.loc[top, "strategy"] == strategy
 
 
-BUILDERS = {"checkpoint": _checkpoint, "hpo": _hpo, "shuffle": _shuffle, "spatial": _spatial}
+# ---------------------------------------------------------------------------------------- hetmem
+HETMEM_CFG = {"hetmem": {"apps": [{"name": "stream", "size": 64, "iters": 1},
+                                  {"name": "cg", "size": 8, "iters": 1}],
+                         "sample_every": 10, "agent": {"capacities": [0.25, 0.75]}, "error_ceiling": 0.05,
+                         "speedup_floor": 100, "bound_tolerance": 0.05}}
+
+
+def _hetmem() -> tuple[dict, dict]:
+    apps = ("stream", "cg")
+    val = pd.DataFrame([{"app": a, "placement": p, "sample_every": n, "error": e, "reference": "simulated",
+                         "estimate_s": 1e-5, "reference_s": 0.5}
+                        for a in apps for n in (1, 10) for p, e in (("all_fast", 0.0), ("object:x", 0.03))])
+    speed = pd.DataFrame([{"app": a, "estimate_s": 1e-5, "reference_s": 0.5, "speedup": 5e4} for a in apps])
+    pol = pd.DataFrame([{"app": a, "capacity": c, "policy": p, "gap_to_all_fast": 0.02 if c == 0.75 else 0.3}
+                        for a in apps for c in (0.25, 0.75) for p in ("greedy", "random", "ppo")])
+    tracing = pd.DataFrame([{"app": a, "status": "ok", "error": ""} for a in apps])
+    return copy.deepcopy(HETMEM_CFG), {"tables/validation.csv": val, "tables/speed.csv": speed,
+                                       "tables/policies.csv": pol, "tables/tracing.csv": tracing}
+
+
+def _hetmem_failed(t, app, error="TraceError: /r/cg.lackey: truncated trace at byte offset 12"):
+    t["tables/tracing.csv"] = t["tables/tracing.csv"].assign(
+        status=lambda d: np.where(d["app"] == app, "failed", "ok"),
+        error=lambda d: np.where(d["app"] == app, "Traceback\n" + error, ""))
+    for name in ("tables/validation.csv", "tables/speed.csv", "tables/policies.csv"):
+        t[name] = t[name][t[name]["app"] != app]
+
+
+BUILDERS = {"checkpoint": _checkpoint, "hpo": _hpo, "shuffle": _shuffle, "spatial": _spatial,
+            "hetmem": _hetmem}
 
 # (study, declared claim id, outcome, mutate(cfg, tables), words the reason must contain)
 CASES = [
@@ -593,6 +622,26 @@ CASES = [
         lambda c, t: _spatial_failed(t, "strong-d1x1x1"),
         ["oracle_error", "strong-d1x1x1 failed"],
     ),
+    # hetmem
+    ("hetmem", "estimate_error_le_5pct", "passed", None, None),
+    ("hetmem", "estimate_error_le_5pct", "failed",
+     lambda c, t: _set(t, "tables/validation.csv", lambda d: d["placement"] == "object:x", "error", -0.2),
+     None),
+    ("hetmem", "estimate_error_le_5pct", "not_measured", lambda c, t: _hetmem_failed(t, "cg"),
+     ["app cg failed", "truncated trace at byte offset 12"]),
+    ("hetmem", "estimate_100x_faster", "passed", None, None),
+    ("hetmem", "estimate_100x_faster", "failed",
+     lambda c, t: _set(t, "tables/speed.csv", lambda d: d["app"] == "cg", "speedup", 20.0), None),
+    ("hetmem", "estimate_100x_faster", "not_measured",
+     lambda c, t: _hetmem_failed(t, "stream", "ToolMissing: tracer (valgrind) 'valgrind' not found"),
+     ["app stream failed", "not found"]),
+    ("hetmem", "placement_near_all_fast", "passed", None, None),
+    ("hetmem", "placement_near_all_fast", "failed",
+     lambda c, t: _set(t, "tables/policies.csv", lambda d: (d["app"] == "cg") & (d["policy"] != "random"),
+                       "gap_to_all_fast", 0.2), None),
+    ("hetmem", "placement_near_all_fast", "not_measured",
+     lambda c, t: t.__setitem__("tables/policies.csv", t["tables/policies.csv"].iloc[0:0]),
+     ["app stream has no result", "app cg has no result"]),
 ]
 
 
