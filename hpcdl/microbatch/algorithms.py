@@ -1,0 +1,232 @@
+"""Candidate convolution algorithms: the implementations PyTorch really has, forced one at a time.
+
+CPU: oneDNN (mkldnn enabled) and the native im2col + GEMM path (mkldnn disabled, which dispatches
+to `aten::_slow_conv2d_*`; its columns buffer is the workspace), each with contiguous (NCHW) and
+channels-last (NHWC) tensors. CUDA: cuDNN with `cudnn.benchmark` on (cuDNN times its algorithms
+and PyTorch keeps the fastest) or off (cuDNN's heuristic pick), each NCHW / NHWC, TF32 off so
+every candidate computes in fp32. PyTorch exposes no way to request a cuDNN algorithm by id, so
+the CUDA candidates are these four switches; the kernels cuDNN launched are recorded per call.
+
+A kernel is one of forward, backward-data and backward-filter of a layer; `KernelCall` runs one
+kernel of one layer on the micro-batch [start, start + size) with one algorithm, reading from and
+writing into full-batch tensors, exactly as the executor (hpcdl.microbatch.execute) does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+from hpcdl.microbatch.workloads import ConvLayer
+
+KERNELS = ("forward", "backward_data", "backward_filter")
+_ONEDNN_PROP = {"forward": "forward", "backward_data": "backward_data", "backward_filter": "backward_weights"}
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    device: str          # cpu | cuda
+    backend: str         # onednn | native | cudnn
+    channels_last: bool
+    benchmark: bool = False  # cuDNN benchmark mode (CUDA only)
+
+    def context(self):
+        """Force this algorithm's backend for the calls made inside."""
+        stack = contextlib.ExitStack()
+        if self.device == "cpu":
+            stack.enter_context(torch.backends.mkldnn.flags(enabled=self.backend == "onednn"))
+        else:
+            stack.enter_context(torch.backends.cudnn.flags(enabled=True, benchmark=self.benchmark,
+                                                           deterministic=False, allow_tf32=False))
+        return stack
+
+    @property
+    def memory_format(self):
+        return torch.channels_last if self.channels_last else torch.contiguous_format
+
+
+ALGORITHMS = {a.name: a for a in (
+    Algorithm("onednn-nchw", "cpu", "onednn", False),
+    Algorithm("onednn-nhwc", "cpu", "onednn", True),
+    Algorithm("native-nchw", "cpu", "native", False),
+    Algorithm("native-nhwc", "cpu", "native", True),
+    Algorithm("cudnn-heuristic-nchw", "cuda", "cudnn", False, False),
+    Algorithm("cudnn-heuristic-nhwc", "cuda", "cudnn", True, False),
+    Algorithm("cudnn-benchmark-nchw", "cuda", "cudnn", False, True),
+    Algorithm("cudnn-benchmark-nhwc", "cuda", "cudnn", True, True),
+)}
+# What the framework does when nobody asks: fp32 NCHW, oneDNN on CPU, cuDNN's heuristic on CUDA.
+DEFAULT = {"cpu": "onednn-nchw", "cuda": "cudnn-heuristic-nchw"}
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("microbatch.device is 'cuda' but torch.cuda.is_available() is False on this machine")
+    return device
+
+
+def candidates(device: str, names: list[str] | None) -> list[str]:
+    """The configured algorithm names, or every algorithm of the device."""
+    if names:
+        unknown = [n for n in names if n not in ALGORITHMS]
+        if unknown:
+            raise ValueError(f"unknown algorithm(s) {unknown}; known: {', '.join(ALGORITHMS)}")
+        return list(names)
+    return [n for n, a in ALGORITHMS.items() if a.device == device]
+
+
+def unavailable_reason(alg: Algorithm, device: str) -> str | None:
+    """Why `alg` cannot run here (None: it can)."""
+    if alg.device != device:
+        return f"{alg.name} is a {alg.device} algorithm and this run is on {device}"
+    if alg.backend == "onednn" and not torch.backends.mkldnn.is_available():
+        return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
+    if alg.backend == "cudnn" and not (torch.cuda.is_available() and torch.backends.cudnn.is_available()):
+        return "cuDNN is not available on this build/machine"
+    return None
+
+
+class KernelCall:
+    """One layer's full-batch tensors and the three kernels on any micro-batch, with any algorithm."""
+
+    def __init__(self, layer: ConvLayer, batch: int, device: str, seed: int = 0,
+                 x: torch.Tensor | None = None, weight: torch.Tensor | None = None,
+                 grad_out: torch.Tensor | None = None):
+        self.layer, self.batch, self.device = layer, batch, device
+        gen = torch.Generator().manual_seed(seed)
+        oh, ow = layer.out_hw
+        self.x = x if x is not None else torch.randn(batch, layer.cin, layer.height, layer.width,
+                                                     generator=gen).to(device)
+        self.weight = weight if weight is not None else (
+            torch.randn(layer.cout, layer.cin, layer.kh, layer.kw, generator=gen)
+            / (layer.cin * layer.kh * layer.kw) ** 0.5).to(device)
+        self.grad_out = grad_out if grad_out is not None else torch.randn(batch, layer.cout, oh, ow,
+                                                                          generator=gen).to(device)
+        self._weights = {}
+        self.args = ([layer.stride] * 2, [layer.pad_h, layer.pad_w], [1, 1], False, [0, 0], 1)
+
+    def weight_for(self, alg: Algorithm) -> torch.Tensor:
+        """The filter in the algorithm's memory format (converted once per call site, like a layer's)."""
+        key = alg.channels_last
+        if key not in self._weights:
+            self._weights[key] = self.weight.contiguous(memory_format=alg.memory_format)
+        return self._weights[key]
+
+    def output(self, kernel: str) -> torch.Tensor:
+        """A fresh full-batch result buffer of the kernel (zeros: backward-filter accumulates into it)."""
+        like = {"forward": self.grad_out, "backward_data": self.x, "backward_filter": self.weight}[kernel]
+        return torch.zeros_like(like, memory_format=torch.contiguous_format)
+
+    def run(self, kernel: str, alg: Algorithm, start: int, size: int, out: torch.Tensor) -> None:
+        """The kernel on samples [start, start + size) with `alg`, into `out` (weights: accumulated)."""
+        fmt = alg.memory_format
+        w = self.weight_for(alg)
+        xs = self.x[start:start + size].contiguous(memory_format=fmt)
+        with alg.context():
+            if kernel == "forward":
+                y = torch.ops.aten.convolution(xs, w, None, *self.args)
+                out[start:start + size].copy_(y)
+                return
+            gys = self.grad_out[start:start + size].contiguous(memory_format=fmt)
+            if kernel == "backward_data":
+                gx = torch.ops.aten.convolution_backward(gys, xs, w, None, *self.args,
+                                                         [True, False, False])[0]
+                out[start:start + size].copy_(gx)
+            elif kernel == "backward_filter":
+                gw = torch.ops.aten.convolution_backward(gys, xs, w, None, *self.args,
+                                                         [False, True, False])[1]
+                out.add_(gw)
+            else:
+                raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(KERNELS)}")
+
+    def run_division(self, kernel: str, steps: list[tuple[str, int]]) -> torch.Tensor:
+        """The whole mini-batch as a list of (algorithm name, micro-batch size): the kernel's result."""
+        if sum(b for _, b in steps) != self.batch:
+            raise ValueError(f"layer {self.layer.name} {kernel}: micro-batches {steps} do not add up to "
+                             f"the batch size {self.batch}")
+        out = self.output(kernel)
+        start = 0
+        for name, size in steps:
+            self.run(kernel, ALGORITHMS[name], start, size, out)
+            start += size
+        return out
+
+
+# ------------------------------------------------------------------ which implementation really ran
+
+@contextlib.contextmanager
+def _captured_stdout():
+    """oneDNN's verbose log goes to the C-level stdout: capture file descriptor 1."""
+    sys.stdout.flush()
+    with tempfile.TemporaryFile() as f:
+        saved = os.dup(1)
+        os.dup2(f.fileno(), 1)
+        box = {}
+        try:
+            yield box
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+            f.seek(0)
+            box["text"] = f.read().decode(errors="replace")
+
+
+def _backend_of(log_text: str, ops: set[str], kernel: str) -> tuple[str, str]:
+    """(backend, implementation) of a CPU call from oneDNN's verbose log and the ATen ops it ran."""
+    prop = _ONEDNN_PROP[kernel]
+    lines = [ln.split(",") for ln in log_text.splitlines()
+             if ",exec,cpu,convolution," in ln and (f",{prop}" in ln)]
+    slow = sorted(op for op in ops if "slow_conv2d" in op or "thnn_conv2d" in op)
+    if lines and not slow:
+        impl = lines[0][lines[0].index("convolution") + 1]
+        return "onednn", f"oneDNN convolution {prop} ({impl})"
+    if slow and not lines:
+        return "native", " + ".join(slow)
+    return "unknown", f"oneDNN log lines {len(lines)}, native ops {slow}"
+
+
+def instrumented(call: KernelCall, kernel: str, alg: Algorithm, size: int, memory: bool = True):
+    """One call under the profiler (+ oneDNN's verbose log on CPU).
+
+    Returns (backend that ran, what ran, the profiler's raw kineto events: ATen ops, CUDA kernels
+    and, with `memory`, the allocator's [memory] events the caller integrates to a workspace).
+    """
+    from torch.autograd.profiler import profile
+
+    out = call.output(kernel)
+    if alg.device == "cuda":
+        with profile(use_device="cuda", use_kineto=True) as prof:
+            call.run(kernel, alg, 0, size, out)
+            torch.cuda.synchronize()
+        events = prof.kineto_results.events()
+        ops = {e.name() for e in events if e.name().startswith("aten::")}
+        kernels = sorted({e.name() for e in events if e.device_type() == torch.autograd.DeviceType.CUDA})
+        cudnn = sorted(op for op in ops if "cudnn" in op)
+        conv = [k for k in kernels if not k.startswith(("void at::native::", "Memcpy", "Memset"))]
+        backend = "cudnn" if (cudnn or any("cudnn" in k.lower() or "xmma" in k or "conv" in k.lower()
+                                          for k in conv)) else "unknown"
+        return backend, "; ".join([*cudnn, *(k[:80] for k in conv[:3])]), events
+    with _captured_stdout() as log, torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON), \
+            profile(profile_memory=memory, use_kineto=True) as prof:
+        call.run(kernel, alg, 0, size, out)
+    events = prof.kineto_results.events()
+    backend, ran = _backend_of(log["text"], {e.name() for e in events}, kernel)
+    return backend, ran, events
+
+
+def verify(call: KernelCall, kernel: str, alg: Algorithm, size: int) -> str:
+    """Run the kernel once; say which implementation ran; raise if it is not the forced backend."""
+    backend, ran, _ = instrumented(call, kernel, alg, size, memory=False)
+    if backend != alg.backend:
+        raise RuntimeError(f"{alg.name} {kernel} at micro-batch {size}: forced {alg.backend} but "
+                           f"{backend} ran ({ran})")
+    return ran
