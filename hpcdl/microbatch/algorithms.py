@@ -18,6 +18,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,9 @@ class Algorithm:
     def context(self):
         """Force this algorithm's backend for the calls made inside."""
         stack = contextlib.ExitStack()
+        # mkldnn.flags() also resets oneDNN's TF32 switch and warns that it is for Intel GPUs
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
         if self.device == "cpu":
             stack.enter_context(torch.backends.mkldnn.flags(enabled=self.backend == "onednn"))
         else:
