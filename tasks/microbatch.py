@@ -50,7 +50,7 @@ def main(argv=None) -> None:
             continue
         meta = o.result["meta"]
         for name in RAW:
-            tables[name] += [{**r, "device": meta["device"], "status": r.get("status", "ok"),
+            tables[name] += [{**r, "device": meta["device"], "clock": meta["clock"], "status": r.get("status", "ok"),
                               "error": ""} for r in o.result[name]]
     raw = run.dir / "raw"
     for name in RAW:

@@ -129,33 +129,41 @@ class KernelCall:
         like = {"forward": self.grad_out, "backward_data": self.x, "backward_filter": self.weight}[kernel]
         return torch.zeros_like(like, memory_format=torch.contiguous_format)
 
-    def run(self, kernel: str, alg: Algorithm, start: int, size: int, out: torch.Tensor) -> None:
-        """The kernel on samples [start, start + size) with `alg`, into `out` (weights: accumulated)."""
+    def run(self, kernel: str, alg: Algorithm, start: int, size: int,
+            out: torch.Tensor | None) -> torch.Tensor | None:
+        """The kernel on samples [start, start + size) with `alg`: into `out` (weights: accumulated),
+        or, with out=None (the undivided case), the result itself, with no buffer and no copy."""
         fmt = alg.memory_format
         w = self.weight_for(alg)
         xs = self.x[start:start + size].contiguous(memory_format=fmt)
         with alg.context():
             if kernel == "forward":
-                y = torch.ops.aten.convolution(xs, w, None, *self.args)
-                out[start:start + size].copy_(y)
-                return
-            gys = self.grad_out[start:start + size].contiguous(memory_format=fmt)
-            if kernel == "backward_data":
-                gx = torch.ops.aten.convolution_backward(gys, xs, w, None, *self.args,
-                                                         [True, False, False])[0]
-                out[start:start + size].copy_(gx)
-            elif kernel == "backward_filter":
-                gw = torch.ops.aten.convolution_backward(gys, xs, w, None, *self.args,
-                                                         [False, True, False])[1]
-                out.add_(gw)
+                res = torch.ops.aten.convolution(xs, w, None, *self.args)
             else:
-                raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(KERNELS)}")
+                gys = self.grad_out[start:start + size].contiguous(memory_format=fmt)
+                if kernel == "backward_data":
+                    res = torch.ops.aten.convolution_backward(gys, xs, w, None, *self.args,
+                                                              [True, False, False])[0]
+                elif kernel == "backward_filter":
+                    res = torch.ops.aten.convolution_backward(gys, xs, w, None, *self.args,
+                                                              [False, True, False])[1]
+                else:
+                    raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(KERNELS)}")
+        if out is None:
+            return res
+        if kernel == "backward_filter":
+            out.add_(res)
+        else:
+            out[start:start + size].copy_(res)
+        return None
 
     def run_division(self, kernel: str, steps: list[tuple[str, int]]) -> torch.Tensor:
         """The whole mini-batch as a list of (algorithm name, micro-batch size): the kernel's result."""
         if sum(b for _, b in steps) != self.batch:
             raise ValueError(f"layer {self.layer.name} {kernel}: micro-batches {steps} do not add up to "
                              f"the batch size {self.batch}")
+        if len(steps) == 1:
+            return self.run(kernel, ALGORITHMS[steps[0][0]], 0, self.batch, None)
         out = self.output(kernel)
         start = 0
         for name, size in steps:
@@ -206,7 +214,7 @@ def instrumented(call: KernelCall, kernel: str, alg: Algorithm, size: int, memor
     """
     from torch.autograd.profiler import profile
 
-    out = call.output(kernel)
+    out = None if size == call.batch else call.output(kernel)  # as the benchmark and executor run it
     if alg.device == "cuda":
         with profile(use_device="cuda", use_kineto=True) as prof:
             call.run(kernel, alg, 0, size, out)

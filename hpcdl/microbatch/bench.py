@@ -25,6 +25,19 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def clock(device: str):
+    """(clock, its name) for timing kernels on `device`.
+
+    CUDA: wall time around synchronised calls. CPU with one torch thread: the CPU time of the
+    calling thread (oneDNN and the native path compute in it), which a process preempting us on a
+    shared machine does not inflate; it equals the wall time on an idle core. CPU with several
+    threads: wall time (the CPU time of the pool's threads would add up, not overlap).
+    """
+    if device == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time, "thread_cpu_time"
+    return time.perf_counter, "wall"
+
+
 def time_call(fn, device: str, repeats: int, warmup: int) -> tuple[float, float]:
     """(minimum, median) seconds of fn(i) over `repeats` calls (i counts the calls, warm-up included).
 
@@ -35,31 +48,35 @@ def time_call(fn, device: str, repeats: int, warmup: int) -> tuple[float, float]
         fn(i)
     _sync(device)
     times = []
+    now = clock(device)[0]
     for i in range(repeats):
-        t0 = time.perf_counter()
+        t0 = now()
         fn(warmup + i)
         _sync(device)
-        times.append(time.perf_counter() - t0)
+        times.append(now() - t0)
     return min(times), statistics.median(times)
 
 
 def cpu_peak_extra_bytes(events) -> int:
-    """Peak of the bytes allocated (and not yet freed) in a profiled call, from its allocator events."""
+    """Peak bytes allocated during a profiled call beyond what it leaves allocated (its result):
+    the allocator's events integrated in time order."""
     events = [e for e in events if e.name() == "[memory]"]
     live = peak = 0
     for e in sorted(events, key=lambda e: e.start_ns()):
         live += e.nbytes()
         peak = max(peak, live)
-    return int(peak)
+    return int(peak - max(live, 0))
 
 
 def cuda_peak_extra_bytes(fn) -> int:
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    fn()
+    res = fn()
     torch.cuda.synchronize()
-    return int(torch.cuda.max_memory_allocated() - base)
+    kept = torch.cuda.memory_allocated() - base  # the result of an undivided call is output, not workspace
+    del res
+    return int(torch.cuda.max_memory_allocated() - base - kept)
 
 
 def _skipped(base: dict, kernel: str, name: str, sizes: list[int], why: str) -> list[dict]:
@@ -94,7 +111,8 @@ def benchmark_layer(call: KernelCall, algorithms: list[str], sizes: list[int], d
                 def once(i=0, b=b, alg=alg, kernel=kernel, out=out, starts=starts):
                     # successive calls walk the batch as the executor does: no call finds its
                     # micro-batch hot in cache from the previous one
-                    call.run(kernel, alg, starts[i % len(starts)], b, out)
+                    # the whole batch runs as the executor runs it: no buffer, no copy
+                    return call.run(kernel, alg, starts[i % len(starts)], b, None if b == call.batch else out)
                 t0 = time.perf_counter()
                 try:
                     t, t_med = time_call(once, device, repeats, warmup)

@@ -15,7 +15,7 @@ from torch import nn
 
 from hpcdl.microbatch import ilp
 from hpcdl.microbatch.algorithms import ALGORITHMS, DEFAULT, KERNELS, KernelCall, candidates, resolve_device
-from hpcdl.microbatch.bench import benchmark_layer
+from hpcdl.microbatch.bench import benchmark_layer, clock
 from hpcdl.microbatch.dp import KernelDP, WorkspaceError, policy_sizes
 from hpcdl.microbatch.execute import MicroBatchedConv2d
 from hpcdl.microbatch.workloads import ConvLayer, network
@@ -71,14 +71,15 @@ def _conv_module(layer: ConvLayer, weight: torch.Tensor) -> nn.Conv2d:
 def _fwd_bwd(module: nn.Module, x: torch.Tensor, gy: torch.Tensor, device: str):
     x.grad = None
     module.weight.grad = None
+    now = clock(device)[0]
     if device == "cuda":
         torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    t0 = now()
     y = module(x)
     y.backward(gy)
     if device == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - t0, y.detach(), x.grad, module.weight.grad
+    return now() - t0, y.detach(), x.grad, module.weight.grad
 
 
 def execute_layer(call: KernelCall, plans: dict[str, dict], device: str, repeats: int) -> dict[str, dict]:
@@ -230,7 +231,7 @@ def run_network(network_name: str, device: str, batch_size: int, image_size: int
             bar.update(1)
     if bar is not None:
         bar.close()
-    meta = {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
+    meta = {"device": device, "clock": clock(device)[1], "torch": torch.__version__, "threads": torch.get_num_threads(),
             "batch_size": batch_size,
             "gpu": torch.cuda.get_device_name() if device == "cuda" else ""}
     return {"bench": bench, "plans": plans_rows, "budget": budget_rows, "execution": exec_rows,
