@@ -176,18 +176,23 @@ class KernelCall:
 
 @contextlib.contextmanager
 def _captured_stdout():
-    """oneDNN's verbose log goes to the C-level stdout: capture file descriptor 1."""
+    """oneDNN's verbose log goes to the C-level stdout: capture file descriptor 1 (and 2, where the
+    profiler's libkineto logs a line per start and stop) into a temp file read back at the end."""
     sys.stdout.flush()
+    sys.stderr.flush()
     with tempfile.TemporaryFile() as f:
-        saved = os.dup(1)
-        os.dup2(f.fileno(), 1)
+        saved = {fd: os.dup(fd) for fd in (1, 2)}
+        for fd in saved:
+            os.dup2(f.fileno(), fd)
         box = {}
         try:
             yield box
         finally:
             sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
+            sys.stderr.flush()
+            for fd, old in saved.items():
+                os.dup2(old, fd)
+                os.close(old)
             f.seek(0)
             box["text"] = f.read().decode(errors="replace")
 
@@ -216,7 +221,7 @@ def instrumented(call: KernelCall, kernel: str, alg: Algorithm, size: int, memor
 
     out = None if size == call.batch else call.output(kernel)  # as the benchmark and executor run it
     if alg.device == "cuda":
-        with profile(use_device="cuda", use_kineto=True) as prof:
+        with _captured_stdout(), profile(use_device="cuda", use_kineto=True) as prof:
             call.run(kernel, alg, 0, size, out)
             torch.cuda.synchronize()
         events = prof.kineto_results.events()

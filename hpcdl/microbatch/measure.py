@@ -25,6 +25,7 @@ MiB = 2**20
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     """max |got - want| / max |want|: relative to the tensor's scale (elementwise would divide by ~0)."""
+    got, want = got.detach(), want.detach()
     scale = float(want.abs().max())
     return float((got - want).abs().max()) / (scale if scale > 0 else 1.0)
 
