@@ -26,7 +26,7 @@ import yaml
 from raw_tables import assert_same_raw_tables
 
 REPO = Path(__file__).resolve().parent.parent
-STUDIES = ("checkpoint", "hpo", "shuffle", "spatial")
+STUDIES = ("checkpoint", "hpo", "shuffle", "spatial", "microbatch")
 
 
 def _find_binding() -> Path | None:
@@ -53,10 +53,11 @@ INTENDED = {
     "shuffle": {"run_point": ("study", "IGNORE")},
     "spatial": {"exactness": ("study", "IGNORE"), "calibrate": ("study", "IGNORE"),
                 "scaling_run": ("study", "IGNORE")},
+    "microbatch": {"network_point": ("study", "IGNORE")},
 }
 # Cores each study's tasks must get in the config below: set (checkpoint) or derived (largest M,
 # largest run's ranks x threads).
-CONFIGURED_UNITS = {"checkpoint": 2, "hpo": 1, "shuffle": 2, "spatial": 2}
+CONFIGURED_UNITS = {"checkpoint": 2, "hpo": 1, "shuffle": 2, "spatial": 2, "microbatch": 1}
 
 
 
@@ -81,6 +82,8 @@ def _conformance_config(tmp_path: Path, test_config: dict, name: str, runtime: s
     sp["strong"]["layouts"] = [[1, 2, 1]]  # one scaling run on 2 ranks, then the train run
     sp["calibration"] = {"pingpong_bytes": [1024, 4096], "fractions": [1.0], "repeats": 1}
     cfg["shuffle"]["grids"] = [{"world_sizes": [2], "qs": [0.5], "partitionings": ["skewed"]}]  # + F=0 global
+    # one candidate, undivided: the plan (and so every raw column but the timings) is deterministic
+    cfg["microbatch"].update(algorithms=["onednn-nchw"], policies=["undivided"])
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
