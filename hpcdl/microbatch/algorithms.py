@@ -101,32 +101,43 @@ def unavailable_reason(alg: Algorithm, device: str) -> str | None:
 class KernelCall:
     """One layer's full-batch tensors and the three kernels on any micro-batch, with any algorithm."""
 
-    def __init__(self, layer: ConvLayer, batch: int, device: str, seed: int = 0,
+    def __init__(self, layer: ConvLayer, batch: int, device: str, seed: int | None = 0,
                  x: torch.Tensor | None = None, weight: torch.Tensor | None = None,
-                 grad_out: torch.Tensor | None = None):
+                 grad_out: torch.Tensor | None = None, weights: dict | None = None):
+        """Tensors not given are drawn from `seed` (benchmarks); the executor passes its own and
+        seed=None (grad_out then arrives in backward)."""
         self.layer, self.batch, self.device = layer, batch, device
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
         oh, ow = layer.out_hw
-        self.x = x if x is not None else torch.randn(batch, layer.cin, layer.height, layer.width,
-                                                     generator=gen).to(device)
-        self.weight = weight if weight is not None else (
-            torch.randn(layer.cout, layer.cin, layer.kh, layer.kw, generator=gen)
-            / (layer.cin * layer.kh * layer.kw) ** 0.5).to(device)
-        self.grad_out = grad_out if grad_out is not None else torch.randn(batch, layer.cout, oh, ow,
-                                                                          generator=gen).to(device)
-        self._weights = {}
+        if x is None:
+            x = torch.randn(batch, layer.cin, layer.height, layer.width, generator=gen).to(device)
+        if weight is None:
+            weight = (torch.randn(layer.cout, layer.cin, layer.kh, layer.kw, generator=gen)
+                      / (layer.cin * layer.kh * layer.kw) ** 0.5).to(device)
+        if grad_out is None and gen is not None:
+            grad_out = torch.randn(batch, layer.cout, oh, ow, generator=gen).to(device)
+        self.x, self.weight, self.grad_out = x, weight, grad_out
+        # the filter per memory format; the executor shares its cache across iterations
+        self._weights = weights if weights is not None else {}
         self.args = ([layer.stride] * 2, [layer.pad_h, layer.pad_w], [1, 1], False, [0, 0], 1)
 
     def weight_for(self, alg: Algorithm) -> torch.Tensor:
-        """The filter in the algorithm's memory format (converted once per call site, like a layer's)."""
+        """The filter in the algorithm's memory format, converted once per weight version (an
+        optimizer step bumps the version; the conversion is then redone)."""
         key = alg.channels_last
-        if key not in self._weights:
-            self._weights[key] = self.weight.contiguous(memory_format=alg.memory_format)
-        return self._weights[key]
+        stamp = (self.weight._version, self.weight.data_ptr())  # detach() shares the version counter
+        got = self._weights.get(key)
+        if got is None or got[0] != stamp:
+            got = (stamp, None, self.weight.contiguous(memory_format=alg.memory_format))
+            self._weights[key] = got
+        return got[2]
 
     def output(self, kernel: str) -> torch.Tensor:
         """A fresh full-batch result buffer of the kernel (zeros: backward-filter accumulates into it)."""
-        like = {"forward": self.grad_out, "backward_data": self.x, "backward_filter": self.weight}[kernel]
+        if kernel == "forward":
+            oh, ow = self.layer.out_hw
+            return self.x.new_zeros(self.batch, self.layer.cout, oh, ow)
+        like = {"backward_data": self.x, "backward_filter": self.weight}[kernel]
         return torch.zeros_like(like, memory_format=torch.contiguous_format)
 
     def run(self, kernel: str, alg: Algorithm, start: int, size: int,

@@ -46,9 +46,9 @@ def scaled_plan(plan: LayerPlan, batch: int) -> LayerPlan:
 
 class _MicroBatchedConv(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, layer, plan):
-        call = KernelCall(layer, x.shape[0], x.device.type, x=x.detach(), weight=weight.detach(),
-                          grad_out=None)
+    def forward(ctx, x, weight, bias, layer, plan, weights):
+        call = KernelCall(layer, x.shape[0], x.device.type, seed=None, x=x.detach(), weight=weight.detach(),
+                          weights=weights)
         if sum(b for _, b in plan["forward"]) != x.shape[0]:
             plan = scaled_plan(plan, x.shape[0])
         y = call.run_division("forward", plan["forward"])
@@ -64,7 +64,7 @@ class _MicroBatchedConv(torch.autograd.Function):
         gx = call.run_division("backward_data", plan["backward_data"]) if ctx.needs_input_grad[0] else None
         gw = call.run_division("backward_filter", plan["backward_filter"]) if ctx.needs_input_grad[1] else None
         gb = grad_out.sum((0, 2, 3)) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return gx, gw, gb, None, None
+        return gx, gw, gb, None, None, None
 
 
 class MicroBatchedConv2d(nn.Module):
@@ -77,6 +77,7 @@ class MicroBatchedConv2d(nn.Module):
             raise ValueError(f"layer {name}: the plan has no division for {missing}")
         self.weight, self.bias = conv.weight, conv.bias
         self.conv, self.plan, self.name = conv, plan, name
+        self._weights: dict = {}  # the filter per memory format, kept while the weight is unchanged
 
     def is_default(self, batch: int, device: str) -> bool:
         """Whether every kernel runs undivided with the framework's default algorithm."""
@@ -86,7 +87,7 @@ class MicroBatchedConv2d(nn.Module):
         if self.is_default(x.shape[0], x.device.type):
             return self.conv(x)  # transparent where the plan keeps the default, as μ-cuDNN passes through
         layer = layer_of(self.conv, self.name, x.shape[2], x.shape[3])
-        return _MicroBatchedConv.apply(x, self.weight, self.bias, layer, self.plan)
+        return _MicroBatchedConv.apply(x, self.weight, self.bias, layer, self.plan, self._weights)
 
 
 def microbatch_network(module: nn.Module, plans: dict[str, LayerPlan]) -> nn.Module:
