@@ -40,10 +40,10 @@ class Algorithm:
     def context(self):
         """Force this algorithm's backend for the calls made inside."""
         stack = contextlib.ExitStack()
-        # mkldnn.flags() also resets oneDNN's TF32 switch and warns that it is for Intel GPUs
-        stack.enter_context(warnings.catch_warnings())
-        warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
         if self.device == "cpu":
+            # mkldnn.flags() also resets oneDNN's TF32 switch and warns that it is for Intel GPUs
+            stack.enter_context(warnings.catch_warnings())
+            warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
             stack.enter_context(torch.backends.mkldnn.flags(enabled=self.backend == "onednn"))
         else:
             stack.enter_context(torch.backends.cudnn.flags(enabled=True, benchmark=self.benchmark,

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--image", type=int, default=224)
     ap.add_argument("--deepbench-scale", type=float, default=0.5)
-    ap.add_argument("--policies", nargs="+", default=["undivided", "powerOfTwo"])
+    ap.add_argument("--policies", nargs="+", default=["undivided", "powerOfTwo", "all"])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--exec-repeats", type=int, default=10)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu", "auto"])
