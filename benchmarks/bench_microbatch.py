@@ -37,18 +37,39 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rows = []
     for net in args.networks:
-        res = run_network(net, args.device, args.batch, args.image, args.deepbench_scale, None,
-                          ["undivided", "powerOfTwo", "all"], 5, 1, 9, [1.0], None, 0)
+        res = run_network(
+            net,
+            args.device,
+            args.batch,
+            args.image,
+            args.deepbench_scale,
+            None,
+            ["undivided", "powerOfTwo", "all"],
+            5,
+            1,
+            9,
+            [1.0],
+            None,
+            0,
+        )
         ex = pd.DataFrame(res["execution"])
         speed = network_speedup(ex.assign(device=res["meta"]["device"], status="ok"))
         plan = pd.DataFrame(res["planning"]).set_index("policy")
         for r in speed[speed["planner"] == "ilp"].itertuples():
             pl = plan.loc[r.policy]
-            rows.append({"network": net, "policy": r.policy, "device": res["meta"]["device"],
-                         "planned_over_default": r.measured_plan_s / r.measured_default_s,
-                         "predicted_planned_over_default": r.predicted_plan_s / r.predicted_default_s,
-                         "plan_workspace_over_budget": pl["ilp_workspace_bytes"] / pl["default_workspace_bytes"],
-                         "bench_s": pl["bench_s"], "dp_s": pl["dp_s"], "ilp_solve_s": pl["ilp_solve_s"]})
+            rows.append(
+                {
+                    "network": net,
+                    "policy": r.policy,
+                    "device": res["meta"]["device"],
+                    "planned_over_default": r.measured_plan_s / r.measured_default_s,
+                    "predicted_planned_over_default": r.predicted_plan_s / r.predicted_default_s,
+                    "plan_workspace_over_budget": pl["ilp_workspace_bytes"] / pl["default_workspace_bytes"],
+                    "bench_s": pl["bench_s"],
+                    "dp_s": pl["dp_s"],
+                    "ilp_solve_s": pl["ilp_solve_s"],
+                }
+            )
     emit(rows, args.csv)
 
 

@@ -38,10 +38,16 @@ def main(argv=None) -> None:
     cfg = start_app("microbatch", argv, __doc__.splitlines()[0])
     run = StudyRun(cfg, "microbatch")
     points = plan.network_points(cfg)
-    print(f"[microbatch] {len(points)} network point(s): {', '.join(p['network_name'] for p in points)}",
-          file=sys.stderr, flush=True)
-    (outcomes,) = run.gather([run.submit("network", points, lambda p, slot: network_point(p, slot))],
-                             compss_wait_on, failure_reason)
+    print(
+        f"[microbatch] {len(points)} network point(s): {', '.join(p['network_name'] for p in points)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    (outcomes,) = run.gather(
+        [run.submit("network", points, lambda p, slot: network_point(p, slot))],
+        compss_wait_on,
+        failure_reason,
+    )
     tables = {name: [] for name in RAW}
     for o in outcomes:
         if not o.ok:
@@ -50,15 +56,26 @@ def main(argv=None) -> None:
             continue
         meta = o.result["meta"]
         for name in RAW:
-            tables[name] += [{**r, "device": meta["device"], "clock": meta["clock"], "status": r.get("status", "ok"),
-                              "error": ""} for r in o.result[name]]
+            tables[name] += [
+                {
+                    **r,
+                    "device": meta["device"],
+                    "clock": meta["clock"],
+                    "status": r.get("status", "ok"),
+                    "error": "",
+                }
+                for r in o.result[name]
+            ]
     raw = run.dir / "raw"
     for name in RAW:
         write_table(pd.DataFrame(tables[name]), raw / f"{name}.csv", cfg, run.started)
     run.write_summary()
     failed = sum(not o.ok for o in outcomes)
-    print(f"[microbatch] done in {time.time() - run.started:.0f} s; {failed} failed network(s)",
-          file=sys.stderr, flush=True)
+    print(
+        f"[microbatch] done in {time.time() - run.started:.0f} s; {failed} failed network(s)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

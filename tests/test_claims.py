@@ -342,7 +342,7 @@ def _mb_set(t, col, value, network="resnet18", policy="all"):
     d.loc[(d["network"] == network) & (d["policy"] == policy) & (d["planner"] == "ilp"), col] = value
 
 
-def _mb_failed(t, network="resnet18", error="Traceback\nWorkspaceError: layer conv1 (forward): limit too small"):
+def _mb_failed(t, network="resnet18", error="Traceback\nWorkspaceError: layer conv1 (forward): too small"):
     for name in ("tables/network_speedup.csv", "tables/exactness.csv"):
         t[name] = t[name][t[name]["network"] != network]
     t["tables/failures.csv"] = pd.DataFrame([{"network": network, "table": "execution", "error": error}])

@@ -41,11 +41,17 @@ def _one_thread():
 
 # ------------------------------------------------------------------------------------ planner
 
+
 def _table(rng, batch, algs=("a", "b", "c")):
     """Synthetic benchmark: per-sample cost with a fixed overhead, workspace growing with size."""
-    return {(a, b): (float(rng.uniform(0.1, 1.0) + b * rng.uniform(0.1, 1.0)),
-                     float(b * rng.integers(1, 50) + rng.integers(0, 30)))
-            for a in algs for b in range(1, batch + 1)}
+    return {
+        (a, b): (
+            float(rng.uniform(0.1, 1.0) + b * rng.uniform(0.1, 1.0)),
+            float(b * rng.integers(1, 50) + rng.integers(0, 30)),
+        )
+        for a in algs
+        for b in range(1, batch + 1)
+    }
 
 
 def _brute(table, batch, sizes, limit):
@@ -61,6 +67,7 @@ def _brute(table, batch, sizes, limit):
             if s <= n:
                 for rest in parts(n - s):
                     yield [s, *rest]
+
     for division in parts(batch):
         for choice in itertools.product(algs, repeat=len(division)):
             cfg = [table[(a, b)] for a, b in zip(choice, division, strict=True)]
@@ -124,7 +131,9 @@ def test_ilp_matches_brute_force_and_respects_the_budget():
         for combo in itertools.product(*[range(len(f.time_s)) for f in fronts.values()]):
             ws = sum(counts[k] * fronts[k].workspace[j] for k, j in zip(fronts, combo, strict=True))
             if ws <= budget:
-                best = min(best, sum(counts[k] * fronts[k].time_s[j] for k, j in zip(fronts, combo, strict=True)))
+                best = min(
+                    best, sum(counts[k] * fronts[k].time_s[j] for k, j in zip(fronts, combo, strict=True))
+                )
         assert res.time_s == pytest.approx(best, rel=1e-9)
         assert res.workspace_bytes <= budget * (1 + 1e-9)
     sweep = ilp.network_front(fronts, counts, [least * 0.5, least, least * 2, least * 8])
@@ -135,13 +144,16 @@ def test_ilp_matches_brute_force_and_respects_the_budget():
 
 def test_ilp_budget_below_the_least_need_names_the_layer():
     table = {("a", 1): (1.0, 100.0), ("a", 2): (1.5, 300.0)}
-    fronts = {"conv1/forward": KernelDP(table, 2, "all").front(),
-              "conv2/backward_data": KernelDP({k: (t, w * 10) for k, (t, w) in table.items()}, 2, "all").front()}
+    fronts = {
+        "conv1/forward": KernelDP(table, 2, "all").front(),
+        "conv2/backward_data": KernelDP({k: (t, w * 10) for k, (t, w) in table.items()}, 2, "all").front(),
+    }
     with pytest.raises(WorkspaceError, match=r"conv2/backward_data"):
         ilp.solve(fronts, {"conv1/forward": 1, "conv2/backward_data": 1}, 500.0)
 
 
 # ---------------------------------------------------------------------------------- exactness
+
 
 @pytest.mark.parametrize("alg", CPU_ALGS)
 def test_every_candidate_micro_batched_equals_the_undivided_layer(alg):
@@ -159,17 +171,25 @@ def test_every_candidate_micro_batched_equals_the_undivided_layer(alg):
 
 def test_wrapper_in_a_network_gives_the_undivided_outputs_and_gradients():
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2, padding=1,
-                                                                             bias=False))
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False)
+    )
     ref_net = nn.Sequential(*[m for m in net])
     import copy
+
     ref_net = copy.deepcopy(net)
-    plans = {"0": {"forward": [("native-nhwc", 3), ("onednn-nchw", 3)],
-                   "backward_data": [("onednn-nhwc", 6)],
-                   "backward_filter": [("native-nchw", 1), ("onednn-nhwc", 5)]},
-             "2": {"forward": [("onednn-nhwc", 2), ("onednn-nhwc", 2), ("native-nchw", 2)],
-                   "backward_data": [("native-nhwc", 4), ("native-nhwc", 2)],
-                   "backward_filter": [("onednn-nchw", 6)]}}
+    plans = {
+        "0": {
+            "forward": [("native-nhwc", 3), ("onednn-nchw", 3)],
+            "backward_data": [("onednn-nhwc", 6)],
+            "backward_filter": [("native-nchw", 1), ("onednn-nhwc", 5)],
+        },
+        "2": {
+            "forward": [("onednn-nhwc", 2), ("onednn-nhwc", 2), ("native-nchw", 2)],
+            "backward_data": [("native-nhwc", 4), ("native-nhwc", 2)],
+            "backward_filter": [("onednn-nchw", 6)],
+        },
+    }
     microbatch_network(net, plans)
     assert isinstance(net[0], MicroBatchedConv2d) and isinstance(net[2], MicroBatchedConv2d)
     x = torch.randn(6, 3, 12, 12)
@@ -196,6 +216,7 @@ def test_a_division_that_does_not_add_up_is_refused():
 
 # ------------------------------------------------------------------ backends and workspace
 
+
 def test_the_forced_backend_is_the_one_that_runs():
     call = KernelCall(SMALL, 4, "cpu")
     for kernel in KERNELS:
@@ -205,8 +226,16 @@ def test_the_forced_backend_is_the_one_that_runs():
 
 def test_benchmark_rows_record_backend_workspace_and_skip_an_unavailable_backend():
     call = KernelCall(SMALL, 4, "cpu")
-    rows = pd.DataFrame(benchmark_layer(call, ["native-nchw", "onednn-nchw", "cudnn-benchmark-nchw"],
-                                        [1, 2, 4], "cpu", repeats=2, warmup=1))
+    rows = pd.DataFrame(
+        benchmark_layer(
+            call,
+            ["native-nchw", "onednn-nchw", "cudnn-benchmark-nchw"],
+            [1, 2, 4],
+            "cpu",
+            repeats=2,
+            warmup=1,
+        )
+    )
     skipped = rows[rows["algorithm"] == "cudnn-benchmark-nchw"]
     assert len(skipped) == 9 and (skipped["status"] == "skipped").all()
     assert skipped["reason"].str.contains("cuda algorithm and this run is on cpu").all()
@@ -228,8 +257,13 @@ def test_benchmark_rows_record_backend_workspace_and_skip_an_unavailable_backend
 
 def test_workloads_have_the_papers_shapes():
     a = alexnet(224)
-    assert [(ly.cin, ly.cout, ly.height) for ly in a] == [(3, 64, 224), (64, 192, 27), (192, 384, 13),
-                                                            (384, 256, 13), (256, 256, 13)]
+    assert [(ly.cin, ly.cout, ly.height) for ly in a] == [
+        (3, 64, 224),
+        (64, 192, 27),
+        (192, 384, 13),
+        (384, 256, 13),
+        (256, 256, 13),
+    ]
     r = resnet18(224)
     assert sum(ly.count for ly in r) == 20  # 17 3x3/7x7 convs + 3 downsamples
     assert r[1].height == 56 and r[-1].height == 7
@@ -240,12 +274,15 @@ def test_workloads_have_the_papers_shapes():
 
 # ------------------------------------------------------------------------- config and the app
 
+
 def test_bad_config_values_name_the_key(test_config):
     base = {**test_config, "studies": ["microbatch"]}
-    for block, key in (({"device": "tpu"}, "microbatch.device"),
-                       ({"batch_size": 0}, "microbatch.batch_size"),
-                       ({"policies": ["fibonacci"]}, "microbatch.policies[0]"),
-                       ({"networks": ["resnet18"], "image_size": 20}, "microbatch.image_size")):
+    for block, key in (
+        ({"device": "tpu"}, "microbatch.device"),
+        ({"batch_size": 0}, "microbatch.batch_size"),
+        ({"policies": ["fibonacci"]}, "microbatch.policies[0]"),
+        ({"networks": ["resnet18"], "image_size": 20}, "microbatch.image_size"),
+    ):
         cfg = {**base, "microbatch": {**test_config["microbatch"], **block}}
         path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mb-bad-{os.getpid()}.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -256,15 +293,25 @@ def test_bad_config_values_name_the_key(test_config):
 
 def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_path, test_config):
     cfg = {**test_config, "studies": ["microbatch"], "results_dir": str(tmp_path / "r")}
-    cfg["microbatch"] = {**test_config["microbatch"], "networks": ["alexnet"],
-                         "algorithms": ["native-nchw", "cudnn-heuristic-nchw"], "batch_size": 3,
-                         # a per-kernel DP limit below every need: the network fails naming a layer
-                         "kernel_limit_mib": 0.0}
+    cfg["microbatch"] = {
+        **test_config["microbatch"],
+        "networks": ["alexnet"],
+        "algorithms": ["native-nchw", "cudnn-heuristic-nchw"],
+        "batch_size": 3,
+        # a per-kernel DP limit below every need: the network fails naming a layer
+        "kernel_limit_mib": 0.0,
+    }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "HPCDL_PROGRESS": "0", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "tasks.microbatch", "--config", str(path)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tasks.microbatch", "--config", str(path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     raw = tmp_path / "r" / "microbatch" / "raw"
     bench = pd.read_csv(raw / "bench.csv")
@@ -278,8 +325,14 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
     # with a usable limit the same app runs; the unavailable cuDNN candidate is recorded as skipped
     cfg["microbatch"]["kernel_limit_mib"] = None
     path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([sys.executable, "-m", "tasks.microbatch", "--config", str(path)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tasks.microbatch", "--config", str(path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     bench = pd.read_csv(raw / "bench.csv")
     cud = bench[bench["algorithm"] == "cudnn-heuristic-nchw"]
@@ -291,12 +344,21 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
     ex = pd.read_csv(raw / "execution.csv")
     assert (ex[["err_output", "err_grad_input", "err_grad_weight"]].max() <= 1e-5).all()
     for step in ("aggregate", "plot", "claims"):
-        p = subprocess.run([sys.executable, "-m", "hpcdl.cli", step, "microbatch", "--config", str(path)],
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [sys.executable, "-m", "hpcdl.cli", step, "microbatch", "--config", str(path)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert p.returncode == 0, p.stderr[-3000:]
     claims = json.loads((tmp_path / "r" / "microbatch" / "claims.json").read_text())
-    assert {c["id"] for c in claims["claims"]} == {"plan_not_slower", "prediction_within_tolerance",
-                                                   "outputs_exact"}
+    assert {c["id"] for c in claims["claims"]} == {
+        "plan_not_slower",
+        "prediction_within_tolerance",
+        "outputs_exact",
+    }
     assert next(c for c in claims["claims"] if c["id"] == "outputs_exact")["status"] == "passed"
     for fig in ("layer_speedup", "budget_speedup", "microbatch_sizes", "predicted_vs_measured"):
         assert (tmp_path / "r" / "microbatch" / "figures" / f"{fig}.png").stat().st_size > 10_000

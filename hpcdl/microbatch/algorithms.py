@@ -32,8 +32,8 @@ _ONEDNN_PROP = {"forward": "forward", "backward_data": "backward_data", "backwar
 @dataclass(frozen=True)
 class Algorithm:
     name: str
-    device: str          # cpu | cuda
-    backend: str         # onednn | native | cudnn
+    device: str  # cpu | cuda
+    backend: str  # onednn | native | cudnn
     channels_last: bool
     benchmark: bool = False  # cuDNN benchmark mode (CUDA only)
 
@@ -46,8 +46,11 @@ class Algorithm:
             warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
             stack.enter_context(torch.backends.mkldnn.flags(enabled=self.backend == "onednn"))
         else:
-            stack.enter_context(torch.backends.cudnn.flags(enabled=True, benchmark=self.benchmark,
-                                                           deterministic=False, allow_tf32=False))
+            stack.enter_context(
+                torch.backends.cudnn.flags(
+                    enabled=True, benchmark=self.benchmark, deterministic=False, allow_tf32=False
+                )
+            )
         return stack
 
     @property
@@ -55,16 +58,19 @@ class Algorithm:
         return torch.channels_last if self.channels_last else torch.contiguous_format
 
 
-ALGORITHMS = {a.name: a for a in (
-    Algorithm("onednn-nchw", "cpu", "onednn", False),
-    Algorithm("onednn-nhwc", "cpu", "onednn", True),
-    Algorithm("native-nchw", "cpu", "native", False),
-    Algorithm("native-nhwc", "cpu", "native", True),
-    Algorithm("cudnn-heuristic-nchw", "cuda", "cudnn", False, False),
-    Algorithm("cudnn-heuristic-nhwc", "cuda", "cudnn", True, False),
-    Algorithm("cudnn-benchmark-nchw", "cuda", "cudnn", False, True),
-    Algorithm("cudnn-benchmark-nhwc", "cuda", "cudnn", True, True),
-)}
+ALGORITHMS = {
+    a.name: a
+    for a in (
+        Algorithm("onednn-nchw", "cpu", "onednn", False),
+        Algorithm("onednn-nhwc", "cpu", "onednn", True),
+        Algorithm("native-nchw", "cpu", "native", False),
+        Algorithm("native-nhwc", "cpu", "native", True),
+        Algorithm("cudnn-heuristic-nchw", "cuda", "cudnn", False, False),
+        Algorithm("cudnn-heuristic-nhwc", "cuda", "cudnn", True, False),
+        Algorithm("cudnn-benchmark-nchw", "cuda", "cudnn", False, True),
+        Algorithm("cudnn-benchmark-nhwc", "cuda", "cudnn", True, True),
+    )
+}
 # What the framework does when nobody asks: fp32 NCHW, oneDNN on CPU, cuDNN's heuristic on CUDA.
 DEFAULT = {"cpu": "onednn-nchw", "cuda": "cudnn-heuristic-nchw"}
 
@@ -73,7 +79,9 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("microbatch.device is 'cuda' but torch.cuda.is_available() is False on this machine")
+        raise RuntimeError(
+            "microbatch.device is 'cuda' but torch.cuda.is_available() is False on this machine"
+        )
     return device
 
 
@@ -101,9 +109,17 @@ def unavailable_reason(alg: Algorithm, device: str) -> str | None:
 class KernelCall:
     """One layer's full-batch tensors and the three kernels on any micro-batch, with any algorithm."""
 
-    def __init__(self, layer: ConvLayer, batch: int, device: str, seed: int | None = 0,
-                 x: torch.Tensor | None = None, weight: torch.Tensor | None = None,
-                 grad_out: torch.Tensor | None = None, weights: dict | None = None):
+    def __init__(
+        self,
+        layer: ConvLayer,
+        batch: int,
+        device: str,
+        seed: int | None = 0,
+        x: torch.Tensor | None = None,
+        weight: torch.Tensor | None = None,
+        grad_out: torch.Tensor | None = None,
+        weights: dict | None = None,
+    ):
         """Tensors not given are drawn from `seed` (benchmarks); the executor passes its own and
         seed=None (grad_out then arrives in backward)."""
         self.layer, self.batch, self.device = layer, batch, device
@@ -112,8 +128,10 @@ class KernelCall:
         if x is None:
             x = torch.randn(batch, layer.cin, layer.height, layer.width, generator=gen).to(device)
         if weight is None:
-            weight = (torch.randn(layer.cout, layer.cin, layer.kh, layer.kw, generator=gen)
-                      / (layer.cin * layer.kh * layer.kw) ** 0.5).to(device)
+            weight = (
+                torch.randn(layer.cout, layer.cin, layer.kh, layer.kw, generator=gen)
+                / (layer.cin * layer.kh * layer.kw) ** 0.5
+            ).to(device)
         if grad_out is None and gen is not None:
             grad_out = torch.randn(batch, layer.cout, oh, ow, generator=gen).to(device)
         self.x, self.weight, self.grad_out = x, weight, grad_out
@@ -140,24 +158,27 @@ class KernelCall:
         like = {"backward_data": self.x, "backward_filter": self.weight}[kernel]
         return torch.zeros_like(like, memory_format=torch.contiguous_format)
 
-    def run(self, kernel: str, alg: Algorithm, start: int, size: int,
-            out: torch.Tensor | None) -> torch.Tensor | None:
+    def run(
+        self, kernel: str, alg: Algorithm, start: int, size: int, out: torch.Tensor | None
+    ) -> torch.Tensor | None:
         """The kernel on samples [start, start + size) with `alg`: into `out` (weights: accumulated),
         or, with out=None (the undivided case), the result itself, with no buffer and no copy."""
         fmt = alg.memory_format
         w = self.weight_for(alg)
-        xs = self.x[start:start + size].contiguous(memory_format=fmt)
+        xs = self.x[start : start + size].contiguous(memory_format=fmt)
         with alg.context():
             if kernel == "forward":
                 res = torch.ops.aten.convolution(xs, w, None, *self.args)
             else:
-                gys = self.grad_out[start:start + size].contiguous(memory_format=fmt)
+                gys = self.grad_out[start : start + size].contiguous(memory_format=fmt)
                 if kernel == "backward_data":
-                    res = torch.ops.aten.convolution_backward(gys, xs, w, None, *self.args,
-                                                              [True, False, False])[0]
+                    res = torch.ops.aten.convolution_backward(
+                        gys, xs, w, None, *self.args, [True, False, False]
+                    )[0]
                 elif kernel == "backward_filter":
-                    res = torch.ops.aten.convolution_backward(gys, xs, w, None, *self.args,
-                                                              [False, True, False])[1]
+                    res = torch.ops.aten.convolution_backward(
+                        gys, xs, w, None, *self.args, [False, True, False]
+                    )[1]
                 else:
                     raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(KERNELS)}")
         if out is None:
@@ -165,14 +186,16 @@ class KernelCall:
         if kernel == "backward_filter":
             out.add_(res)
         else:
-            out[start:start + size].copy_(res)
+            out[start : start + size].copy_(res)
         return None
 
     def run_division(self, kernel: str, steps: list[tuple[str, int]]) -> torch.Tensor:
         """The whole mini-batch as a list of (algorithm name, micro-batch size): the kernel's result."""
         if sum(b for _, b in steps) != self.batch:
-            raise ValueError(f"layer {self.layer.name} {kernel}: micro-batches {steps} do not add up to "
-                             f"the batch size {self.batch}")
+            raise ValueError(
+                f"layer {self.layer.name} {kernel}: micro-batches {steps} do not add up to "
+                f"the batch size {self.batch}"
+            )
         if len(steps) == 1:
             return self.run(kernel, ALGORITHMS[steps[0][0]], 0, self.batch, None)
         out = self.output(kernel)
@@ -184,6 +207,7 @@ class KernelCall:
 
 
 # ------------------------------------------------------------------ which implementation really ran
+
 
 @contextlib.contextmanager
 def _captured_stdout():
@@ -211,8 +235,9 @@ def _captured_stdout():
 def _backend_of(log_text: str, ops: set[str], kernel: str) -> tuple[str, str]:
     """(backend, implementation) of a CPU call from oneDNN's verbose log and the ATen ops it ran."""
     prop = _ONEDNN_PROP[kernel]
-    lines = [ln.split(",") for ln in log_text.splitlines()
-             if ",exec,cpu,convolution," in ln and (f",{prop}" in ln)]
+    lines = [
+        ln.split(",") for ln in log_text.splitlines() if ",exec,cpu,convolution," in ln and (f",{prop}" in ln)
+    ]
     slow = sorted(op for op in ops if "slow_conv2d" in op or "thnn_conv2d" in op)
     if lines and not slow:
         impl = lines[0][lines[0].index("convolution") + 1]
@@ -240,11 +265,17 @@ def instrumented(call: KernelCall, kernel: str, alg: Algorithm, size: int, memor
         kernels = sorted({e.name() for e in events if e.device_type() == torch.autograd.DeviceType.CUDA})
         cudnn = sorted(op for op in ops if "cudnn" in op)
         conv = [k for k in kernels if not k.startswith(("void at::native::", "Memcpy", "Memset"))]
-        backend = "cudnn" if (cudnn or any("cudnn" in k.lower() or "xmma" in k or "conv" in k.lower()
-                                          for k in conv)) else "unknown"
+        backend = (
+            "cudnn"
+            if (cudnn or any("cudnn" in k.lower() or "xmma" in k or "conv" in k.lower() for k in conv))
+            else "unknown"
+        )
         return backend, "; ".join([*cudnn, *(k[:80] for k in conv[:3])]), events
-    with _captured_stdout() as log, torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON), \
-            profile(profile_memory=memory, use_kineto=True) as prof:
+    with (
+        _captured_stdout() as log,
+        torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON),
+        profile(profile_memory=memory, use_kineto=True) as prof,
+    ):
         call.run(kernel, alg, 0, size, out)
     events = prof.kineto_results.events()
     backend, ran = _backend_of(log["text"], {e.name() for e in events}, kernel)
@@ -255,6 +286,7 @@ def verify(call: KernelCall, kernel: str, alg: Algorithm, size: int) -> str:
     """Run the kernel once; say which implementation ran; raise if it is not the forced backend."""
     backend, ran, _ = instrumented(call, kernel, alg, size, memory=False)
     if backend != alg.backend:
-        raise RuntimeError(f"{alg.name} {kernel} at micro-batch {size}: forced {alg.backend} but "
-                           f"{backend} ran ({ran})")
+        raise RuntimeError(
+            f"{alg.name} {kernel} at micro-batch {size}: forced {alg.backend} but {backend} ran ({ran})"
+        )
     return ran

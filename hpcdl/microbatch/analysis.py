@@ -41,18 +41,40 @@ def _read(path: Path) -> pd.DataFrame:
 
 def network_speedup(execution: pd.DataFrame) -> pd.DataFrame:
     ok = _ok(execution)
-    cols = ["network", "policy", "planner", "device", "measured_plan_s", "measured_default_s",
-            "predicted_plan_s", "predicted_default_s", "measured_speedup", "predicted_speedup",
-            "prediction_error_frac", "max_rel_err", "seed_speedup_v100"]
+    cols = [
+        "network",
+        "policy",
+        "planner",
+        "device",
+        "measured_plan_s",
+        "measured_default_s",
+        "predicted_plan_s",
+        "predicted_default_s",
+        "measured_speedup",
+        "predicted_speedup",
+        "prediction_error_frac",
+        "max_rel_err",
+        "seed_speedup_v100",
+    ]
     if ok.empty:
         return pd.DataFrame(columns=cols)
-    ok = ok.assign(m=ok["measured_time_s"] * ok["count"], md=ok["measured_default_time_s"] * ok["count"],
-                   p=ok["predicted_time_s"] * ok["count"], pd_=ok["predicted_default_time_s"] * ok["count"],
-                   err=ok[["err_output", "err_grad_input", "err_grad_weight"]].max(axis=1))
+    ok = ok.assign(
+        m=ok["measured_time_s"] * ok["count"],
+        md=ok["measured_default_time_s"] * ok["count"],
+        p=ok["predicted_time_s"] * ok["count"],
+        pd_=ok["predicted_default_time_s"] * ok["count"],
+        err=ok[["err_output", "err_grad_input", "err_grad_weight"]].max(axis=1),
+    )
     g = ok.groupby(["network", "policy", "planner", "device"], sort=False)
-    out = pd.DataFrame({"measured_plan_s": g["m"].sum(), "measured_default_s": g["md"].sum(),
-                        "predicted_plan_s": g["p"].sum(), "predicted_default_s": g["pd_"].sum(),
-                        "max_rel_err": g["err"].max()}).reset_index()
+    out = pd.DataFrame(
+        {
+            "measured_plan_s": g["m"].sum(),
+            "measured_default_s": g["md"].sum(),
+            "predicted_plan_s": g["p"].sum(),
+            "predicted_default_s": g["pd_"].sum(),
+            "max_rel_err": g["err"].max(),
+        }
+    ).reset_index()
     out["measured_speedup"] = out["measured_default_s"] / out["measured_plan_s"]
     out["predicted_speedup"] = out["predicted_default_s"] / out["predicted_plan_s"]
     out["prediction_error_frac"] = out["predicted_plan_s"] / out["measured_plan_s"] - 1
@@ -75,15 +97,32 @@ def exactness_table(exact: pd.DataFrame, execution: pd.DataFrame) -> pd.DataFram
     ok = _ok(exact)
     if not ok.empty:
         for (net, alg, k), d in ok.groupby(["network", "algorithm", "kernel"]):
-            rows.append({"network": net, "what": f"candidate {alg}", "kernel": k,
-                         "max_rel_err": float(d["max_rel_err"].max()), "layers": len(d)})
+            rows.append(
+                {
+                    "network": net,
+                    "what": f"candidate {alg}",
+                    "kernel": k,
+                    "max_rel_err": float(d["max_rel_err"].max()),
+                    "layers": len(d),
+                }
+            )
     ex = _ok(execution)
     if not ex.empty:
         for (net, pol, pl), d in ex.groupby(["network", "policy", "planner"]):
-            for k, col in (("forward", "err_output"), ("backward_data", "err_grad_input"),
-                           ("backward_filter", "err_grad_weight")):
-                rows.append({"network": net, "what": f"plan {pol}/{pl}", "kernel": k,
-                             "max_rel_err": float(d[col].max()), "layers": len(d)})
+            for k, col in (
+                ("forward", "err_output"),
+                ("backward_data", "err_grad_input"),
+                ("backward_filter", "err_grad_weight"),
+            ):
+                rows.append(
+                    {
+                        "network": net,
+                        "what": f"plan {pol}/{pl}",
+                        "kernel": k,
+                        "max_rel_err": float(d[col].max()),
+                        "layers": len(d),
+                    }
+                )
     return pd.DataFrame(rows, columns=["network", "what", "kernel", "max_rel_err", "layers"])
 
 
@@ -114,6 +153,7 @@ def aggregate(cfg: dict, study_dir: Path) -> None:
 
 
 # ---------------------------------------------------------------- figures
+
 
 def _networks(df: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(df["network"])) if not df.empty else []
@@ -154,10 +194,14 @@ def plot(cfg: dict, study_dir: Path) -> None:
             e = d[d["policy"] == p].set_index("layer").reindex(order)
             x = np.arange(len(order)) + (i - (len(pols) - 1) / 2) * width
             ax.bar(x, e["measured_speedup"], width, color=POLICY_COLOR[p], label=f"{p}: measured")
-            ax.plot(x, e["predicted_speedup"], "k_", ms=10, mew=2, label="predicted (DP+ILP)" if i == 0 else None)
+            ax.plot(
+                x, e["predicted_speedup"], "k_", ms=10, mew=2, label="predicted (DP+ILP)" if i == 0 else None
+            )
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(np.arange(len(order)), order, rotation=20, fontsize=8)
-        ax.set(ylabel="default time / plan time", title=f"{net}: per-layer speedup of the executed plan ({dev})")
+        ax.set(
+            ylabel="default time / plan time", title=f"{net}: per-layer speedup of the executed plan ({dev})"
+        )
         ax.legend(fontsize=7, ncol=4)
         ax.grid(True, axis="y", alpha=0.3)
     save_figure(fig, figs / "layer_speedup.png")
@@ -172,19 +216,40 @@ def plot(cfg: dict, study_dir: Path) -> None:
         d = budget[(budget["network"] == net)]
         for p in [p for p in POLICY_ORDER if p in set(d["policy"])]:
             e = d[(d["policy"] == p) & d["feasible"].astype(bool)].sort_values("budget_bytes")
-            ax.plot(e["budget_bytes"] / MiB, e["predicted_speedup"], "o-", color=POLICY_COLOR[p],
-                    label=f"{p} (predicted)")
-            m = nets[(nets["network"] == net) & (nets["policy"] == p) & (nets["planner"] == "ilp")] \
-                if not nets.empty else nets
+            ax.plot(
+                e["budget_bytes"] / MiB,
+                e["predicted_speedup"],
+                "o-",
+                color=POLICY_COLOR[p],
+                label=f"{p} (predicted)",
+            )
+            m = (
+                nets[(nets["network"] == net) & (nets["policy"] == p) & (nets["planner"] == "ilp")]
+                if not nets.empty
+                else nets
+            )
             full = d[(d["policy"] == p) & (d["budget_fraction"] == 1)]
             if len(m) and len(full):
-                ax.plot(full["budget_bytes"] / MiB, m["measured_speedup"].to_numpy()[:1], "*", ms=14,
-                        color=POLICY_COLOR[p], markeredgecolor="k", label=f"{p} (executed)")
+                ax.plot(
+                    full["budget_bytes"] / MiB,
+                    m["measured_speedup"].to_numpy()[:1],
+                    "*",
+                    ms=14,
+                    color=POLICY_COLOR[p],
+                    markeredgecolor="k",
+                    label=f"{p} (executed)",
+                )
         if net in SEED_SPEEDUP:
-            ax.axhline(SEED_SPEEDUP[net], color="gray", ls="--", label=f"μ-cuDNN V100 (paper) {SEED_SPEEDUP[net]}x")
+            ax.axhline(
+                SEED_SPEEDUP[net], color="gray", ls="--", label=f"μ-cuDNN V100 (paper) {SEED_SPEEDUP[net]}x"
+            )
         ax.axhline(1.0, color="k", lw=0.8)
-        ax.set(xscale="log", xlabel="total workspace budget (MiB)", ylabel="default time / plan time",
-               title=f"{net} ({dev})")
+        ax.set(
+            xscale="log",
+            xlabel="total workspace budget (MiB)",
+            ylabel="default time / plan time",
+            title=f"{net} ({dev})",
+        )
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     save_figure(fig, figs / "budget_speedup.png")
@@ -224,21 +289,47 @@ def plot(cfg: dict, study_dir: Path) -> None:
     else:
         marker = {n: m for n, m in zip(_networks(nets), "osD^v", strict=False)}
         for r in nets.itertuples():
-            ax.plot(r.predicted_plan_s * 1e3, r.measured_plan_s * 1e3, marker[r.network],
-                    color=POLICY_COLOR.get(r.policy, "k"), mfc="none" if r.planner == "dp" else None,
-                    label=f"{r.network} {r.policy} {r.planner}")
+            ax.plot(
+                r.predicted_plan_s * 1e3,
+                r.measured_plan_s * 1e3,
+                marker[r.network],
+                color=POLICY_COLOR.get(r.policy, "k"),
+                mfc="none" if r.planner == "dp" else None,
+                label=f"{r.network} {r.policy} {r.planner}",
+            )
         dflt = nets.drop_duplicates("network")
-        ax.plot(dflt["predicted_default_s"] * 1e3, dflt["measured_default_s"] * 1e3, "kx", ms=9,
-                label="default layers")
-        lim = np.array([min(nets[["predicted_plan_s", "measured_plan_s"]].min()) * 0.8,
-                        max(nets[["predicted_plan_s", "measured_plan_s", "measured_default_s"]].max()) * 1.2]) * 1e3
+        ax.plot(
+            dflt["predicted_default_s"] * 1e3,
+            dflt["measured_default_s"] * 1e3,
+            "kx",
+            ms=9,
+            label="default layers",
+        )
+        lim = (
+            np.array(
+                [
+                    min(nets[["predicted_plan_s", "measured_plan_s"]].min()) * 0.8,
+                    max(nets[["predicted_plan_s", "measured_plan_s", "measured_default_s"]].max()) * 1.2,
+                ]
+            )
+            * 1e3
+        )
         ax.plot(lim, lim, "k-", lw=0.8)
-        ax.fill_between(lim, lim / (1 + tol), lim / (1 - tol), color="gray", alpha=0.2,
-                        label=f"prediction within {tol:.0%}")
+        ax.fill_between(
+            lim,
+            lim / (1 + tol),
+            lim / (1 - tol),
+            color="gray",
+            alpha=0.2,
+            label=f"prediction within {tol:.0%}",
+        )
         ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim)
         ax.legend(fontsize=6, ncol=2)
-    ax.set(xlabel="predicted conv time per iteration (ms, sum of benchmarked kernels)",
-           ylabel="measured fwd+bwd conv time (ms, executed)", title=f"Predicted vs measured ({dev})")
+    ax.set(
+        xlabel="predicted conv time per iteration (ms, sum of benchmarked kernels)",
+        ylabel="measured fwd+bwd conv time (ms, executed)",
+        title=f"Predicted vs measured ({dev})",
+    )
     ax.grid(True, which="both", alpha=0.3)
     save_figure(fig, figs / "predicted_vs_measured.png")
 
@@ -279,10 +370,16 @@ def claims(cfg: dict, study_dir: Path) -> list[dict]:
                 continue
             speed[key] = round(float(d["measured_speedup"].iloc[0]), 4)
             holds[key] = speed[key] >= block["min_speedup"]
-    c1 = every("plan_not_slower",
-               f"the executed ILP plan (budget = the default's workspace) runs at >= {block['min_speedup']}x the "
-               "default's conv time, every network and policy", holds, missing, measured_speedup=speed,
-               min_speedup=block["min_speedup"], seed_reference=SEED_NOTE)
+    c1 = every(
+        "plan_not_slower",
+        f"the executed ILP plan (budget = the default's workspace) runs at >= {block['min_speedup']}x the "
+        "default's conv time, every network and policy",
+        holds,
+        missing,
+        measured_speedup=speed,
+        min_speedup=block["min_speedup"],
+        seed_reference=SEED_NOTE,
+    )
 
     holds, missing, errs = {}, {}, {}
     for net in block["networks"]:
@@ -294,10 +391,15 @@ def claims(cfg: dict, study_dir: Path) -> list[dict]:
                 continue
             errs[key] = round(float(d["prediction_error_frac"].iloc[0]), 4)
             holds[key] = abs(errs[key]) <= block["prediction_tolerance"]
-    c2 = every("prediction_within_tolerance",
-               f"the DP/ILP's predicted network conv time is within {block['prediction_tolerance']:.0%} of the "
-               "measured time of the executed plan, every network and policy", holds, missing,
-               predicted_over_measured_minus_1=errs, tolerance=block["prediction_tolerance"])
+    c2 = every(
+        "prediction_within_tolerance",
+        f"the DP/ILP's predicted network conv time is within {block['prediction_tolerance']:.0%} of the "
+        "measured time of the executed plan, every network and policy",
+        holds,
+        missing,
+        predicted_over_measured_minus_1=errs,
+        tolerance=block["prediction_tolerance"],
+    )
 
     holds, missing, worst = {}, {}, {}
     for net in block["networks"]:
@@ -307,8 +409,14 @@ def claims(cfg: dict, study_dir: Path) -> list[dict]:
             continue
         worst[net] = float(d["max_rel_err"].max())
         holds[net] = worst[net] <= block["exact_tolerance"]
-    c3 = every("outputs_exact",
-               f"output, input gradient and weight gradient of every candidate (micro-batches [1, B-1]) and of "
-               f"every executed plan equal the undivided default layer within {block['exact_tolerance']:g} "
-               "relative (fp32)", holds, missing, max_rel_err=worst, tolerance=block["exact_tolerance"])
+    c3 = every(
+        "outputs_exact",
+        f"output, input gradient and weight gradient of every candidate (micro-batches [1, B-1]) and of "
+        f"every executed plan equal the undivided default layer within {block['exact_tolerance']:g} "
+        "relative (fp32)",
+        holds,
+        missing,
+        max_rel_err=worst,
+        tolerance=block["exact_tolerance"],
+    )
     return [c1, c2, c3]

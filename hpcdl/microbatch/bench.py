@@ -1,6 +1,7 @@
 """Benchmark every candidate algorithm per kernel and micro-batch size: time and workspace.
 
-Time: the minimum (and, recorded too, the median) of `repeats` calls after `warmup` calls (CUDA: synchronised around each call).
+Time: the minimum (and, recorded too, the median) of `repeats` calls after `warmup` calls (CUDA:
+synchronised around each call; CPU on one thread: the thread's CPU time, see `clock`).
 Workspace: the extra peak memory of one call beyond what existed before it (the result buffer is
 preallocated outside the call, so what is counted is the algorithm's scratch: oneDNN's reordered
 tensors and scratchpad, the native path's im2col columns, channels-last copies of the micro-batch,
@@ -17,7 +18,14 @@ import time
 
 import torch
 
-from hpcdl.microbatch.algorithms import ALGORITHMS, KERNELS, Algorithm, KernelCall, instrumented, unavailable_reason
+from hpcdl.microbatch.algorithms import (
+    ALGORITHMS,
+    KERNELS,
+    Algorithm,
+    KernelCall,
+    instrumented,
+    unavailable_reason,
+)
 
 
 def _sync(device: str) -> None:
@@ -80,14 +88,35 @@ def cuda_peak_extra_bytes(fn) -> int:
 
 
 def _skipped(base: dict, kernel: str, name: str, sizes: list[int], why: str) -> list[dict]:
-    return [{**base, "kernel": kernel, "algorithm": name, "micro_batch": b, "status": "skipped",
-             "reason": why, "backend_ran": "", "forced_ok": False, "ran": "", "time_s": float("nan"),
-             "time_median_s": float("nan"),
-             "workspace_bytes": -1, "bench_wall_s": 0.0} for b in sizes]
+    return [
+        {
+            **base,
+            "kernel": kernel,
+            "algorithm": name,
+            "micro_batch": b,
+            "status": "skipped",
+            "reason": why,
+            "backend_ran": "",
+            "forced_ok": False,
+            "ran": "",
+            "time_s": float("nan"),
+            "time_median_s": float("nan"),
+            "workspace_bytes": -1,
+            "bench_wall_s": 0.0,
+        }
+        for b in sizes
+    ]
 
 
-def benchmark_layer(call: KernelCall, algorithms: list[str], sizes: list[int], device: str,
-                    repeats: int, warmup: int, progress=None) -> list[dict]:
+def benchmark_layer(
+    call: KernelCall,
+    algorithms: list[str],
+    sizes: list[int],
+    device: str,
+    repeats: int,
+    warmup: int,
+    progress=None,
+) -> list[dict]:
     """One row per (kernel, algorithm, micro-batch size).
 
     Every row records which backend really ran (`backend_ran`) and whether it is the forced one
@@ -113,6 +142,7 @@ def benchmark_layer(call: KernelCall, algorithms: list[str], sizes: list[int], d
                     # micro-batch hot in cache from the previous one
                     # the whole batch runs as the executor runs it: no buffer, no copy
                     return call.run(kernel, alg, starts[i % len(starts)], b, None if b == call.batch else out)
+
                 t0 = time.perf_counter()
                 try:
                     t, t_med = time_call(once, device, repeats, warmup)
@@ -121,10 +151,23 @@ def benchmark_layer(call: KernelCall, algorithms: list[str], sizes: list[int], d
                     rows += _skipped(base, kernel, name, [b], f"{type(exc).__name__}: {exc}")
                     continue
                 ws = cuda_peak_extra_bytes(once) if device == "cuda" else cpu_peak_extra_bytes(events)
-                rows.append({**base, "kernel": kernel, "algorithm": name, "micro_batch": b, "status": "ok",
-                             "reason": "", "backend_ran": backend, "forced_ok": backend == alg.backend,
-                             "ran": ran, "time_s": t, "time_median_s": t_med, "workspace_bytes": ws,
-                             "bench_wall_s": time.perf_counter() - t0})
+                rows.append(
+                    {
+                        **base,
+                        "kernel": kernel,
+                        "algorithm": name,
+                        "micro_batch": b,
+                        "status": "ok",
+                        "reason": "",
+                        "backend_ran": backend,
+                        "forced_ok": backend == alg.backend,
+                        "ran": ran,
+                        "time_s": t,
+                        "time_median_s": t_med,
+                        "workspace_bytes": ws,
+                        "bench_wall_s": time.perf_counter() - t0,
+                    }
+                )
                 if progress is not None:
                     progress.update(1)
     return rows

@@ -14,5 +14,8 @@ def check(cfg: dict) -> None:
         try:
             network(net, block["image_size"], block["deepbench_scale"])
         except ValueError as exc:
-            raise ConfigError("microbatch.image_size", block["image_size"],
-                              f"a size every configured network builds at ({exc})") from None
+            raise ConfigError(
+                "microbatch.image_size",
+                block["image_size"],
+                f"a size every configured network builds at ({exc})",
+            ) from None

@@ -63,8 +63,13 @@ def _pareto(t: np.ndarray, w: np.ndarray) -> np.ndarray:
 class KernelDP:
     """Fronts of every b = 1..B for one kernel, from its benchmarked table."""
 
-    def __init__(self, table: dict[tuple[str, int], tuple[float, float]], batch: int, policy: str,
-                 label: str = "kernel"):
+    def __init__(
+        self,
+        table: dict[tuple[str, int], tuple[float, float]],
+        batch: int,
+        policy: str,
+        label: str = "kernel",
+    ):
         """table: (algorithm, micro-batch) -> (time_s, workspace_bytes), for every size the policy needs."""
         self.batch, self.policy, self.label = batch, policy, label
         self.sizes = policy_sizes(policy, batch)
@@ -104,8 +109,9 @@ class KernelDP:
     def front(self, b: int | None = None) -> Front:
         f = self.fronts.get(self.batch if b is None else b)
         if f is None:
-            raise ValueError(f"{self.label}: no configuration for batch {b or self.batch} under policy "
-                             f"{self.policy}")
+            raise ValueError(
+                f"{self.label}: no configuration for batch {b or self.batch} under policy {self.policy}"
+            )
         return f
 
     def division(self, index: int, b: int | None = None) -> list[tuple[str, int]]:
@@ -124,6 +130,7 @@ class KernelDP:
             raise WorkspaceError(
                 f"{self.label}: workspace limit {limit_bytes / 2**20:.3f} MiB is smaller than every "
                 f"configuration's need under policy {self.policy} (the least is "
-                f"{f.workspace.min() / 2**20:.3f} MiB)")
+                f"{f.workspace.min() / 2**20:.3f} MiB)"
+            )
         i = int(ok[np.argmin(f.time_s[ok])])
         return i, float(f.time_s[i]), float(f.workspace[i])

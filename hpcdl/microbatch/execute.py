@@ -19,12 +19,26 @@ LayerPlan = dict[str, list[tuple[str, int]]]  # kernel -> [(algorithm, micro-bat
 
 
 def layer_of(conv: nn.Conv2d, name: str, height: int, width: int) -> ConvLayer:
-    if conv.groups != 1 or conv.dilation != (1, 1) or conv.stride[0] != conv.stride[1] \
-            or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
-        raise ValueError(f"layer {name}: only groups=1, dilation 1, square stride and explicit zero padding "
-                         "are planned")
-    return ConvLayer(name, conv.in_channels, conv.out_channels, height, width, *conv.kernel_size,
-                     conv.stride[0], *conv.padding)
+    if (
+        conv.groups != 1
+        or conv.dilation != (1, 1)
+        or conv.stride[0] != conv.stride[1]
+        or conv.padding_mode != "zeros"
+        or isinstance(conv.padding, str)
+    ):
+        raise ValueError(
+            f"layer {name}: only groups=1, dilation 1, square stride and explicit zero padding are planned"
+        )
+    return ConvLayer(
+        name,
+        conv.in_channels,
+        conv.out_channels,
+        height,
+        width,
+        *conv.kernel_size,
+        conv.stride[0],
+        *conv.padding,
+    )
 
 
 def scaled_plan(plan: LayerPlan, batch: int) -> LayerPlan:
@@ -47,8 +61,9 @@ def scaled_plan(plan: LayerPlan, batch: int) -> LayerPlan:
 class _MicroBatchedConv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, layer, plan, weights):
-        call = KernelCall(layer, x.shape[0], x.device.type, seed=None, x=x.detach(), weight=weight.detach(),
-                          weights=weights)
+        call = KernelCall(
+            layer, x.shape[0], x.device.type, seed=None, x=x.detach(), weight=weight.detach(), weights=weights
+        )
         if sum(b for _, b in plan["forward"]) != x.shape[0]:
             plan = scaled_plan(plan, x.shape[0])
         y = call.run_division("forward", plan["forward"])
@@ -62,7 +77,9 @@ class _MicroBatchedConv(torch.autograd.Function):
         call, plan = ctx.call, ctx.plan
         call.grad_out = grad_out.contiguous()
         gx = call.run_division("backward_data", plan["backward_data"]) if ctx.needs_input_grad[0] else None
-        gw = call.run_division("backward_filter", plan["backward_filter"]) if ctx.needs_input_grad[1] else None
+        gw = (
+            call.run_division("backward_filter", plan["backward_filter"]) if ctx.needs_input_grad[1] else None
+        )
         gb = grad_out.sum((0, 2, 3)) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return gx, gw, gb, None, None, None
 
@@ -95,8 +112,10 @@ def microbatch_network(module: nn.Module, plans: dict[str, LayerPlan]) -> nn.Mod
     named = dict(module.named_modules())
     unknown = [n for n in plans if not isinstance(named.get(n), nn.Conv2d)]
     if unknown:
-        raise ValueError(f"no Conv2d named {unknown} in the module; Conv2d layers: "
-                         f"{[n for n, m in named.items() if isinstance(m, nn.Conv2d)]}")
+        raise ValueError(
+            f"no Conv2d named {unknown} in the module; Conv2d layers: "
+            f"{[n for n, m in named.items() if isinstance(m, nn.Conv2d)]}"
+        )
     for path, plan in plans.items():
         parent_path, _, attr = path.rpartition(".")
         parent = named[parent_path] if parent_path else module

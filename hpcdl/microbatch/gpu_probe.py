@@ -44,14 +44,31 @@ def main(argv=None) -> int:
     t_all = time.perf_counter()
     for net in args.networks:
         t0 = time.perf_counter()
-        res = run_network(net, args.device, args.batch, args.image, args.deepbench_scale, None, args.policies,
-                          args.repeats, 1, args.exec_repeats, [0.25, 0.5, 1, 2, 4], None, 0)
+        res = run_network(
+            net,
+            args.device,
+            args.batch,
+            args.image,
+            args.deepbench_scale,
+            None,
+            args.policies,
+            args.repeats,
+            1,
+            args.exec_repeats,
+            [0.25, 0.5, 1, 2, 4],
+            None,
+            0,
+        )
         meta = res.pop("meta")
         for name, rows in res.items():
-            tables.setdefault(name, []).extend({**r, "device": meta["device"], "status": r.get("status", "ok")}
-                                               for r in rows)
-        print(f"[gpu_probe] {net}: {time.perf_counter() - t0:.0f} s on {meta['gpu'] or meta['device']} "
-              f"(torch {meta['torch']})", flush=True)
+            tables.setdefault(name, []).extend(
+                {**r, "device": meta["device"], "status": r.get("status", "ok")} for r in rows
+            )
+        print(
+            f"[gpu_probe] {net}: {time.perf_counter() - t0:.0f} s on {meta['gpu'] or meta['device']} "
+            f"(torch {meta['torch']})",
+            flush=True,
+        )
     for name, rows in tables.items():
         pd.DataFrame(rows).to_csv(args.out / f"{name}.csv", index=False)
     execution = pd.DataFrame(tables["execution"])
@@ -61,16 +78,37 @@ def main(argv=None) -> int:
     planning = pd.DataFrame(tables["planning"])
     bench = pd.DataFrame(tables["bench"])
     pd.set_option("display.width", 200)
-    print("\nper-network conv fwd+bwd time: executed plan vs PyTorch default (measured), and the DP/ILP "
-          "prediction")
-    print(nets[["network", "policy", "planner", "measured_default_s", "measured_plan_s", "measured_speedup",
-                "predicted_speedup", "prediction_error_frac", "max_rel_err"]].to_string(index=False))
+    print(
+        "\nper-network conv fwd+bwd time: executed plan vs PyTorch default (measured), and the DP/ILP "
+        "prediction"
+    )
+    print(
+        nets[
+            [
+                "network",
+                "policy",
+                "planner",
+                "measured_default_s",
+                "measured_plan_s",
+                "measured_speedup",
+                "predicted_speedup",
+                "prediction_error_frac",
+                "max_rel_err",
+            ]
+        ].to_string(index=False)
+    )
     print("\nplanning cost (s): benchmark of the sizes each policy needs, DP, ILP solve")
-    print(planning[["network", "policy", "bench_s", "dp_s", "ilp_solve_s", "front_points"]].to_string(index=False))
+    print(
+        planning[["network", "policy", "bench_s", "dp_s", "ilp_solve_s", "front_points"]].to_string(
+            index=False
+        )
+    )
     ran = bench[bench["status"] == "ok"].groupby("algorithm")["ran"].agg(lambda s: s.value_counts().index[0])
     print("\nwhat ran (most frequent, per candidate):")
     print(ran.to_string())
-    print(f"\nμ-cuDNN's V100 reference: {json.dumps(SEED_SPEEDUP)}; total {time.perf_counter() - t_all:.0f} s")
+    print(
+        f"\nμ-cuDNN's V100 reference: {json.dumps(SEED_SPEEDUP)}; total {time.perf_counter() - t_all:.0f} s"
+    )
     return 0
 
 

@@ -16,7 +16,7 @@ from torch import nn
 from hpcdl.microbatch import ilp
 from hpcdl.microbatch.algorithms import ALGORITHMS, DEFAULT, KERNELS, KernelCall, candidates, resolve_device
 from hpcdl.microbatch.bench import benchmark_layer, clock
-from hpcdl.microbatch.dp import KernelDP, WorkspaceError, policy_sizes
+from hpcdl.microbatch.dp import KernelDP, policy_sizes
 from hpcdl.microbatch.execute import MicroBatchedConv2d
 from hpcdl.microbatch.workloads import ConvLayer, network
 
@@ -55,15 +55,28 @@ def exactness_rows(call: KernelCall, algorithms: list[str], device: str, network
     for name in algorithms:
         steps = [(name, 1), (name, call.batch - 1)] if call.batch > 1 else [(name, 1)]
         for k in KERNELS:
-            rows.append({"network": network_name, "layer": call.layer.name, "kernel": k, "algorithm": name,
-                         "micro_batches": _division_text(steps)[0],
-                         "max_rel_err": rel_err(call.run_division(k, steps), ref[k])})
+            rows.append(
+                {
+                    "network": network_name,
+                    "layer": call.layer.name,
+                    "kernel": k,
+                    "algorithm": name,
+                    "micro_batches": _division_text(steps)[0],
+                    "max_rel_err": rel_err(call.run_division(k, steps), ref[k]),
+                }
+            )
     return rows
 
 
 def _conv_module(layer: ConvLayer, weight: torch.Tensor) -> nn.Conv2d:
-    conv = nn.Conv2d(layer.cin, layer.cout, (layer.kh, layer.kw), stride=layer.stride,
-                     padding=(layer.pad_h, layer.pad_w), bias=False).to(weight.device)
+    conv = nn.Conv2d(
+        layer.cin,
+        layer.cout,
+        (layer.kh, layer.kw),
+        stride=layer.stride,
+        padding=(layer.pad_h, layer.pad_w),
+        bias=False,
+    ).to(weight.device)
     with torch.no_grad():
         conv.weight.copy_(weight)
     return conv
@@ -88,8 +101,10 @@ def execute_layer(call: KernelCall, plans: dict[str, dict], device: str, repeats
     output and gradient errors against the default."""
     layer = call.layer
     conv = _conv_module(layer, call.weight)
-    variants = {"default": conv, **{v: MicroBatchedConv2d(_conv_module(layer, call.weight), p, layer.name)
-                                    for v, p in plans.items()}}
+    variants = {
+        "default": conv,
+        **{v: MicroBatchedConv2d(_conv_module(layer, call.weight), p, layer.name) for v, p in plans.items()},
+    }
     x = call.x.clone().requires_grad_(True)
     with ALGORITHMS[DEFAULT[device]].context():  # the default runs as the framework does by default
         _, y0, gx0, gw0 = _fwd_bwd(conv, x, call.grad_out, device)
@@ -97,7 +112,7 @@ def execute_layer(call: KernelCall, plans: dict[str, dict], device: str, repeats
     times = {v: [] for v in variants}
     names = list(variants)
     for r in range(repeats + 1):  # round 0 warms every variant up
-        order = names[r % len(names):] + names[:r % len(names)]  # rotate: no variant always runs first
+        order = names[r % len(names) :] + names[: r % len(names)]  # rotate: no variant always runs first
         for v in order:
             with ALGORITHMS[DEFAULT[device]].context():
                 dt, *_ = _fwd_bwd(variants[v], x, call.grad_out, device)
@@ -107,15 +122,31 @@ def execute_layer(call: KernelCall, plans: dict[str, dict], device: str, repeats
     for v, m in variants.items():
         with ALGORITHMS[DEFAULT[device]].context():
             _, y, gx, gw = _fwd_bwd(m, x, call.grad_out, device)
-        out[v] = {"time_s": min(times[v]), "time_median_s": statistics.median(times[v]), "err_output": rel_err(y, ref[0]),
-                  "err_grad_input": rel_err(gx, ref[1]), "err_grad_weight": rel_err(gw, ref[2])}
+        out[v] = {
+            "time_s": min(times[v]),
+            "time_median_s": statistics.median(times[v]),
+            "err_output": rel_err(y, ref[0]),
+            "err_grad_input": rel_err(gx, ref[1]),
+            "err_grad_weight": rel_err(gw, ref[2]),
+        }
     return out
 
 
-def run_network(network_name: str, device: str, batch_size: int, image_size: int, deepbench_scale: float,
-                algorithms: list[str] | None, policies: list[str], repeats: int, warmup: int,
-                exec_repeats: int, budget_fractions: list[float], kernel_limit_mib: float | None,
-                seed: int) -> dict:
+def run_network(
+    network_name: str,
+    device: str,
+    batch_size: int,
+    image_size: int,
+    deepbench_scale: float,
+    algorithms: list[str] | None,
+    policies: list[str],
+    repeats: int,
+    warmup: int,
+    exec_repeats: int,
+    budget_fractions: list[float],
+    kernel_limit_mib: float | None,
+    seed: int,
+) -> dict:
     device = resolve_device(device)
     torch.manual_seed(seed)
     layers = network(network_name, image_size, deepbench_scale)
@@ -140,12 +171,16 @@ def run_network(network_name: str, device: str, batch_size: int, image_size: int
     # candidates: rows where the forced backend really ran, and the framework's default as it dispatches
     ok = [r for r in bench if r["status"] == "ok" and (r["forced_ok"] or r["algorithm"] == default)]
     if not any(r["algorithm"] == default for r in ok):
-        raise RuntimeError(f"{network_name}: the default algorithm {default} did not run: "
-                           f"{[r['reason'] for r in bench if r['algorithm'] == default][:1]}")
+        raise RuntimeError(
+            f"{network_name}: the default algorithm {default} did not run: "
+            f"{[r['reason'] for r in bench if r['algorithm'] == default][:1]}"
+        )
     table = {}
     for r in ok:
         table.setdefault(_label(r["layer"], r["kernel"]), {})[(r["algorithm"], r["micro_batch"])] = (
-            r["time_s"], float(r["workspace_bytes"]))
+            r["time_s"],
+            float(r["workspace_bytes"]),
+        )
     counts = {_label(ly.name, k): ly.count for ly in layers for k in KERNELS}
     default_cfg = {lab: tab[(default, batch_size)] for lab, tab in table.items()}
     default_total_ws = sum(counts[lab] * ws for lab, (_, ws) in default_cfg.items())
@@ -156,9 +191,10 @@ def run_network(network_name: str, device: str, batch_size: int, image_size: int
     predicted: dict[tuple[str, str], float] = {}
     for policy in policies:
         t1 = time.perf_counter()
-        dps = {lab: KernelDP(tab, batch_size, policy, label=f"layer {lab.split('/')[0]} "
-                                                           f"({lab.split('/')[1]})")
-               for lab, tab in table.items()}
+        dps = {
+            lab: KernelDP(tab, batch_size, policy, label=f"layer {lab.split('/')[0]} ({lab.split('/')[1]})")
+            for lab, tab in table.items()
+        }
         fronts = {lab: dp.front() for lab, dp in dps.items()}
         dp_s = time.perf_counter() - t1
         # DP per kernel: each kernel under its own limit (default: the default algorithm's workspace)
@@ -177,33 +213,65 @@ def run_network(network_name: str, device: str, batch_size: int, image_size: int
                 t, ws = float(fronts[lab].time_s[idx]), float(fronts[lab].workspace[idx])
                 total += counts[lab] * t
                 exec_plans[layer_name].setdefault(f"{policy}/{planner}", {})[kernel] = steps
-                plans_rows.append({"network": network_name, "policy": policy, "planner": planner,
-                                   "layer": layer_name, "count": counts[lab], "kernel": kernel,
-                                   "micro_batches": sizes_text, "algorithms": algs_text,
-                                   "n_micro_batches": len(steps), "largest_micro_batch": max(b for _, b in steps),
-                                   "predicted_time_s": t, "workspace_bytes": ws,
-                                   "default_time_s": default_cfg[lab][0],
-                                   "default_workspace_bytes": default_cfg[lab][1]})
+                plans_rows.append(
+                    {
+                        "network": network_name,
+                        "policy": policy,
+                        "planner": planner,
+                        "layer": layer_name,
+                        "count": counts[lab],
+                        "kernel": kernel,
+                        "micro_batches": sizes_text,
+                        "algorithms": algs_text,
+                        "n_micro_batches": len(steps),
+                        "largest_micro_batch": max(b for _, b in steps),
+                        "predicted_time_s": t,
+                        "workspace_bytes": ws,
+                        "default_time_s": default_cfg[lab][0],
+                        "default_workspace_bytes": default_cfg[lab][1],
+                    }
+                )
             predicted[(policy, planner)] = total
         # speedup vs workspace budget (ILP), as fractions of the default's total workspace
         t2 = time.perf_counter()
         sweep = ilp.network_front(fronts, counts, [f * default_total_ws for f in budget_fractions])
         sweep_s = time.perf_counter() - t2
         for f, row in zip(sorted(budget_fractions), sweep, strict=True):
-            budget_rows.append({"network": network_name, "policy": policy, "budget_fraction": f,
-                                "budget_bytes": row["budget_bytes"], "feasible": row["feasible"],
-                                "predicted_time_s": row["time_s"], "default_predicted_time_s": default_time,
-                                "predicted_speedup": default_time / row["time_s"] if row["feasible"] else
-                                float("nan"), "workspace_bytes": row["workspace_bytes"],
-                                "solve_s": row["solve_s"], "reason": row.get("reason", "")})
-        policy_bench_s = sum(r["bench_wall_s"] for r in bench
-                             if r.get("bench_wall_s") and r["micro_batch"] in policy_sizes(policy, batch_size))
-        planning_rows.append({"network": network_name, "policy": policy, "bench_s": policy_bench_s,
-                              "bench_total_s": bench_s, "dp_s": dp_s, "ilp_solve_s": headline.solve_s,
-                              "ilp_sweep_s": sweep_s, "front_points": int(sum(len(f.time_s)
-                                                                             for f in fronts.values())),
-                              "kernels": len(fronts), "default_workspace_bytes": default_total_ws,
-                              "ilp_workspace_bytes": headline.workspace_bytes})
+            budget_rows.append(
+                {
+                    "network": network_name,
+                    "policy": policy,
+                    "budget_fraction": f,
+                    "budget_bytes": row["budget_bytes"],
+                    "feasible": row["feasible"],
+                    "predicted_time_s": row["time_s"],
+                    "default_predicted_time_s": default_time,
+                    "predicted_speedup": default_time / row["time_s"] if row["feasible"] else float("nan"),
+                    "workspace_bytes": row["workspace_bytes"],
+                    "solve_s": row["solve_s"],
+                    "reason": row.get("reason", ""),
+                }
+            )
+        policy_bench_s = sum(
+            r["bench_wall_s"]
+            for r in bench
+            if r.get("bench_wall_s") and r["micro_batch"] in policy_sizes(policy, batch_size)
+        )
+        planning_rows.append(
+            {
+                "network": network_name,
+                "policy": policy,
+                "bench_s": policy_bench_s,
+                "bench_total_s": bench_s,
+                "dp_s": dp_s,
+                "ilp_solve_s": headline.solve_s,
+                "ilp_sweep_s": sweep_s,
+                "front_points": int(sum(len(f.time_s) for f in fronts.values())),
+                "kernels": len(fronts),
+                "default_workspace_bytes": default_total_ws,
+                "ilp_workspace_bytes": headline.workspace_bytes,
+            }
+        )
 
     # 3. execute the default and every plan, interleaved, per layer; exactness of every candidate
     exec_rows, exact_rows = [], []
@@ -216,24 +284,54 @@ def run_network(network_name: str, device: str, batch_size: int, image_size: int
             if variant == "default":
                 continue
             policy, planner = variant.split("/")
-            pred = sum(r["predicted_time_s"] for r in plans_rows if r["layer"] == ly.name
-                       and r["policy"] == policy and r["planner"] == planner)
-            exec_rows.append({"network": network_name, "policy": policy, "planner": planner, "layer": ly.name,
-                              "count": ly.count, "measured_time_s": m["time_s"],
-                              "measured_default_time_s": got["default"]["time_s"],
-                              "measured_median_s": m["time_median_s"],
-                              "measured_default_median_s": got["default"]["time_median_s"],
-                              "predicted_time_s": pred, "predicted_default_time_s": pred_default,
-                              "err_output": m["err_output"], "err_grad_input": m["err_grad_input"],
-                              "err_grad_weight": m["err_grad_weight"], "exec_repeats": exec_repeats})
-        exact_rows += exactness_rows(call, [a for a in algs if any(
-            r["algorithm"] == a and r["layer"] == ly.name for r in ok)], device, network_name)
+            pred = sum(
+                r["predicted_time_s"]
+                for r in plans_rows
+                if r["layer"] == ly.name and r["policy"] == policy and r["planner"] == planner
+            )
+            exec_rows.append(
+                {
+                    "network": network_name,
+                    "policy": policy,
+                    "planner": planner,
+                    "layer": ly.name,
+                    "count": ly.count,
+                    "measured_time_s": m["time_s"],
+                    "measured_default_time_s": got["default"]["time_s"],
+                    "measured_median_s": m["time_median_s"],
+                    "measured_default_median_s": got["default"]["time_median_s"],
+                    "predicted_time_s": pred,
+                    "predicted_default_time_s": pred_default,
+                    "err_output": m["err_output"],
+                    "err_grad_input": m["err_grad_input"],
+                    "err_grad_weight": m["err_grad_weight"],
+                    "exec_repeats": exec_repeats,
+                }
+            )
+        exact_rows += exactness_rows(
+            call,
+            [a for a in algs if any(r["algorithm"] == a and r["layer"] == ly.name for r in ok)],
+            device,
+            network_name,
+        )
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    meta = {"device": device, "clock": clock(device)[1], "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "batch_size": batch_size,
-            "gpu": torch.cuda.get_device_name() if device == "cuda" else ""}
-    return {"bench": bench, "plans": plans_rows, "budget": budget_rows, "execution": exec_rows,
-            "exactness": exact_rows, "planning": planning_rows, "meta": meta}
+    meta = {
+        "device": device,
+        "clock": clock(device)[1],
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "batch_size": batch_size,
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else "",
+    }
+    return {
+        "bench": bench,
+        "plans": plans_rows,
+        "budget": budget_rows,
+        "execution": exec_rows,
+        "exactness": exact_rows,
+        "planning": planning_rows,
+        "meta": meta,
+    }

@@ -5,9 +5,21 @@ from __future__ import annotations
 
 def network_points(cfg: dict) -> list[dict]:
     b = cfg["microbatch"]
-    return [{"network_name": net, "device": b["device"], "batch_size": b["batch_size"],
-             "image_size": b["image_size"], "deepbench_scale": b["deepbench_scale"],
-             "algorithms": b["algorithms"], "policies": b["policies"], "repeats": b["repeats"],
-             "warmup": b["warmup"], "exec_repeats": b["exec_repeats"],
-             "budget_fractions": b["budget_fractions"], "kernel_limit_mib": b["kernel_limit_mib"],
-             "seed": b["seed"]} for net in b["networks"]]
+    return [
+        {
+            "network_name": net,
+            "device": b["device"],
+            "batch_size": b["batch_size"],
+            "image_size": b["image_size"],
+            "deepbench_scale": b["deepbench_scale"],
+            "algorithms": b["algorithms"],
+            "policies": b["policies"],
+            "repeats": b["repeats"],
+            "warmup": b["warmup"],
+            "exec_repeats": b["exec_repeats"],
+            "budget_fractions": b["budget_fractions"],
+            "kernel_limit_mib": b["kernel_limit_mib"],
+            "seed": b["seed"],
+        }
+        for net in b["networks"]
+    ]

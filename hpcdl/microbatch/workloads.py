@@ -31,8 +31,10 @@ class ConvLayer:
 
     @property
     def out_hw(self) -> tuple[int, int]:
-        return (conv_out(self.height, self.kh, self.stride, self.pad_h),
-                conv_out(self.width, self.kw, self.stride, self.pad_w))
+        return (
+            conv_out(self.height, self.kh, self.stride, self.pad_h),
+            conv_out(self.width, self.kw, self.stride, self.pad_w),
+        )
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -54,11 +56,13 @@ def alexnet(image: int) -> list[ConvLayer]:
     s3 = _pool(s2)
     if s3 < 1:
         raise ValueError(f"alexnet: image size {image} is too small (the third conv would be {s3}x{s3})")
-    return [ConvLayer("conv1", 3, 64, image, image, 11, 11, 4, 2, 2),
-            ConvLayer("conv2", 64, 192, s2, s2, 5, 5, 1, 2, 2),
-            ConvLayer("conv3", 192, 384, s3, s3, 3, 3, 1, 1, 1),
-            ConvLayer("conv4", 384, 256, s3, s3, 3, 3, 1, 1, 1),
-            ConvLayer("conv5", 256, 256, s3, s3, 3, 3, 1, 1, 1)]
+    return [
+        ConvLayer("conv1", 3, 64, image, image, 11, 11, 4, 2, 2),
+        ConvLayer("conv2", 64, 192, s2, s2, 5, 5, 1, 2, 2),
+        ConvLayer("conv3", 192, 384, s3, s3, 3, 3, 1, 1, 1),
+        ConvLayer("conv4", 384, 256, s3, s3, 3, 3, 1, 1, 1),
+        ConvLayer("conv5", 256, 256, s3, s3, 3, 3, 1, 1, 1),
+    ]
 
 
 def resnet18(image: int) -> list[ConvLayer]:
@@ -67,15 +71,19 @@ def resnet18(image: int) -> list[ConvLayer]:
     layers = [ConvLayer("conv1", 3, 64, image, image, 7, 7, 2, 3, 3)]
     s = conv_out(s, 3, 2, 1)  # max pool 3, stride 2, pad 1
     if s < 8:
-        raise ValueError(f"resnet18: image size {image} is too small (layer1 would run at {s}x{s}; "
-                         "at least 8 keeps layer4 at 1x1)")
+        raise ValueError(
+            f"resnet18: image size {image} is too small (layer1 would run at {s}x{s}; "
+            "at least 8 keeps layer4 at 1x1)"
+        )
     layers.append(ConvLayer("layer1.3x3", 64, 64, s, s, 3, 3, 1, 1, 1, count=4))
     cin = 64
     for stage, cout in ((2, 128), (3, 256), (4, 512)):
         half = conv_out(s, 3, 2, 1)
-        layers += [ConvLayer(f"layer{stage}.0.conv1", cin, cout, s, s, 3, 3, 2, 1, 1),
-                   ConvLayer(f"layer{stage}.0.downsample", cin, cout, s, s, 1, 1, 2, 0, 0),
-                   ConvLayer(f"layer{stage}.3x3", cout, cout, half, half, 3, 3, 1, 1, 1, count=3)]
+        layers += [
+            ConvLayer(f"layer{stage}.0.conv1", cin, cout, s, s, 3, 3, 2, 1, 1),
+            ConvLayer(f"layer{stage}.0.downsample", cin, cout, s, s, 1, 1, 2, 0, 0),
+            ConvLayer(f"layer{stage}.3x3", cout, cout, half, half, 3, 3, 1, 1, 1, count=3),
+        ]
         cin, s = cout, half
     return layers
 
