@@ -19,7 +19,7 @@ from torch import nn
 
 from hpcdl.config import ConfigError, load_config
 from hpcdl.microbatch import ilp
-from hpcdl.microbatch.algorithms import ALGORITHMS, KERNELS, KernelCall, verify
+from hpcdl.microbatch.algorithms import ALGORITHMS, ALL_KERNELS, FUSED, KERNELS, KernelCall, verify
 from hpcdl.microbatch.bench import benchmark_layer
 from hpcdl.microbatch.dp import KernelDP, WorkspaceError, policy_sizes
 from hpcdl.microbatch.execute import MicroBatchedConv2d, microbatch_network
@@ -142,6 +142,35 @@ def test_ilp_matches_brute_force_and_respects_the_budget():
     assert times == sorted(times, reverse=True)  # more workspace never makes the network slower
 
 
+def test_ilp_fused_backward_alternative_matches_brute_force():
+    rng = np.random.default_rng(5)
+    fronts = {
+        k: KernelDP(_table(rng, 3), 3, "all").front()
+        for k in ("l/forward", "l/backward", "l/backward_data", "l/backward_filter")
+    }
+    counts = dict.fromkeys(fronts, 1)
+    groups = [("l/backward", "l/backward_data", "l/backward_filter")]
+    f = {k: list(zip(v.time_s, v.workspace, strict=True)) for k, v in fronts.items()}
+    for budget in (200.0, 400.0, 1e9):
+        best = np.inf
+        for a in f["l/forward"]:
+            for b in f["l/backward"]:
+                if a[1] + b[1] <= budget:
+                    best = min(best, a[0] + b[0])
+            for d in f["l/backward_data"]:
+                for w in f["l/backward_filter"]:
+                    if a[1] + d[1] + w[1] <= budget:
+                        best = min(best, a[0] + d[0] + w[0])
+        if np.isinf(best):
+            with pytest.raises(WorkspaceError):
+                ilp.solve(fronts, counts, budget, groups)
+            continue
+        res = ilp.solve(fronts, counts, budget, groups)
+        assert res.time_s == pytest.approx(best, rel=1e-9)
+        chosen = set(res.choice)
+        assert chosen in ({"l/forward", "l/backward"}, {"l/forward", "l/backward_data", "l/backward_filter"})
+
+
 def test_ilp_budget_below_the_least_need_names_the_layer():
     table = {("a", 1): (1.0, 100.0), ("a", 2): (1.5, 300.0)}
     fronts = {
@@ -163,8 +192,13 @@ def test_every_candidate_micro_batched_equals_the_undivided_layer(alg):
         w = call.weight.clone().requires_grad_(True)
         y = torch.nn.functional.conv2d(x, w, padding=1)
         y.backward(call.grad_out)
-        ref = {"forward": y.detach(), "backward_data": x.grad, "backward_filter": w.grad}
-        for kernel in KERNELS:
+        ref = {
+            "forward": y.detach(),
+            "backward_data": x.grad,
+            "backward_filter": w.grad,
+            FUSED: (x.grad, w.grad),
+        }
+        for kernel in ALL_KERNELS:
             got = call.run_division(kernel, [(alg, b) for b in division])
             assert rel_err(got, ref[kernel]) <= 1e-5, (alg, kernel, division)
 
@@ -237,10 +271,11 @@ def test_benchmark_rows_record_backend_workspace_and_skip_an_unavailable_backend
         )
     )
     skipped = rows[rows["algorithm"] == "cudnn-benchmark-nchw"]
-    assert len(skipped) == 9 and (skipped["status"] == "skipped").all()
+    assert len(skipped) == 12 and (skipped["status"] == "skipped").all()
     assert skipped["reason"].str.contains("cuda algorithm and this run is on cpu").all()
     ok = rows[rows["status"] == "ok"]
-    assert len(ok) == 18 and (ok["time_s"] > 0).all()
+    assert len(ok) == 24 and (ok["time_s"] > 0).all()
+    assert set(ok["kernel"]) == set(ALL_KERNELS)
     assert set(ok["backend_ran"]) == {"native", "onednn"}
     # the native path is always what runs when forced; oneDNN runs at the full batch, while at
     # micro-batch 1 PyTorch's dispatcher may pick the native path for a shape this small: recorded

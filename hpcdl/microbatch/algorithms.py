@@ -26,7 +26,16 @@ import torch
 from hpcdl.microbatch.workloads import ConvLayer
 
 KERNELS = ("forward", "backward_data", "backward_filter")
-_ONEDNN_PROP = {"forward": "forward", "backward_data": "backward_data", "backward_filter": "backward_weights"}
+# PyTorch's own backward computes the input and weight gradients in one convolution_backward call;
+# that fused kernel is a fourth candidate the planner may pick instead of the separate two.
+FUSED = "backward"
+ALL_KERNELS = (*KERNELS, FUSED)
+_ONEDNN_PROP = {
+    "forward": "forward",
+    "backward_data": "backward_data",
+    "backward_filter": "backward_weights",
+    FUSED: "backward_data",
+}
 
 
 @dataclass(frozen=True)
@@ -150,13 +159,18 @@ class KernelCall:
             self._weights[key] = got
         return got[2]
 
-    def output(self, kernel: str) -> torch.Tensor:
-        """A fresh full-batch result buffer of the kernel (zeros: backward-filter accumulates into it)."""
+    def output(self, kernel: str):
+        """A full-batch result buffer of the kernel: uninitialised where every element gets written
+        (forward, backward-data), zeros where micro-batch results accumulate (backward-filter);
+        the fused backward's is the pair (input gradient, weight gradient)."""
+        if kernel == FUSED:
+            return self.output("backward_data"), self.output("backward_filter")
         if kernel == "forward":
             oh, ow = self.layer.out_hw
-            return self.x.new_zeros(self.batch, self.layer.cout, oh, ow)
-        like = {"backward_data": self.x, "backward_filter": self.weight}[kernel]
-        return torch.zeros_like(like, memory_format=torch.contiguous_format)
+            return self.x.new_empty(self.batch, self.layer.cout, oh, ow)
+        if kernel == "backward_data":
+            return torch.empty_like(self.x, memory_format=torch.contiguous_format)
+        return torch.zeros_like(self.weight, memory_format=torch.contiguous_format)
 
     def run(
         self, kernel: str, alg: Algorithm, start: int, size: int, out: torch.Tensor | None
@@ -179,18 +193,26 @@ class KernelCall:
                     res = torch.ops.aten.convolution_backward(
                         gys, xs, w, None, *self.args, [False, True, False]
                     )[1]
+                elif kernel == FUSED:
+                    res = torch.ops.aten.convolution_backward(
+                        gys, xs, w, None, *self.args, [True, True, False]
+                    )[:2]
                 else:
-                    raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(KERNELS)}")
+                    raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(ALL_KERNELS)}")
         if out is None:
             return res
-        if kernel == "backward_filter":
+        if kernel == FUSED:
+            out[0][start : start + size].copy_(res[0])
+            out[1].add_(res[1])
+        elif kernel == "backward_filter":
             out.add_(res)
         else:
             out[start : start + size].copy_(res)
         return None
 
-    def run_division(self, kernel: str, steps: list[tuple[str, int]]) -> torch.Tensor:
-        """The whole mini-batch as a list of (algorithm name, micro-batch size): the kernel's result."""
+    def run_division(self, kernel: str, steps: list[tuple[str, int]]):
+        """The whole mini-batch as a list of (algorithm name, micro-batch size): the kernel's result
+        (for the fused backward: the pair of gradients)."""
         if sum(b for _, b in steps) != self.batch:
             raise ValueError(
                 f"layer {self.layer.name} {kernel}: micro-batches {steps} do not add up to "

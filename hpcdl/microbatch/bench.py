@@ -20,7 +20,7 @@ import torch
 
 from hpcdl.microbatch.algorithms import (
     ALGORITHMS,
-    KERNELS,
+    ALL_KERNELS,
     Algorithm,
     KernelCall,
     instrumented,
@@ -126,7 +126,7 @@ def benchmark_layer(
     """
     rows = []
     base = {"layer": call.layer.name, "count": call.layer.count}
-    for kernel in KERNELS:
+    for kernel in ALL_KERNELS:
         out = call.output(kernel)
         for name in algorithms:
             alg: Algorithm = ALGORITHMS[name]

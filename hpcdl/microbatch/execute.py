@@ -12,10 +12,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hpcdl.microbatch.algorithms import DEFAULT, KERNELS, KernelCall
+from hpcdl.microbatch.algorithms import DEFAULT, FUSED, KernelCall
 from hpcdl.microbatch.workloads import ConvLayer
 
-LayerPlan = dict[str, list[tuple[str, int]]]  # kernel -> [(algorithm, micro-batch size), ...]
+# kernel -> [(algorithm, micro-batch size), ...], kernels: forward, and either the fused backward
+# ("backward") or backward_data + backward_filter
+LayerPlan = dict[str, list[tuple[str, int]]]
 
 
 def layer_of(conv: nn.Conv2d, name: str, height: int, width: int) -> ConvLayer:
@@ -76,10 +78,14 @@ class _MicroBatchedConv(torch.autograd.Function):
     def backward(ctx, grad_out):
         call, plan = ctx.call, ctx.plan
         call.grad_out = grad_out.contiguous()
-        gx = call.run_division("backward_data", plan["backward_data"]) if ctx.needs_input_grad[0] else None
-        gw = (
-            call.run_division("backward_filter", plan["backward_filter"]) if ctx.needs_input_grad[1] else None
-        )
+        if FUSED in plan:  # one convolution_backward call per micro-batch gives both gradients
+            gx, gw = call.run_division(FUSED, plan[FUSED])
+        else:
+            gx = (
+                call.run_division("backward_data", plan["backward_data"]) if ctx.needs_input_grad[0] else None
+            )
+            need_w = ctx.needs_input_grad[1]
+            gw = call.run_division("backward_filter", plan["backward_filter"]) if need_w else None
         gb = grad_out.sum((0, 2, 3)) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return gx, gw, gb, None, None, None
 
@@ -89,7 +95,8 @@ class MicroBatchedConv2d(nn.Module):
 
     def __init__(self, conv: nn.Conv2d, plan: LayerPlan, name: str = "conv"):
         super().__init__()
-        missing = [k for k in KERNELS if not plan.get(k)]
+        backward = [FUSED] if plan.get(FUSED) else ["backward_data", "backward_filter"]
+        missing = [k for k in ["forward", *backward] if not plan.get(k)]
         if missing:
             raise ValueError(f"layer {name}: the plan has no division for {missing}")
         self.weight, self.bias = conv.weight, conv.bias
@@ -97,8 +104,8 @@ class MicroBatchedConv2d(nn.Module):
         self._weights: dict = {}  # the filter per memory format, kept while the weight is unchanged
 
     def is_default(self, batch: int, device: str) -> bool:
-        """Whether every kernel runs undivided with the framework's default algorithm."""
-        return all(self.plan[k] == [(DEFAULT[device], batch)] for k in KERNELS)
+        """Whether the layer runs as the framework runs it: undivided, default algorithm, fused backward."""
+        return all(self.plan.get(k) == [(DEFAULT[device], batch)] for k in ("forward", FUSED))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.is_default(x.shape[0], x.device.type):

@@ -7,7 +7,9 @@ contributes count copies) offers its DP Pareto front; x[k, j] = 1 picks configur
                                                 Σ count_k ws[k, j] x[k, j] <= budget,   x binary
 
 solved by HiGHS through scipy.optimize.milp. As in μ-cuDNN's workspace-division mode every kernel
-owns its workspace segment, so the budget bounds their sum.
+owns its workspace segment, so the budget bounds their sum. PyTorch adds one choice μ-cuDNN's
+cuDNN interface does not have: a layer's backward may run fused (one convolution_backward call
+computing both gradients, as autograd does by default) instead of as the two separate kernels.
 """
 
 from __future__ import annotations
@@ -25,17 +27,37 @@ MiB = 2**20
 
 @dataclass
 class ILPResult:
-    choice: dict[str, int]  # kernel label -> index into its front
+    choice: dict[str, int]  # kernel label -> index into its front (only the kernels that run)
     time_s: float  # Σ count x time of the chosen configurations
     workspace_bytes: float  # Σ count x workspace
     solve_s: float  # wall time of the solver call
     status: str
 
 
-def solve(fronts: dict[str, Front], counts: dict[str, int], budget_bytes: float) -> ILPResult:
-    """The time-optimal choice under `budget_bytes`; WorkspaceError (naming the layer) if none fits."""
+Group = tuple[str, str, str]  # (fused backward, backward-data, backward-filter) labels of one layer
+
+
+def _least(fronts, counts, groups: list[Group]) -> dict[str, float]:
+    """The least workspace each layer's backward (fused, or the separate pair) and each other kernel needs."""
+    grouped = {lab for g in groups for lab in g}
+    least = {k: counts[k] * float(fronts[k].workspace.min()) for k in fronts if k not in grouped}
+    for f, d, w in groups:
+        pair = counts[d] * float(fronts[d].workspace.min()) + counts[w] * float(fronts[w].workspace.min())
+        least[f] = min(counts[f] * float(fronts[f].workspace.min()), pair)
+    return least
+
+
+def solve(
+    fronts: dict[str, Front], counts: dict[str, int], budget_bytes: float, groups: list[Group] | None = None
+) -> ILPResult:
+    """The time-optimal choice under `budget_bytes`; WorkspaceError (naming the layer) if none fits.
+
+    `groups`: per layer, the fused backward kernel as an alternative to its backward-data +
+    backward-filter pair: either one fused configuration runs, or one of each of the pair.
+    """
+    groups = groups or []
     labels = list(fronts)
-    least = {k: counts[k] * float(fronts[k].workspace.min()) for k in labels}
+    least = _least(fronts, counts, groups)
     if sum(least.values()) > budget_bytes:
         worst = max(least, key=least.get)
         raise WorkspaceError(
@@ -43,15 +65,30 @@ def solve(fronts: dict[str, Front], counts: dict[str, int], budget_bytes: float)
             f"{sum(least.values()) / MiB:.3f} MiB; the largest least need is {worst} "
             f"({least[worst] / MiB:.3f} MiB)"
         )
-    offsets = np.cumsum([0] + [len(fronts[k].time_s) for k in labels])
-    n = int(offsets[-1])
+    offsets = dict(zip(labels, np.cumsum([0] + [len(fronts[k].time_s) for k in labels]), strict=False))
+    n = int(sum(len(fronts[k].time_s) for k in labels))
     cost = np.concatenate([counts[k] * fronts[k].time_s for k in labels])
     ws = np.concatenate([counts[k] * fronts[k].workspace for k in labels]) / MiB  # MiB: well scaled
-    one_each = np.zeros((len(labels), n))
-    for i in range(len(labels)):
-        one_each[i, offsets[i] : offsets[i + 1]] = 1.0
+
+    def row(*parts: tuple[str, float]) -> np.ndarray:
+        r = np.zeros(n)
+        for lab, coef in parts:
+            r[offsets[lab] : offsets[lab] + len(fronts[lab].time_s)] = coef
+        return r
+
+    grouped = {lab for g in groups for lab in g}
+    eq_rows, eq_rhs = [], []
+    for lab in labels:
+        if lab not in grouped:
+            eq_rows.append(row((lab, 1.0)))  # exactly one configuration
+            eq_rhs.append(1.0)
+    for f, d, w in groups:
+        eq_rows.append(row((f, 1.0), (d, 1.0)))  # the fused kernel or the data-gradient kernel ...
+        eq_rhs.append(1.0)
+        eq_rows.append(row((d, 1.0), (w, -1.0)))  # ... and the filter-gradient kernel with it
+        eq_rhs.append(0.0)
     constraints = [
-        LinearConstraint(one_each, 1.0, 1.0),
+        LinearConstraint(np.array(eq_rows), np.array(eq_rhs), np.array(eq_rhs)),
         LinearConstraint(ws[None, :], -np.inf, budget_bytes / MiB + 1e-9),
     ]
     t0 = time.perf_counter()
@@ -62,16 +99,22 @@ def solve(fronts: dict[str, Front], counts: dict[str, int], budget_bytes: float)
             f"workspace budget {budget_bytes / MiB:.3f} MiB: HiGHS found no feasible choice ({res.message})"
         )
     x = np.round(res.x).astype(int)
-    choice = {k: int(np.flatnonzero(x[offsets[i] : offsets[i + 1]])[0]) for i, k in enumerate(labels)}
+    choice = {}
+    for lab in labels:
+        picked = np.flatnonzero(x[offsets[lab] : offsets[lab] + len(fronts[lab].time_s)])
+        if picked.size:
+            choice[lab] = int(picked[0])
     return ILPResult(choice, float(cost @ x), float((ws @ x) * MiB), solve_s, str(res.message))
 
 
-def network_front(fronts: dict[str, Front], counts: dict[str, int], budgets: list[float]) -> list[dict]:
+def network_front(
+    fronts: dict[str, Front], counts: dict[str, int], budgets: list[float], groups: list[Group] | None = None
+) -> list[dict]:
     """(budget, time, workspace used) at each budget, infeasible budgets marked; the network's front."""
     out = []
     for b in sorted(budgets):
         try:
-            r = solve(fronts, counts, b)
+            r = solve(fronts, counts, b, groups)
             out.append(
                 {
                     "budget_bytes": b,

@@ -14,17 +14,29 @@ import torch
 from torch import nn
 
 from hpcdl.microbatch import ilp
-from hpcdl.microbatch.algorithms import ALGORITHMS, DEFAULT, KERNELS, KernelCall, candidates, resolve_device
+from hpcdl.microbatch.algorithms import (
+    ALGORITHMS,
+    ALL_KERNELS,
+    DEFAULT,
+    FUSED,
+    KERNELS,
+    KernelCall,
+    candidates,
+    resolve_device,
+)
 from hpcdl.microbatch.bench import benchmark_layer, clock
-from hpcdl.microbatch.dp import KernelDP, policy_sizes
+from hpcdl.microbatch.dp import KernelDP, WorkspaceError, policy_sizes
 from hpcdl.microbatch.execute import MicroBatchedConv2d
 from hpcdl.microbatch.workloads import ConvLayer, network
 
 MiB = 2**20
 
 
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    """max |got - want| / max |want|: relative to the tensor's scale (elementwise would divide by ~0)."""
+def rel_err(got, want) -> float:
+    """max |got - want| / max |want|: relative to the tensor's scale (elementwise would divide by ~0);
+    for pairs of tensors (the fused backward's gradients), the worse of the two."""
+    if isinstance(want, tuple):
+        return max(rel_err(g, w) for g, w in zip(got, want, strict=True))
     got, want = got.detach(), want.detach()
     scale = float(want.abs().max())
     return float((got - want).abs().max()) / (scale if scale > 0 else 1.0)
@@ -51,10 +63,11 @@ def _progress(total: int, desc: str):
 def exactness_rows(call: KernelCall, algorithms: list[str], device: str, network_name: str) -> list[dict]:
     """Every candidate, split into micro-batches [1, B-1], against the undivided default, per kernel."""
     ref = {k: call.run_division(k, [(DEFAULT[device], call.batch)]) for k in KERNELS}
+    ref[FUSED] = (ref["backward_data"], ref["backward_filter"])
     rows = []
     for name in algorithms:
         steps = [(name, 1), (name, call.batch - 1)] if call.batch > 1 else [(name, 1)]
-        for k in KERNELS:
+        for k in ALL_KERNELS:
             rows.append(
                 {
                     "network": network_name,
@@ -62,7 +75,7 @@ def exactness_rows(call: KernelCall, algorithms: list[str], device: str, network
                     "kernel": k,
                     "algorithm": name,
                     "micro_batches": _division_text(steps)[0],
-                    "max_rel_err": rel_err(call.run_division(k, steps), ref[k]),
+                    "max_rel_err": rel_err(call.run_division(k, steps), ref[k]),  # pairs: the worse
                 }
             )
     return rows
@@ -159,7 +172,7 @@ def run_network(
 
     # 1. benchmark every (layer, kernel, algorithm, micro-batch)
     t0 = time.perf_counter()
-    bar = _progress(len(layers) * len(KERNELS) * len(algs) * len(sizes), f"{network_name} benchmark")
+    bar = _progress(len(layers) * len(ALL_KERNELS) * len(algs) * len(sizes), f"{network_name} benchmark")
     bench = []
     for ly in layers:
         bench += benchmark_layer(calls[ly.name], algs, sizes, device, repeats, warmup, bar)
@@ -181,10 +194,13 @@ def run_network(
             r["time_s"],
             float(r["workspace_bytes"]),
         )
-    counts = {_label(ly.name, k): ly.count for ly in layers for k in KERNELS}
+    counts = {_label(ly.name, k): ly.count for ly in layers for k in ALL_KERNELS}
     default_cfg = {lab: tab[(default, batch_size)] for lab, tab in table.items()}
-    default_total_ws = sum(counts[lab] * ws for lab, (_, ws) in default_cfg.items())
-    default_time = sum(counts[lab] * t for lab, (t, _) in default_cfg.items())
+    # the framework's default layer: forward, then the fused backward (autograd's one call)
+    runs_by_default = [_label(ly.name, k) for ly in layers for k in ("forward", FUSED)]
+    default_total_ws = sum(counts[lab] * default_cfg[lab][1] for lab in runs_by_default)
+    default_time = sum(counts[lab] * default_cfg[lab][0] for lab in runs_by_default)
+    groups = [tuple(_label(ly.name, k) for k in (FUSED, "backward_data", "backward_filter")) for ly in layers]
 
     plans_rows, budget_rows, planning_rows = [], [], []
     exec_plans: dict[str, dict[str, dict]] = {ly.name: {} for ly in layers}
@@ -197,13 +213,33 @@ def run_network(
         }
         fronts = {lab: dp.front() for lab, dp in dps.items()}
         dp_s = time.perf_counter() - t1
-        # DP per kernel: each kernel under its own limit (default: the default algorithm's workspace)
+
+        # DP per kernel: each kernel under its own limit (default: the default algorithm's workspace);
+        # a layer's backward runs fused or as the separate pair, whichever the DP finds faster
+        def limit(lab):
+            return kernel_limit_mib * MiB if kernel_limit_mib is not None else default_cfg[lab][1]
+
         dp_choice = {}
-        for lab, dp in dps.items():
-            limit = kernel_limit_mib * MiB if kernel_limit_mib is not None else default_cfg[lab][1]
-            dp_choice[lab] = dp.best(limit)[0]
+        for ly in layers:
+            fwd = _label(ly.name, "forward")
+            dp_choice[fwd] = dps[fwd].best(limit(fwd))[0]
+            fused, bd, bf = (_label(ly.name, k) for k in (FUSED, "backward_data", "backward_filter"))
+            options, errors = [], []
+            try:
+                i = dps[fused].best(limit(fused))
+                options.append((i[1], {fused: i[0]}))
+            except WorkspaceError as exc:
+                errors.append(exc)
+            try:
+                i, j = dps[bd].best(limit(bd)), dps[bf].best(limit(bf))
+                options.append((i[1] + j[1], {bd: i[0], bf: j[0]}))
+            except WorkspaceError as exc:
+                errors.append(exc)
+            if not options:
+                raise errors[0]
+            dp_choice.update(min(options, key=lambda o: o[0])[1])
         # ILP over the network under the default's total workspace ("the same memory footprint")
-        headline = ilp.solve(fronts, counts, default_total_ws)
+        headline = ilp.solve(fronts, counts, default_total_ws, groups)
         for planner, choice in (("dp", dp_choice), ("ilp", headline.choice)):
             total = 0.0
             for lab, idx in choice.items():
@@ -234,7 +270,7 @@ def run_network(
             predicted[(policy, planner)] = total
         # speedup vs workspace budget (ILP), as fractions of the default's total workspace
         t2 = time.perf_counter()
-        sweep = ilp.network_front(fronts, counts, [f * default_total_ws for f in budget_fractions])
+        sweep = ilp.network_front(fronts, counts, [f * default_total_ws for f in budget_fractions], groups)
         sweep_s = time.perf_counter() - t2
         for f, row in zip(sorted(budget_fractions), sweep, strict=True):
             budget_rows.append(
@@ -279,7 +315,7 @@ def run_network(
     for ly in layers:
         call = calls[ly.name]
         got = execute_layer(call, exec_plans[ly.name], device, exec_repeats)
-        pred_default = sum(default_cfg[_label(ly.name, k)][0] for k in KERNELS)
+        pred_default = sum(default_cfg[_label(ly.name, k)][0] for k in ("forward", FUSED))
         for variant, m in got.items():
             if variant == "default":
                 continue
