@@ -176,7 +176,7 @@ class KernelCall:
         self, kernel: str, alg: Algorithm, start: int, size: int, out: torch.Tensor | None
     ) -> torch.Tensor | None:
         """The kernel on samples [start, start + size) with `alg`: into `out` (weights: accumulated),
-        or, with out=None (the undivided case), the result itself, with no buffer and no copy."""
+        or, with out=None (the undivided case), the result itself (NCHW), with no buffer."""
         fmt = alg.memory_format
         w = self.weight_for(alg)
         xs = self.x[start : start + size].contiguous(memory_format=fmt)
@@ -200,7 +200,9 @@ class KernelCall:
                 else:
                     raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(ALL_KERNELS)}")
         if out is None:
-            return res
+            # the layer's contract is NCHW in and out: a channels-last result is converted here, so
+            # the benchmark times the conversion the executor (and autograd's layout rules) pay
+            return tuple(r.contiguous() for r in res) if kernel == FUSED else res.contiguous()
         if kernel == FUSED:
             out[0][start : start + size].copy_(res[0])
             out[1].add_(res[1])
