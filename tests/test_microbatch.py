@@ -359,6 +359,7 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
     assert summary == {"ok": 0, "failed": 1, "skipped": 0, "total": 1}
     # with a usable limit the same app runs; the unavailable cuDNN candidate is recorded as skipped
     cfg["microbatch"]["kernel_limit_mib"] = None
+    cfg["microbatch"]["backward_forms"] = ["separate"]  # μ-cuDNN's three kernels, no fused backward
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.run(
         [sys.executable, "-m", "tasks.microbatch", "--config", str(path)],
@@ -374,6 +375,7 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
     assert len(cud) and (cud["status"] == "skipped").all() and cud["reason"].str.contains("on cpu").all()
     assert set(bench[bench["status"] == "ok"]["algorithm"]) == {"native-nchw", "onednn-nchw"}  # + default
     plans = pd.read_csv(raw / "plans.csv")
+    assert set(plans["kernel"]) == {"forward", "backward_data", "backward_filter"}
     for r in plans.itertuples():
         assert sum(map(int, str(r.micro_batches).split("+"))) == 3  # B = 3: uneven divisions add up
     ex = pd.read_csv(raw / "execution.csv")

@@ -83,7 +83,7 @@ def _conformance_config(tmp_path: Path, test_config: dict, name: str, runtime: s
     sp["calibration"] = {"pingpong_bytes": [1024, 4096], "fractions": [1.0], "repeats": 1}
     cfg["shuffle"]["grids"] = [{"world_sizes": [2], "qs": [0.5], "partitionings": ["skewed"]}]  # + F=0 global
     # one candidate, undivided: the plan (and so every raw column but the timings) is deterministic
-    cfg["microbatch"].update(algorithms=["onednn-nchw"], policies=["undivided"])
+    cfg["microbatch"].update(algorithms=["onednn-nchw"], policies=["undivided"], backward_forms=["fused"])
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path

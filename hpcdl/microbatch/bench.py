@@ -116,6 +116,7 @@ def benchmark_layer(
     repeats: int,
     warmup: int,
     progress=None,
+    kernels: tuple[str, ...] = ALL_KERNELS,
 ) -> list[dict]:
     """One row per (kernel, algorithm, micro-batch size).
 
@@ -126,7 +127,7 @@ def benchmark_layer(
     """
     rows = []
     base = {"layer": call.layer.name, "count": call.layer.count}
-    for kernel in ALL_KERNELS:
+    for kernel in kernels:
         out = call.output(kernel)
         for name in algorithms:
             alg: Algorithm = ALGORITHMS[name]

@@ -16,7 +16,6 @@ from torch import nn
 from hpcdl.microbatch import ilp
 from hpcdl.microbatch.algorithms import (
     ALGORITHMS,
-    ALL_KERNELS,
     DEFAULT,
     FUSED,
     KERNELS,
@@ -60,14 +59,16 @@ def _progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, leave=False, mininterval=1.0)
 
 
-def exactness_rows(call: KernelCall, algorithms: list[str], device: str, network_name: str) -> list[dict]:
+def exactness_rows(
+    kernels, call: KernelCall, algorithms: list[str], device: str, network_name: str
+) -> list[dict]:
     """Every candidate, split into micro-batches [1, B-1], against the undivided default, per kernel."""
     ref = {k: call.run_division(k, [(DEFAULT[device], call.batch)]) for k in KERNELS}
     ref[FUSED] = (ref["backward_data"], ref["backward_filter"])
     rows = []
     for name in algorithms:
         steps = [(name, 1), (name, call.batch - 1)] if call.batch > 1 else [(name, 1)]
-        for k in ALL_KERNELS:
+        for k in kernels:
             rows.append(
                 {
                     "network": network_name,
@@ -159,7 +160,19 @@ def run_network(
     budget_fractions: list[float],
     kernel_limit_mib: float | None,
     seed: int,
+    backward_forms: tuple[str, ...] | list[str] = ("fused", "separate"),
 ) -> dict:
+    """`backward_forms`: how a layer's backward may run: "separate" (backward-data and
+    backward-filter kernels, μ-cuDNN's setting), "fused" (PyTorch's one call), or either."""
+    unknown = set(backward_forms) - {"fused", "separate"}
+    if unknown or not backward_forms:
+        raise ValueError(f"backward_forms {list(backward_forms)}: use 'fused', 'separate' or both")
+    fused_ok, separate_ok = "fused" in backward_forms, "separate" in backward_forms
+    kernels = (
+        "forward",
+        *(("backward_data", "backward_filter") if separate_ok else ()),
+        *((FUSED,) if fused_ok else ()),
+    )
     device = resolve_device(device)
     torch.manual_seed(seed)
     layers = network(network_name, image_size, deepbench_scale)
@@ -172,10 +185,10 @@ def run_network(
 
     # 1. benchmark every (layer, kernel, algorithm, micro-batch)
     t0 = time.perf_counter()
-    bar = _progress(len(layers) * len(ALL_KERNELS) * len(algs) * len(sizes), f"{network_name} benchmark")
+    bar = _progress(len(layers) * len(kernels) * len(algs) * len(sizes), f"{network_name} benchmark")
     bench = []
     for ly in layers:
-        bench += benchmark_layer(calls[ly.name], algs, sizes, device, repeats, warmup, bar)
+        bench += benchmark_layer(calls[ly.name], algs, sizes, device, repeats, warmup, bar, kernels)
     if bar is not None:
         bar.close()
     bench_s = time.perf_counter() - t0
@@ -194,13 +207,19 @@ def run_network(
             r["time_s"],
             float(r["workspace_bytes"]),
         )
-    counts = {_label(ly.name, k): ly.count for ly in layers for k in ALL_KERNELS}
+    counts = {_label(ly.name, k): ly.count for ly in layers for k in kernels}
     default_cfg = {lab: tab[(default, batch_size)] for lab, tab in table.items()}
-    # the framework's default layer: forward, then the fused backward (autograd's one call)
-    runs_by_default = [_label(ly.name, k) for ly in layers for k in ("forward", FUSED)]
+    # the framework's default layer: forward, then the fused backward (autograd's one call); priced
+    # as the separate pair when only that form is benchmarked (μ-cuDNN's three kernels)
+    default_kernels = ("forward", FUSED) if fused_ok else KERNELS
+    runs_by_default = [_label(ly.name, k) for ly in layers for k in default_kernels]
     default_total_ws = sum(counts[lab] * default_cfg[lab][1] for lab in runs_by_default)
     default_time = sum(counts[lab] * default_cfg[lab][0] for lab in runs_by_default)
-    groups = [tuple(_label(ly.name, k) for k in (FUSED, "backward_data", "backward_filter")) for ly in layers]
+    groups = (
+        [tuple(_label(ly.name, k) for k in (FUSED, "backward_data", "backward_filter")) for ly in layers]
+        if fused_ok and separate_ok
+        else []
+    )
 
     plans_rows, budget_rows, planning_rows = [], [], []
     exec_plans: dict[str, dict[str, dict]] = {ly.name: {} for ly in layers}
@@ -226,13 +245,15 @@ def run_network(
             fused, bd, bf = (_label(ly.name, k) for k in (FUSED, "backward_data", "backward_filter"))
             options, errors = [], []
             try:
-                i = dps[fused].best(limit(fused))
-                options.append((i[1], {fused: i[0]}))
+                if fused_ok:
+                    i = dps[fused].best(limit(fused))
+                    options.append((i[1], {fused: i[0]}))
             except WorkspaceError as exc:
                 errors.append(exc)
             try:
-                i, j = dps[bd].best(limit(bd)), dps[bf].best(limit(bf))
-                options.append((i[1] + j[1], {bd: i[0], bf: j[0]}))
+                if separate_ok:
+                    i, j = dps[bd].best(limit(bd)), dps[bf].best(limit(bf))
+                    options.append((i[1] + j[1], {bd: i[0], bf: j[0]}))
             except WorkspaceError as exc:
                 errors.append(exc)
             if not options:
@@ -315,7 +336,7 @@ def run_network(
     for ly in layers:
         call = calls[ly.name]
         got = execute_layer(call, exec_plans[ly.name], device, exec_repeats)
-        pred_default = sum(default_cfg[_label(ly.name, k)][0] for k in ("forward", FUSED))
+        pred_default = sum(default_cfg[_label(ly.name, k)][0] for k in default_kernels)
         for variant, m in got.items():
             if variant == "default":
                 continue
@@ -345,6 +366,7 @@ def run_network(
                 }
             )
         exact_rows += exactness_rows(
+            kernels,
             call,
             [a for a in algs if any(r["algorithm"] == a and r["layer"] == ly.name for r in ok)],
             device,

@@ -20,6 +20,7 @@ def network_points(cfg: dict) -> list[dict]:
             "budget_fractions": b["budget_fractions"],
             "kernel_limit_mib": b["kernel_limit_mib"],
             "seed": b["seed"],
+            "backward_forms": b["backward_forms"],
         }
         for net in b["networks"]
     ]
