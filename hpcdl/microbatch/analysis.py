@@ -244,6 +244,9 @@ def plot(cfg: dict, study_dir: Path) -> None:
                 SEED_SPEEDUP[net], color="gray", ls="--", label=f"μ-cuDNN V100 (paper) {SEED_SPEEDUP[net]}x"
             )
         ax.axhline(1.0, color="k", lw=0.8)
+        from matplotlib.ticker import NullFormatter
+
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set(
             xscale="log",
             xlabel="total workspace budget (MiB)",
@@ -256,7 +259,13 @@ def plot(cfg: dict, study_dir: Path) -> None:
 
     # 3. chosen micro-batches per layer and kernel (policy all, ILP): segments coloured by algorithm
     names = _networks(plans)
-    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(5.5 * max(1, len(names)), 5), squeeze=False)
+    fig, axes = plt.subplots(
+        1,
+        max(1, len(names)),
+        figsize=(6.5 * max(1, len(names)), 5),
+        squeeze=False,
+        gridspec_kw={"wspace": 0.75},
+    )
     algs = sorted(set("+".join(plans["algorithms"]).split("+"))) if not plans.empty else []
     acol = {a: f"C{i}" for i, a in enumerate(algs)}
     for ax, net in zip(axes[0], names or [None], strict=True):
@@ -275,10 +284,15 @@ def plot(cfg: dict, study_dir: Path) -> None:
         ax.set_yticks(range(len(labels)), labels, fontsize=6)
         ax.invert_yaxis()
         ax.set(xlabel="samples of the mini-batch", title=f"{net}: micro-batches ({pol}, ILP)")
-    for a, c in acol.items():
-        axes[0][0].barh([], [], color=c, label=a)
     if acol:
-        axes[0][0].legend(fontsize=7, loc="lower right")
+        from matplotlib.patches import Patch
+
+        axes[0][0].legend(
+            handles=[Patch(color=c, label=a) for a, c in acol.items()],
+            fontsize=7,
+            loc="lower right",
+            framealpha=0.9,
+        )
     save_figure(fig, figs / "microbatch_sizes.png")
 
     # 4. predicted vs measured time of the plans (and of the default), per network and policy
