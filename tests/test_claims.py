@@ -347,8 +347,37 @@ def _hetmem_failed(t, app, error="TraceError: /r/cg.lackey: truncated trace at b
         t[name] = t[name][t[name]["app"] != app]
 
 
+# ------------------------------------------------------------------------------------ microbatch
+MB_CFG = {"microbatch": {"networks": ["alexnet", "resnet18"], "policies": ["undivided", "all"],
+                         "min_speedup": 0.97, "prediction_tolerance": 0.10, "exact_tolerance": 1e-5}}
+
+
+def _microbatch() -> tuple[dict, dict]:
+    rows = [{"network": n, "policy": p, "planner": pl, "device": "cpu", "measured_plan_s": 1.0,
+             "measured_default_s": 1.1, "predicted_plan_s": 1.02, "predicted_default_s": 1.1,
+             "measured_speedup": 1.1, "predicted_speedup": 1.08, "prediction_error_frac": 0.02,
+             "max_rel_err": 1e-6, "seed_speedup_v100": 1.6}
+            for n in ("alexnet", "resnet18") for p in ("undivided", "all") for pl in ("dp", "ilp")]
+    exact = [{"network": n, "what": "candidate onednn-nchw", "kernel": k, "max_rel_err": 2e-6, "layers": 5}
+             for n in ("alexnet", "resnet18") for k in ("forward", "backward_data", "backward_filter")]
+    tables = {"tables/network_speedup.csv": pd.DataFrame(rows), "tables/exactness.csv": pd.DataFrame(exact),
+              "tables/failures.csv": pd.DataFrame(columns=["network", "table", "error"])}
+    return copy.deepcopy(MB_CFG), tables
+
+
+def _mb_set(t, col, value, network="resnet18", policy="all"):
+    d = t["tables/network_speedup.csv"]
+    d.loc[(d["network"] == network) & (d["policy"] == policy) & (d["planner"] == "ilp"), col] = value
+
+
+def _mb_failed(t, network="resnet18", error="Traceback\nWorkspaceError: layer conv1 (forward): too small"):
+    for name in ("tables/network_speedup.csv", "tables/exactness.csv"):
+        t[name] = t[name][t[name]["network"] != network]
+    t["tables/failures.csv"] = pd.DataFrame([{"network": network, "table": "execution", "error": error}])
+
+
 BUILDERS = {"checkpoint": _checkpoint, "hpo": _hpo, "shuffle": _shuffle, "spatial": _spatial,
-            "hetmem": _hetmem}
+            "hetmem": _hetmem, "microbatch": _microbatch}
 
 # (study, declared claim id, outcome, mutate(cfg, tables), words the reason must contain)
 CASES = [
@@ -642,6 +671,21 @@ CASES = [
     ("hetmem", "placement_near_all_fast", "not_measured",
      lambda c, t: t.__setitem__("tables/policies.csv", t["tables/policies.csv"].iloc[0:0]),
      ["app stream has no result", "app cg has no result"]),
+    # microbatch
+    ("microbatch", "plan_not_slower", "passed", None, None),
+    ("microbatch", "plan_not_slower", "failed", lambda c, t: _mb_set(t, "measured_speedup", 0.9), None),
+    ("microbatch", "plan_not_slower", "not_measured", lambda c, t: _mb_failed(t),
+     ["resnet18/all", "network resnet18 failed", "WorkspaceError: layer conv1"]),
+    ("microbatch", "prediction_within_tolerance", "passed", None, None),
+    ("microbatch", "prediction_within_tolerance", "failed",
+     lambda c, t: _mb_set(t, "prediction_error_frac", -0.25, network="alexnet", policy="undivided"), None),
+    ("microbatch", "prediction_within_tolerance", "not_measured", lambda c, t: _mb_failed(t),
+     ["resnet18/undivided", "network resnet18 failed"]),
+    ("microbatch", "outputs_exact", "passed", None, None),
+    ("microbatch", "outputs_exact", "failed",
+     lambda c, t: t["tables/exactness.csv"].loc.__setitem__((0, "max_rel_err"), 3e-4), None),
+    ("microbatch", "outputs_exact", "not_measured", lambda c, t: _mb_failed(t, "alexnet", "MemoryError"),
+     ["alexnet", "MemoryError"]),
 ]
 
 

@@ -26,7 +26,7 @@ import yaml
 from raw_tables import assert_same_raw_tables
 
 REPO = Path(__file__).resolve().parent.parent
-STUDIES = ("checkpoint", "hpo", "shuffle", "spatial", "hetmem")
+STUDIES = ("checkpoint", "hpo", "shuffle", "spatial", "hetmem", "microbatch")
 
 
 def _find_binding() -> Path | None:
@@ -54,10 +54,11 @@ INTENDED = {
     "spatial": {"exactness": ("study", "IGNORE"), "calibrate": ("study", "IGNORE"),
                 "scaling_run": ("study", "IGNORE")},
     "hetmem": {"app_point": ("study", "IGNORE")},
+    "microbatch": {"network_point": ("study", "IGNORE")},
 }
 # Cores each study's tasks must get in the config below: set (checkpoint) or derived (largest M,
 # largest run's ranks x threads).
-CONFIGURED_UNITS = {"checkpoint": 2, "hpo": 1, "shuffle": 2, "spatial": 2, "hetmem": 1}
+CONFIGURED_UNITS = {"checkpoint": 2, "hpo": 1, "shuffle": 2, "spatial": 2, "hetmem": 1, "microbatch": 1}
 
 
 
@@ -83,6 +84,8 @@ def _conformance_config(tmp_path: Path, test_config: dict, name: str, runtime: s
     sp["calibration"] = {"pingpong_bytes": [1024, 4096], "fractions": [1.0], "repeats": 1}
     cfg["shuffle"]["grids"] = [{"world_sizes": [2], "qs": [0.5], "partitionings": ["skewed"]}]  # + F=0 global
     cfg["hetmem"]["apps"] = [{"name": "gups", "size": 10, "iters": 1}]
+    # one candidate, undivided: the plan (and so every raw column but the timings) is deterministic
+    cfg["microbatch"].update(algorithms=["onednn-nchw"], policies=["undivided"], backward_forms=["fused"])
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path

@@ -1,0 +1,174 @@
+"""Benchmark every candidate algorithm per kernel and micro-batch size: time and workspace.
+
+Time: the minimum (and, recorded too, the median) of `repeats` calls after `warmup` calls (CUDA:
+synchronised around each call; CPU on one thread: the thread's CPU time, see `clock`).
+Workspace: the extra peak memory of one call beyond what existed before it (the result buffer is
+preallocated outside the call, so what is counted is the algorithm's scratch: oneDNN's reordered
+tensors and scratchpad, the native path's im2col columns, channels-last copies of the micro-batch,
+the micro-batch result before it is copied into place). CPU: every allocation and free the torch
+CPU allocator reports to the profiler (oneDNN's scratchpad goes through it: PyTorch runs oneDNN in
+user-scratchpad mode), integrated in time order to a peak. CUDA: torch.cuda.max_memory_allocated
+minus memory_allocated before the call (cuDNN's workspace comes from PyTorch's caching allocator).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from hpcdl.microbatch.algorithms import (
+    ALGORITHMS,
+    ALL_KERNELS,
+    Algorithm,
+    KernelCall,
+    instrumented,
+    unavailable_reason,
+)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def clock(device: str):
+    """(clock, its name) for timing kernels on `device`.
+
+    CUDA: wall time around synchronised calls. CPU with one torch thread: the CPU time of the
+    calling thread (oneDNN and the native path compute in it), which a process preempting us on a
+    shared machine does not inflate; it equals the wall time on an idle core. CPU with several
+    threads: wall time (the CPU time of the pool's threads would add up, not overlap).
+    """
+    if device == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time, "thread_cpu_time"
+    return time.perf_counter, "wall"
+
+
+def time_call(fn, device: str, repeats: int, warmup: int) -> tuple[float, float]:
+    """(minimum, median) seconds of fn(i) over `repeats` calls (i counts the calls, warm-up included).
+
+    The minimum is the estimate the planner uses: on a shared machine noise only adds time
+    (preemption, another process's cache traffic), so the fastest repeat is the undisturbed one.
+    """
+    for i in range(warmup):
+        fn(i)
+    _sync(device)
+    times = []
+    now = clock(device)[0]
+    for i in range(repeats):
+        t0 = now()
+        fn(warmup + i)
+        _sync(device)
+        times.append(now() - t0)
+    return min(times), statistics.median(times)
+
+
+def cpu_peak_extra_bytes(events) -> int:
+    """Peak bytes allocated during a profiled call beyond what it leaves allocated (its result):
+    the allocator's events integrated in time order."""
+    events = [e for e in events if e.name() == "[memory]"]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    return int(peak - max(live, 0))
+
+
+def cuda_peak_extra_bytes(fn) -> int:
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    res = fn()
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - base  # the result of an undivided call is output, not workspace
+    del res
+    return int(torch.cuda.max_memory_allocated() - base - kept)
+
+
+def _skipped(base: dict, kernel: str, name: str, sizes: list[int], why: str) -> list[dict]:
+    return [
+        {
+            **base,
+            "kernel": kernel,
+            "algorithm": name,
+            "micro_batch": b,
+            "status": "skipped",
+            "reason": why,
+            "backend_ran": "",
+            "forced_ok": False,
+            "ran": "",
+            "time_s": float("nan"),
+            "time_median_s": float("nan"),
+            "workspace_bytes": -1,
+            "bench_wall_s": 0.0,
+        }
+        for b in sizes
+    ]
+
+
+def benchmark_layer(
+    call: KernelCall,
+    algorithms: list[str],
+    sizes: list[int],
+    device: str,
+    repeats: int,
+    warmup: int,
+    progress=None,
+    kernels: tuple[str, ...] = ALL_KERNELS,
+) -> list[dict]:
+    """One row per (kernel, algorithm, micro-batch size).
+
+    Every row records which backend really ran (`backend_ran`) and whether it is the forced one
+    (`forced_ok`): PyTorch's CPU dispatcher may run the native path although oneDNN is enabled
+    (it prefers it for some small shapes), and no public switch overrides that. An algorithm this
+    build or device cannot run at all gives `skipped` rows with the reason.
+    """
+    rows = []
+    base = {"layer": call.layer.name, "count": call.layer.count}
+    for kernel in kernels:
+        out = call.output(kernel)
+        for name in algorithms:
+            alg: Algorithm = ALGORITHMS[name]
+            why = unavailable_reason(alg, device)
+            if why is not None:
+                rows += _skipped(base, kernel, name, sizes, why)
+                continue
+            for b in sizes:
+                starts = list(range(0, call.batch - b + 1, b)) or [0]
+
+                def once(i=0, b=b, alg=alg, kernel=kernel, out=out, starts=starts):
+                    # successive calls walk the batch as the executor does: no call finds its
+                    # micro-batch hot in cache from the previous one
+                    # the whole batch runs as the executor runs it: no buffer, no copy
+                    return call.run(kernel, alg, starts[i % len(starts)], b, None if b == call.batch else out)
+
+                t0 = time.perf_counter()
+                try:
+                    t, t_med = time_call(once, device, repeats, warmup)
+                    backend, ran, events = instrumented(call, kernel, alg, b)
+                except RuntimeError as exc:  # the backend refused this shape: not a candidate here
+                    rows += _skipped(base, kernel, name, [b], f"{type(exc).__name__}: {exc}")
+                    continue
+                ws = cuda_peak_extra_bytes(once) if device == "cuda" else cpu_peak_extra_bytes(events)
+                rows.append(
+                    {
+                        **base,
+                        "kernel": kernel,
+                        "algorithm": name,
+                        "micro_batch": b,
+                        "status": "ok",
+                        "reason": "",
+                        "backend_ran": backend,
+                        "forced_ok": backend == alg.backend,
+                        "ran": ran,
+                        "time_s": t,
+                        "time_median_s": t_med,
+                        "workspace_bytes": ws,
+                        "bench_wall_s": time.perf_counter() - t0,
+                    }
+                )
+                if progress is not None:
+                    progress.update(1)
+    return rows

@@ -1,0 +1,26 @@
+"""Expand the validated `microbatch:` block into network points (plain dicts, one task each)."""
+
+from __future__ import annotations
+
+
+def network_points(cfg: dict) -> list[dict]:
+    b = cfg["microbatch"]
+    return [
+        {
+            "network_name": net,
+            "device": b["device"],
+            "batch_size": b["batch_size"],
+            "image_size": b["image_size"],
+            "deepbench_scale": b["deepbench_scale"],
+            "algorithms": b["algorithms"],
+            "policies": b["policies"],
+            "repeats": b["repeats"],
+            "warmup": b["warmup"],
+            "exec_repeats": b["exec_repeats"],
+            "budget_fractions": b["budget_fractions"],
+            "kernel_limit_mib": b["kernel_limit_mib"],
+            "seed": b["seed"],
+            "backward_forms": b["backward_forms"],
+        }
+        for net in b["networks"]
+    ]
