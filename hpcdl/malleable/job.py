@@ -102,7 +102,8 @@ class MalleableJob:
         self._quota_seen = self._quota()
         initial = int(spec["threads"])
         if self.control_file and os.path.exists(self.control_file):  # written before we could hear a signal
-            initial = self._read_control() or initial
+            from_file = self._read_control()
+            initial = initial if from_file is None else from_file
         self.threads = self._clamp(initial, "initial thread count")
         torch.set_num_threads(self.threads)
 
@@ -226,7 +227,7 @@ class MalleableJob:
             opt.step()
             self.log.write("iter", iteration=it, start=start, iter_s=time.perf_counter() - t0,
                            cpu_s=time.process_time() - c0, threads=self.threads, quota_cores=quota,
-                           loss=float(loss))
+                           loss=float(loss.detach()))
         self.log.write("end", time=time.time())
 
     def wait_started(self, iteration: int, timeout_s: float) -> bool:

@@ -41,10 +41,24 @@ def _apportion_whole(weights: dict[str, float], cores: int) -> dict[str, float]:
 
 
 def _fractional(weights: dict[str, float], cores: int) -> dict[str, float]:
-    total = sum(weights.values()) or 1.0
-    raw = {n: max(MIN_FRACTION, cores * w / total) for n, w in weights.items()}
-    scale = cores / sum(raw.values())
-    return {n: v * scale for n, v in raw.items()}
+    """Shares of a core each (jobs outnumber cores): proportional, capped at one core (one thread
+    cannot use more; the excess is handed on to the uncapped jobs), never below MIN_FRACTION."""
+    shares: dict[str, float] = {}
+    free, left = float(cores), dict(weights)
+    while left:
+        total = sum(left.values()) or 1.0
+        trial = {n: free * w / total for n, w in left.items()}
+        capped = {n for n, v in trial.items() if v >= 1.0}
+        if not capped:
+            shares.update(trial)
+            break
+        for n in capped:
+            shares[n] = 1.0
+            free -= 1.0
+            del left[n]
+    floor = {n: max(MIN_FRACTION, v) for n, v in shares.items()}
+    scale = cores / sum(floor.values())
+    return {n: v * scale for n, v in floor.items()}
 
 
 def decide(policy: str, cores: int, running: list[JobView], waiting: list[JobView]) -> tuple[list[str], dict]:
