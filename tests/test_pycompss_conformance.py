@@ -26,7 +26,7 @@ import yaml
 from raw_tables import assert_same_raw_tables
 
 REPO = Path(__file__).resolve().parent.parent
-STUDIES = ("checkpoint", "hpo", "shuffle", "spatial")
+STUDIES = ("checkpoint", "hpo", "shuffle", "spatial", "malleable")
 
 
 def _find_binding() -> Path | None:
@@ -53,10 +53,12 @@ INTENDED = {
     "shuffle": {"run_point": ("study", "IGNORE")},
     "spatial": {"exactness": ("study", "IGNORE"), "calibrate": ("study", "IGNORE"),
                 "scaling_run": ("study", "IGNORE")},
+    "malleable": {"response_point": ("study", "IGNORE"), "oversub_point": ("study", "IGNORE"),
+                  "cosched_point": ("study", "IGNORE")},
 }
 # Cores each study's tasks must get in the config below: set (checkpoint) or derived (largest M,
 # largest run's ranks x threads).
-CONFIGURED_UNITS = {"checkpoint": 2, "hpo": 1, "shuffle": 2, "spatial": 2}
+CONFIGURED_UNITS = {"checkpoint": 2, "hpo": 1, "shuffle": 2, "spatial": 2, "malleable": 2}
 
 
 

@@ -72,7 +72,7 @@ def oversub_table(series: pd.DataFrame, cfg: dict) -> pd.DataFrame:
             ph = g[(g["iteration"] >= i * phase + PHASE_SKIP) & (g["iteration"] < (i + 1) * phase)]
             if ph.empty:
                 continue
-            threads = int(ph["threads"].mode().iloc[0])
+            threads = int(ph["threads_run"].mode().iloc[0])
             rows.append({"mode": mode, "phase": i, "quota_cores": float(q), "threads": threads,
                          "iter_s": float(ph["iter_s"].median()),
                          # more runnable threads than the quota's whole cores (one thread on half a core is not)
@@ -256,7 +256,7 @@ def _plot_iter_time(plt, series: pd.DataFrame, over: pd.DataFrame, cfg: dict, pa
     if s.empty:
         mark_no_data(a1, "no thread-only response run")
     else:
-        g = s[s["iteration"] >= PHASE_SKIP].groupby("threads")["iter_s"]
+        g = s[s["iteration"] >= PHASE_SKIP].groupby("threads_run")["iter_s"]
         med = g.median()
         a1.bar(med.index.astype(str), med.values * 1000, yerr=[(med - g.quantile(0.25)).values * 1000,
                                                                  (g.quantile(0.75) - med).values * 1000], color="C0")

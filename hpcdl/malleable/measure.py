@@ -21,8 +21,8 @@ STEADY_MAX = 6       # iterations in the steady median at most
 
 def _series_rows(lab: dict, series: list[dict]) -> list[dict]:
     return [{**lab, "job": str(s["job"]), "iteration": int(s["iteration"]), "start_s": s["start"],
-             "iter_s": s["iter_s"], "cpu_s": s["cpu_s"], "threads": int(s["threads"]),
-             "quota_cores": s["quota_cores"]} for s in series]
+             "iter_s": s["iter_s"], "cpu_s": s["cpu_s"], "threads_run": int(s["threads"]),
+             "quota_cores_seen": s["quota_cores"]} for s in series]
 
 
 def change_rows(lab: dict, result: dict) -> list[dict]:
@@ -90,8 +90,8 @@ def run(point: dict, period_us: int) -> dict:
 COLUMNS = {
     "points": ["experiment", "variant", "status", "error", "enforcement", "reason", "point_wall_s", "warnings",
                "makespan_s", "mean_turnaround_s", "mean_wait_s", "jobs_ok", "jobs_failed"],
-    "series": ["experiment", "variant", "job", "iteration", "start_s", "iter_s", "cpu_s", "threads",
-               "quota_cores"],
+    "series": ["experiment", "variant", "job", "iteration", "start_s", "iter_s", "cpu_s", "threads_run",
+               "quota_cores_seen"],
     "changes": ["experiment", "variant", "job", "source", "target_threads", "requested_s", "outcome",
                 "applied_iteration", "old_threads", "lag_iters", "latency_s", "inprogress_iter_s",
                 "first_iter_s", "steady_iter_s", "set_call_s"],
