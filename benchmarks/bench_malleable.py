@@ -31,22 +31,44 @@ DATA = "/usr/share/datasets/fashion-mnist"
 def change_cost(changes: int, cores: int, width: int, batch: int, work: Path) -> list[dict]:
     period = 8
     schedule = [[period * (i + 1), 1 if i % 2 == 0 else cores] for i in range(changes)]
-    spec = {"name": "bench", "iterations": period * (changes + 1), "threads": cores, "max_threads": cores,
-            "batch_size": batch, "model": {"width": width, "depth": 2}, "data_dir": DATA, "seed": 0,
-            "log_file": str(work / "bench.jsonl"), "control_file": str(work / "bench.ctl"), "cgroup": None,
-            "follow_quota": False, "api_schedule": schedule}
+    spec = {
+        "name": "bench",
+        "iterations": period * (changes + 1),
+        "threads": cores,
+        "max_threads": cores,
+        "batch_size": batch,
+        "model": {"width": width, "depth": 2},
+        "data_dir": DATA,
+        "seed": 0,
+        "log_file": str(work / "bench.jsonl"),
+        "control_file": str(work / "bench.ctl"),
+        "cgroup": None,
+        "follow_quota": False,
+        "api_schedule": schedule,
+    }
     res = response._run(spec, [], 600)
-    rows = [r for r in measure.change_rows({"experiment": "bench", "variant": "api"}, res) if r["outcome"] == "applied"]
+    rows = [
+        r
+        for r in measure.change_rows({"experiment": "bench", "variant": "api"}, res)
+        if r["outcome"] == "applied"
+    ]
     out = []
-    for direction, sel in (("down", lambda r: r["target_threads"] < r["old_threads"]),
-                           ("up", lambda r: r["target_threads"] > r["old_threads"])):
+    for direction, sel in (
+        ("down", lambda r: r["target_threads"] < r["old_threads"]),
+        ("up", lambda r: r["target_threads"] > r["old_threads"]),
+    ):
         d = [r for r in rows if sel(r) and r["steady_iter_s"]]
         if d:
-            out.append({"measure": f"thread change {direction} ({d[0]['old_threads']}->{d[0]['target_threads']})",
-                        "n": len(d), "first_over_steady": statistics.median(r["first_iter_s"] / r["steady_iter_s"] for r in d),
-                        "steady_iter_ms": 1000 * statistics.median(r["steady_iter_s"] for r in d),
-                        "set_call_us": 1e6 * statistics.median(r["set_call_s"] for r in d),
-                        "lag_iters_max": max(r["lag_iters"] for r in d)})
+            out.append(
+                {
+                    "measure": f"thread change {direction} ({d[0]['old_threads']}->{d[0]['target_threads']})",
+                    "n": len(d),
+                    "first_over_steady": statistics.median(r["first_iter_s"] / r["steady_iter_s"] for r in d),
+                    "steady_iter_ms": 1000 * statistics.median(r["steady_iter_s"] for r in d),
+                    "set_call_us": 1e6 * statistics.median(r["set_call_s"] for r in d),
+                    "lag_iters_max": max(r["lag_iters"] for r in d),
+                }
+            )
     return out
 
 
@@ -59,8 +81,13 @@ def decide_latency(cores: int) -> list[dict]:
             t0 = time.perf_counter()
             for _ in range(reps):
                 policies.decide(policy, cores * 8, running, [policies.JobView("new", 2, 50)])
-            out.append({"measure": f"decide {policy}, {n} running jobs", "n": reps,
-                        "decide_us": 1e6 * (time.perf_counter() - t0) / reps})
+            out.append(
+                {
+                    "measure": f"decide {policy}, {n} running jobs",
+                    "n": reps,
+                    "decide_us": 1e6 * (time.perf_counter() - t0) / reps,
+                }
+            )
     return out
 
 
@@ -69,21 +96,32 @@ def scheduler_latency(cores: int, work: Path) -> list[dict]:
     run = cgroups.RunCgroups(ctrl, 10000) if ctrl else None
     jobs = [{"name": str(i), "arrival_s": 0.3 * i, "iterations": 30, "request_cores": 1} for i in range(4)]
     try:
-        res = CoScheduler(jobs, "equal", cores, {"batch_size": 32, "model": {"width": 8, "depth": 1},
-                                                  "data_dir": DATA, "seed": 0}, work, run).run()
+        res = CoScheduler(
+            jobs,
+            "equal",
+            cores,
+            {"batch_size": 32, "model": {"width": 8, "depth": 1}, "data_dir": DATA, "seed": 0},
+            work,
+            run,
+        ).run()
     finally:
         if run:
             run.remove()
     events = {}
     for d in res["decisions"]:
         events.setdefault(d["event_index"], d)
-    out = []
+    out, enforced = [], "quota+threads" if run else f"threads only: {why}"
     for kind in ("arrival", "departure"):
         ev = [e for e in events.values() if e["event"] == kind]
         if ev:
-            out.append({"measure": f"scheduler event: {kind} ({'quota+threads' if run else 'threads only: ' + why})",
-                        "n": len(ev), "decide_us": 1e6 * statistics.median(e["decide_s"] for e in ev),
-                        "apply_ms": 1000 * statistics.median(e["apply_s"] for e in ev)})
+            out.append(
+                {
+                    "measure": f"scheduler event: {kind} ({enforced})",
+                    "n": len(ev),
+                    "decide_us": 1e6 * statistics.median(e["decide_s"] for e in ev),
+                    "apply_ms": 1000 * statistics.median(e["apply_s"] for e in ev),
+                }
+            )
     return out
 
 

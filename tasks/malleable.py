@@ -51,14 +51,25 @@ def main(argv=None) -> None:
     block = cfg["malleable"]
     run = StudyRun(cfg, "malleable")
     period = block["cfs_period_us"]
-    sweeps = (("response", plan.response_points(cfg), response_point),
-              ("oversub", plan.oversub_points(cfg), oversub_point),
-              ("cosched", plan.cosched_points(cfg), cosched_point))
-    print(f"[malleable] {sum(len(p) for _, p, _ in sweeps)} points on {block['cores']} cores",
-          file=sys.stderr, flush=True)
-    batches = [run.submit(name, points, lambda p, slot, fn=fn: fn(p, period, slot),
-                          inputs=lambda p: {"point": p, "period_us": period})
-               for name, points, fn in sweeps]
+    sweeps = (
+        ("response", plan.response_points(cfg), response_point),
+        ("oversub", plan.oversub_points(cfg), oversub_point),
+        ("cosched", plan.cosched_points(cfg), cosched_point),
+    )
+    print(
+        f"[malleable] {sum(len(p) for _, p, _ in sweeps)} points on {block['cores']} cores",
+        file=sys.stderr,
+        flush=True,
+    )
+    batches = [
+        run.submit(
+            name,
+            points,
+            lambda p, slot, fn=fn: fn(p, period, slot),
+            inputs=lambda p: {"point": p, "period_us": period},
+        )
+        for name, points, fn in sweeps
+    ]
     outcomes = run.gather(batches, compss_wait_on, failure_reason)
     rows = {t: [] for t in TABLES}
     for o in (o for batch in outcomes for o in batch):

@@ -27,8 +27,8 @@ class CgroupUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class CpuController:
-    version: int   # 1 or 2
-    mount: Path    # where the hierarchy holding the cpu controller is mounted
+    version: int  # 1 or 2
+    mount: Path  # where the hierarchy holding the cpu controller is mounted
 
     @property
     def base(self) -> Path:
@@ -92,8 +92,11 @@ def usable() -> tuple[CpuController | None, str]:
         finally:
             probe.rmdir()
     except OSError as exc:
-        why = {errno.EACCES: "permission denied", errno.EPERM: "not permitted (not root?)",
-               errno.EROFS: "read-only cgroup file system"}.get(exc.errno, exc.strerror or str(exc))
+        why = {
+            errno.EACCES: "permission denied",
+            errno.EPERM: "not permitted (not root?)",
+            errno.EROFS: "read-only cgroup file system",
+        }.get(exc.errno, exc.strerror or str(exc))
         return None, f"cannot write cgroups under {ctrl.base}: {why}"
     return ctrl, ""
 

@@ -25,7 +25,9 @@ QUOTA_KINDS = ("oversub",)
 
 def needs_cgroups(point: dict) -> bool:
     """Whether the point cannot run without writable cgroups (the rest run with threads only)."""
-    return point["experiment"] in QUOTA_KINDS or (point["experiment"] == "response" and point["method"] == "quota")
+    return point["experiment"] in QUOTA_KINDS or (
+        point["experiment"] == "response" and point["method"] == "quota"
+    )
 
 
 def _execute(point: dict, workdir: Path, run) -> dict:
@@ -39,8 +41,15 @@ def _execute(point: dict, workdir: Path, run) -> dict:
         return response.oversub_point(point, workdir, run)
     if kind == "cosched":
         defaults = {k: point[k] for k in ("batch_size", "model", "data_dir", "seed")}
-        sched = CoScheduler(point["jobs"], point["policy"], point["cores"], defaults, workdir, run,
-                            timeout_s=point["timeout_s"])
+        sched = CoScheduler(
+            point["jobs"],
+            point["policy"],
+            point["cores"],
+            defaults,
+            workdir,
+            run,
+            timeout_s=point["timeout_s"],
+        )
         return sched.run()
     raise ValueError(f"unknown experiment {kind!r}")
 
@@ -74,15 +83,28 @@ class Driver:
             self.run = cgroups.RunCgroups(ctrl, period_us)
             self.enforcement = "quota+threads"
         self.out = self.workdir / "result.json"
-        spec = {"point": point, "workdir": str(self.workdir),
-                "cgroups": None if self.run is None else {"version": ctrl.version, "mount": str(ctrl.mount),
-                                                          "path": str(self.run.path), "period_us": period_us}}
+        spec = {
+            "point": point,
+            "workdir": str(self.workdir),
+            "cgroups": None
+            if self.run is None
+            else {
+                "version": ctrl.version,
+                "mount": str(ctrl.mount),
+                "path": str(self.run.path),
+                "period_us": period_us,
+            },
+        }
         spec_path = self.workdir / "spec.json"
         spec_path.write_text(json.dumps(spec))
         self.stderr = open(self.workdir / "driver.log", "w")  # noqa: SIM115 (closed in finish)
-        self.proc = subprocess.Popen([sys.executable, "-m", "hpcdl.malleable.driver", str(spec_path), str(self.out)],
-                                     start_new_session=True, stdout=self.stderr, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONPATH": _pythonpath()})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hpcdl.malleable.driver", str(spec_path), str(self.out)],
+            start_new_session=True,
+            stdout=self.stderr,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": _pythonpath()},
+        )
 
     def finish(self, timeout_s: float | None = None) -> int | None:
         """Wait (killing the group after timeout_s), then kill what is left and remove the cgroups."""

@@ -92,7 +92,7 @@ class MalleableJob:
         self.follow_quota = bool(spec.get("follow_quota", False))
         self._lock = threading.Lock()
         self._api: list[tuple[int, float]] = []
-        self._usr1 = self._usr2 = 0            # signals received (written by the handlers only)
+        self._usr1 = self._usr2 = 0  # signals received (written by the handlers only)
         self._usr1_at = self._usr2_at = 0.0
         self._usr1_seen = self._usr2_seen = 0
         self._progress = threading.Condition()
@@ -139,8 +139,9 @@ class MalleableJob:
     def _clamp(self, n: int, what: str) -> int:
         if n < 1 or n > self.max_threads:
             clamped = min(max(n, 1), self.max_threads)
-            self.log.warn(f"{what} {n} is outside 1..{self.max_threads} (the cores this job may use); "
-                          f"using {clamped}")
+            self.log.warn(
+                f"{what} {n} is outside 1..{self.max_threads} (the cores this job may use); using {clamped}"
+            )
             return clamped
         return n
 
@@ -179,8 +180,9 @@ class MalleableJob:
     def _boundary(self, iteration: int, quota: float | None) -> None:
         reqs = self._requests(quota)
         for source, target, at in reqs:
-            self.log.write("request", iteration=iteration, source=source, target=target, requested=at,
-                           seen=time.time())
+            self.log.write(
+                "request", iteration=iteration, source=source, target=target, requested=at, seen=time.time()
+            )
         if not reqs:
             return
         source, target, at = max(reqs, key=lambda r: r[2])  # the latest request wins
@@ -189,8 +191,16 @@ class MalleableJob:
             return
         t0 = time.perf_counter()
         torch.set_num_threads(target)
-        self.log.write("applied", iteration=iteration, source=source, old=self.threads, threads=target,
-                       requested=at, applied=time.time(), set_call_s=time.perf_counter() - t0)
+        self.log.write(
+            "applied",
+            iteration=iteration,
+            source=source,
+            old=self.threads,
+            threads=target,
+            requested=at,
+            applied=time.time(),
+            set_call_s=time.perf_counter() - t0,
+        )
         self.threads = target
 
     # ---- training ---------------------------------------------------------------------------------
@@ -209,8 +219,14 @@ class MalleableJob:
         model = small_cnn(width=spec["model"]["width"], depth=spec["model"]["depth"])
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         xs, ys = self._data()
-        self.log.write("start", time=time.time(), threads=self.threads, quota_cores=self._quota_seen,
-                       iterations=spec["iterations"], pid=os.getpid())
+        self.log.write(
+            "start",
+            time=time.time(),
+            threads=self.threads,
+            quota_cores=self._quota_seen,
+            iterations=spec["iterations"],
+            pid=os.getpid(),
+        )
         for it in range(spec["iterations"]):
             quota = self._quota()
             self._boundary(it, quota)
@@ -225,9 +241,16 @@ class MalleableJob:
             loss = torch.nn.functional.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
-            self.log.write("iter", iteration=it, start=start, iter_s=time.perf_counter() - t0,
-                           cpu_s=time.process_time() - c0, threads=self.threads, quota_cores=quota,
-                           loss=float(loss.detach()))
+            self.log.write(
+                "iter",
+                iteration=it,
+                start=start,
+                iter_s=time.perf_counter() - t0,
+                cpu_s=time.process_time() - c0,
+                threads=self.threads,
+                quota_cores=quota,
+                loss=float(loss.detach()),
+            )
         self.log.write("end", time=time.time())
 
     def wait_started(self, iteration: int, timeout_s: float) -> bool:

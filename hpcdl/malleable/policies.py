@@ -22,8 +22,8 @@ MIN_FRACTION = 0.05  # of a core: a fractional share never starves a job complet
 @dataclass(frozen=True)
 class JobView:
     name: str
-    request: int          # cores asked for (what a rigid scheduler grants at most)
-    remaining: int        # iterations left
+    request: int  # cores asked for (what a rigid scheduler grants at most)
+    remaining: int  # iterations left
     share: float | None = None  # cores held now (None: waiting)
 
 

@@ -51,19 +51,29 @@ def _run(spec: dict, actions: list, timeout_s: float) -> dict:
     logged = read_log(spec["log_file"])
     if proc.exitcode != 0:
         errors = [r["error"] for r in logged if r["type"] == "failed"]
-        raise RuntimeError(f"job {spec['name']} failed (exit code {proc.exitcode}): "
-                           f"{errors[-1] if errors else 'no error logged'}")
-    requests += [{"time": r["time"], "target": r["target"], "source": "api", "iteration": r["iteration"]}
-                 for r in logged if r["type"] == "api_call"]
+        raise RuntimeError(
+            f"job {spec['name']} failed (exit code {proc.exitcode}): "
+            f"{errors[-1] if errors else 'no error logged'}"
+        )
+    requests += [
+        {"time": r["time"], "target": r["target"], "source": "api", "iteration": r["iteration"]}
+        for r in logged
+        if r["type"] == "api_call"
+    ]
     return _relative(logged, requests, t0, spec["name"])
 
 
 def _relative(logged: list[dict], requests: list[dict], t0: float, job: str) -> dict:
-    return {"series": [{**r, "start": r["start"] - t0} for r in logged if r["type"] == "iter"],
-            "requests": [{**r, "job": job, "time": r["time"] - t0} for r in requests],
-            "applied": [{**r, "requested": r["requested"] - t0, "applied": r["applied"] - t0}
-                        for r in logged if r["type"] == "applied"],
-            "warnings": [r["message"] for r in logged if r["type"] == "warning"]}
+    return {
+        "series": [{**r, "start": r["start"] - t0} for r in logged if r["type"] == "iter"],
+        "requests": [{**r, "job": job, "time": r["time"] - t0} for r in requests],
+        "applied": [
+            {**r, "requested": r["requested"] - t0, "applied": r["applied"] - t0}
+            for r in logged
+            if r["type"] == "applied"
+        ],
+        "warnings": [r["message"] for r in logged if r["type"] == "warning"],
+    }
 
 
 def _signal_action(control_file: str, target: int):
@@ -74,6 +84,7 @@ def _signal_action(control_file: str, target: int):
         at = time.time()
         os.kill(proc.pid, signal.SIGUSR1)
         return {"time": at, "target": target, "source": "signal"}
+
     return act
 
 
@@ -82,14 +93,25 @@ def _quota_action(run_cgroups, cgroup: Path, cores: float, threads: int):
         at = time.time()
         run_cgroups.set_quota(cgroup, cores)
         return {"time": at, "target": threads, "source": "quota", "quota_cores": cores}
+
     return act
 
 
 def _base_spec(point: dict, workdir: Path, name: str) -> dict:
-    return {"name": name, "iterations": point.get("iterations", 0), "threads": point["cores"],
-            "max_threads": point["cores"], "batch_size": point["batch_size"], "model": point["model"],
-            "data_dir": point["data_dir"], "seed": point["seed"], "log_file": str(workdir / f"{name}.jsonl"),
-            "control_file": str(workdir / f"{name}.ctl"), "cgroup": None, "follow_quota": False}
+    return {
+        "name": name,
+        "iterations": point.get("iterations", 0),
+        "threads": point["cores"],
+        "max_threads": point["cores"],
+        "batch_size": point["batch_size"],
+        "model": point["model"],
+        "data_dir": point["data_dir"],
+        "seed": point["seed"],
+        "log_file": str(workdir / f"{name}.jsonl"),
+        "control_file": str(workdir / f"{name}.ctl"),
+        "cgroup": None,
+        "follow_quota": False,
+    }
 
 
 def response_point(point: dict, workdir: Path, run_cgroups=None) -> dict:
@@ -101,12 +123,17 @@ def response_point(point: dict, workdir: Path, run_cgroups=None) -> dict:
     if method == "api":
         spec["api_schedule"] = [[k1, low], [k2, high]]
     elif method == "signal":
-        actions = [(k1, _signal_action(spec["control_file"], low)), (k2, _signal_action(spec["control_file"], high))]
+        actions = [
+            (k1, _signal_action(spec["control_file"], low)),
+            (k2, _signal_action(spec["control_file"], high)),
+        ]
     elif method == "quota":
         cg = run_cgroups.job(spec["name"], float(high))
         spec.update(cgroup=str(cg), follow_quota=True)
-        actions = [(k1, _quota_action(run_cgroups, cg, float(low), low)),
-                   (k2, _quota_action(run_cgroups, cg, float(high), high))]
+        actions = [
+            (k1, _quota_action(run_cgroups, cg, float(low), low)),
+            (k2, _quota_action(run_cgroups, cg, float(high), high)),
+        ]
     else:
         raise ValueError(f"response method must be api, signal or quota, got {method!r}")
     return _run(spec, actions, point["timeout_s"])
@@ -121,7 +148,14 @@ def oversub_point(point: dict, workdir: Path, run_cgroups) -> dict:
     spec["iterations"] = phase * len(quotas)
     cg = run_cgroups.job(spec["name"], float(quotas[0]))
     spec.update(cgroup=str(cg), follow_quota=point["mode"] == "follow")
-    target = (lambda q: threads_for(q, point["cores"])) if point["mode"] == "follow" else (lambda q: point["cores"])
-    actions = [(i * phase, _quota_action(run_cgroups, cg, float(q), target(q)))
-               for i, q in enumerate(quotas) if i > 0]
+    target = (
+        (lambda q: threads_for(q, point["cores"]))
+        if point["mode"] == "follow"
+        else (lambda q: point["cores"])
+    )
+    actions = [
+        (i * phase, _quota_action(run_cgroups, cg, float(q), target(q)))
+        for i, q in enumerate(quotas)
+        if i > 0
+    ]
     return _run(spec, actions, point["timeout_s"])

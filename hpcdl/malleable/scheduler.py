@@ -30,7 +30,7 @@ class _Job:
     iterations: int
     request: int
     crash_at: int | None = None
-    state: str = "pending"   # pending -> waiting -> running -> done | failed
+    state: str = "pending"  # pending -> waiting -> running -> done | failed
     proc: object = None
     cgroup: Path | None = None
     share: float | None = None
@@ -51,17 +51,32 @@ def _write_atomic(path: str, text: str) -> None:
 
 
 class CoScheduler:
-    def __init__(self, workload: list[dict], policy: str, cores: int, job_defaults: dict, workdir: str | Path,
-                 run_cgroups=None, timeout_s: float = 600.0):
+    def __init__(
+        self,
+        workload: list[dict],
+        policy: str,
+        cores: int,
+        job_defaults: dict,
+        workdir: str | Path,
+        run_cgroups=None,
+        timeout_s: float = 600.0,
+    ):
         if policy not in policies.POLICIES:
             raise ValueError(f"policy must be one of {policies.POLICIES}, got {policy!r}")
         self.policy, self.cores, self.defaults = policy, int(cores), job_defaults
         self.workdir = Path(workdir)
         self.cg = run_cgroups
         self.timeout_s = timeout_s
-        self.jobs = [_Job(name=str(j.get("name", i)), arrival_s=float(j["arrival_s"]),
-                          iterations=int(j["iterations"]), request=int(j.get("request_cores", cores)),
-                          crash_at=j.get("crash_at")) for i, j in enumerate(workload)]
+        self.jobs = [
+            _Job(
+                name=str(j.get("name", i)),
+                arrival_s=float(j["arrival_s"]),
+                iterations=int(j["iterations"]),
+                request=int(j.get("request_cores", cores)),
+                crash_at=j.get("crash_at"),
+            )
+            for i, j in enumerate(workload)
+        ]
         self.decisions: list[dict] = []
         self.t0 = 0.0
 
@@ -82,10 +97,18 @@ class CoScheduler:
         _write_atomic(job.control_file, str(threads))
         if self.cg is not None:
             job.cgroup = self.cg.job(job.name, share)
-        spec = {**self.defaults, "name": job.name, "iterations": job.iterations, "threads": threads,
-                "max_threads": self.cores, "log_file": job.log_file, "control_file": job.control_file,
-                "cgroup": str(job.cgroup) if job.cgroup else None, "follow_quota": False,
-                "crash_at": job.crash_at}
+        spec = {
+            **self.defaults,
+            "name": job.name,
+            "iterations": job.iterations,
+            "threads": threads,
+            "max_threads": self.cores,
+            "log_file": job.log_file,
+            "control_file": job.control_file,
+            "cgroup": str(job.cgroup) if job.cgroup else None,
+            "follow_quota": False,
+            "crash_at": job.crash_at,
+        }
         job.proc = launch.start_job(spec)
         job.state, job.share, job.threads, job.admitted_s = "running", share, threads, self._now()
         job.requests.append({"time": time.time(), "target": threads, "source": "start"})
@@ -109,8 +132,9 @@ class CoScheduler:
         t_event = time.perf_counter()
         running = [j for j in self.jobs if j.state == "running"]
         waiting = [j for j in self.jobs if j.state == "waiting"]
-        admit, shares = policies.decide(self.policy, self.cores, [self._view(j) for j in running],
-                                        [self._view(j) for j in waiting])
+        admit, shares = policies.decide(
+            self.policy, self.cores, [self._view(j) for j in running], [self._view(j) for j in waiting]
+        )
         decide_s = time.perf_counter() - t_event
         by_name = {j.name: j for j in self.jobs}
         for name, share in shares.items():
@@ -121,10 +145,20 @@ class CoScheduler:
                 self._resize(job, share)
         apply_s = time.perf_counter() - t_event - decide_s
         for name, share in shares.items():
-            self.decisions.append({"event_index": index, "time_s": self._now(), "event": kind,
-                                   "event_job": subject, "job": name, "cores": share,
-                                   "threads": by_name[name].threads, "decide_s": decide_s,
-                                   "apply_s": apply_s, "admitted": name in admit})
+            self.decisions.append(
+                {
+                    "event_index": index,
+                    "time_s": self._now(),
+                    "event": kind,
+                    "event_job": subject,
+                    "job": name,
+                    "cores": share,
+                    "threads": by_name[name].threads,
+                    "decide_s": decide_s,
+                    "apply_s": apply_s,
+                    "admitted": name in admit,
+                }
+            )
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -178,16 +212,32 @@ class CoScheduler:
         jobs, series, changes = [], [], []
         for j in self.jobs:
             logged = read_log(j.log_file) if j.log_file else []
-            jobs.append({"job": j.name, "arrival_s": j.arrival_s, "iterations": j.iterations,
-                         "request_cores": j.request, "admitted_s": j.admitted_s, "finished_s": j.finished_s,
-                         "wait_s": None if j.admitted_s is None else j.admitted_s - j.arrival_s,
-                         "turnaround_s": None if j.finished_s is None else j.finished_s - j.arrival_s,
-                         "status": "ok" if j.state == "done" else "failed", "error": j.error,
-                         "iterations_done": sum(r["type"] == "iter" for r in logged)})
+            jobs.append(
+                {
+                    "job": j.name,
+                    "arrival_s": j.arrival_s,
+                    "iterations": j.iterations,
+                    "request_cores": j.request,
+                    "admitted_s": j.admitted_s,
+                    "finished_s": j.finished_s,
+                    "wait_s": None if j.admitted_s is None else j.admitted_s - j.arrival_s,
+                    "turnaround_s": None if j.finished_s is None else j.finished_s - j.arrival_s,
+                    "status": "ok" if j.state == "done" else "failed",
+                    "error": j.error,
+                    "iterations_done": sum(r["type"] == "iter" for r in logged),
+                }
+            )
             series += [{**r, "start": r["start"] - self.t0} for r in logged if r["type"] == "iter"]
             changes += [{**r, "job": j.name} for r in j.requests if r["source"] != "start"]
-            changes += [{**r, "requested": r["requested"] - self.t0, "applied": r["applied"] - self.t0}
-                        for r in logged if r["type"] == "applied"]
-        return {"jobs": jobs, "decisions": self.decisions, "series": series,
-                "requests": [{**c, "time": c["time"] - self.t0} for c in changes if "time" in c],
-                "applied": [c for c in changes if "applied" in c]}
+            changes += [
+                {**r, "requested": r["requested"] - self.t0, "applied": r["applied"] - self.t0}
+                for r in logged
+                if r["type"] == "applied"
+            ]
+        return {
+            "jobs": jobs,
+            "decisions": self.decisions,
+            "series": series,
+            "requests": [{**c, "time": c["time"] - self.t0} for c in changes if "time" in c],
+            "applied": [c for c in changes if "applied" in c],
+        }
