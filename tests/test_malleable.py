@@ -313,3 +313,63 @@ def test_points_cover_every_experiment(test_config):
         "equal",
         "proportional",
     ]
+
+
+_READONLY_PROBE = """
+import json, sys
+from hpcdl.malleable import measure
+base = dict(cores=2, timeout_s=120, batch_size=32, model={"width": 8, "depth": 1}, data_dir=sys.argv[1],
+            seed=0)
+over = measure.run({**base, "experiment": "oversub", "mode": "keep", "quotas": [2, 1],
+                    "phase_iterations": 3}, 10000)
+jobs = [{"name": "0", "arrival_s": 0, "iterations": 4, "request_cores": 2}]
+co = measure.run({**base, "experiment": "cosched", "policy": "equal", "jobs": jobs}, 10000)
+print(json.dumps({"oversub": over["points"][0], "cosched": co["points"][0], "iters": len(co["series"])}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to remount the cgroup file system read-only")
+def test_read_only_cgroupfs_skips_quota_points_with_the_reason_and_runs_thread_only_ones(tmp_path):
+    """A private mount namespace where the cpu hierarchy is read-only: a real unwritable cgroupfs."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    if CTRL is None or shutil.which("unshare") is None:
+        pytest.skip(f"needs a cpu cgroup hierarchy and unshare(1): {WHY}")
+    script = tmp_path / "probe.py"
+    script.write_text(_READONLY_PROBE)
+    cmd = f"mount -o remount,bind,ro {CTRL.mount} && exec {sys.executable} {script} {DATA}"
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", cmd],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["oversub"]["status"] == "skipped"
+    assert "read-only cgroup file system" in out["oversub"]["reason"]
+    assert out["cosched"]["status"] == "ok" and out["cosched"]["enforcement"] == "threads"
+    assert "read-only cgroup file system" in out["cosched"]["reason"] and out["iters"] == 4
+
+
+@needs_cgroups
+def test_sigusr2_matches_the_thread_count_to_the_cgroup_quota(tmp_path):
+    run = cgroups.RunCgroups(CTRL, 10000)
+    try:
+        cg = run.job("usr2", 1.0)  # quota of one core, job started with two threads, not following
+        spec = _job_spec(tmp_path, "usr2", 6, cgroup=str(cg))
+
+        def usr2(proc):
+            os.kill(proc.pid, signal.SIGUSR2)
+            return {"time": time.time(), "target": 1, "source": "signal-quota"}
+
+        res = response._run(spec, [(2, usr2)], 120)
+    finally:
+        run.remove()
+    threads = [s["threads"] for s in res["series"]]
+    assert threads[0] == 2 and threads[-1] == 1
+    assert [a["source"] for a in res["applied"]] == ["signal-quota"]
