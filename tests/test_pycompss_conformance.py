@@ -83,6 +83,9 @@ def _conformance_config(tmp_path: Path, test_config: dict, name: str, runtime: s
     sp["strong"]["layouts"] = [[1, 2, 1]]  # one scaling run on 2 ranks, then the train run
     sp["calibration"] = {"pingpong_bytes": [1024, 4096], "fractions": [1.0], "repeats": 1}
     cfg["shuffle"]["grids"] = [{"world_sizes": [2], "qs": [0.5], "partitionings": ["skewed"]}]  # + F=0 global
+    ml = cfg["malleable"]  # one point per task: each point starts a driver and a torch forkserver
+    ml["response"]["methods"], ml["oversub"]["modes"] = ["signal"], ["follow"]
+    ml["cosched"]["policies"] = ["equal"]
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
