@@ -106,6 +106,13 @@ def _cosched_summary(jobs: list[dict]) -> dict:
     }
 
 
+def _enforcement(point: dict, res: dict) -> str:
+    """What changed the job's cores: thread-only response methods never touch a quota."""
+    if point["experiment"] == "response" and point["method"] != "quota":
+        return "threads"
+    return res["enforcement"]
+
+
 def run(point: dict, period_us: int) -> dict:
     """{table: rows} of one point: points (1 row), series, changes, decisions, jobs."""
     lab = label(point)
@@ -130,7 +137,7 @@ def run(point: dict, period_us: int) -> dict:
         **lab,
         "status": "ok",
         "error": "",
-        "enforcement": res["enforcement"],
+        "enforcement": _enforcement(point, res),
         "reason": res["cgroup_reason"],
         "point_wall_s": res["wall_s"],
         "warnings": len(res.get("warnings", [])),
