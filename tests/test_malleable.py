@@ -228,7 +228,7 @@ def _group_members(pgid: int) -> list[int]:
             fields = stat.read_text().rpartition(")")[2].split()
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             out.append(int(stat.parent.name))
     return out
 

@@ -118,10 +118,31 @@ class Driver:
             except ProcessLookupError:
                 pass
             self.proc.wait()
+            _wait_group_gone(self.proc.pid)
             if self.run is not None:
                 self.run.remove()
             self.stderr.close()
         return self.proc.returncode
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group, from /proc."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _wait_group_gone(pgid: int, timeout_s: float = 10.0) -> None:
+    """SIGKILL is delivered at once but a process takes a moment to exit: wait until none is left."""
+    deadline = time.monotonic() + timeout_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _pythonpath() -> str:
