@@ -9,7 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 # Columns that measure time, bandwidth, memory or name a process: everything else is deterministic.
-NONDETERMINISTIC = re.compile(r"(_s|_per_s|_mb|_rss_bytes|_frac)$|^(worker|driver_pid|sessions)$")
+# (malleable: the iteration at which a mid-run change lands follows the wall clock.)
+NONDETERMINISTIC = re.compile(r"(_s|_per_s|_mb|_rss_bytes|_frac)$|^(worker|driver_pid|sessions)$"
+                              r"|^(threads_run|quota_cores_seen|applied_iteration)$")
 
 
 def deterministic(df: pd.DataFrame) -> pd.DataFrame:

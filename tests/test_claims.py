@@ -376,8 +376,44 @@ def _mb_failed(t, network="resnet18", error="Traceback\nWorkspaceError: layer co
     t["tables/failures.csv"] = pd.DataFrame([{"network": network, "table": "execution", "error": error}])
 
 
+# ------------------------------------------------------------------------------------- malleable
+MALLEABLE_CFG = {
+    "malleable": {
+        "cores": 2,
+        "response": {"methods": ["api", "signal", "quota"]},
+        "oversub": {"modes": ["keep", "follow"], "quotas": [2, 1, 0.5], "phase_iterations": 8},
+        "cosched": {"policies": ["rigid", "equal", "proportional"]},
+    }
+}
+
+
+def _malleable() -> tuple[dict, dict]:
+    points = [{"experiment": e, "variant": v, "status": "ok", "error": "", "reason": ""}
+              for e, vs in (("response", ("api", "signal", "quota")), ("oversub", ("keep", "follow")),
+                            ("cosched", ("rigid", "equal", "proportional"))) for v in vs]
+    response = [{"variant": m, "outcome": "applied", "lag_iters": 0, "latency_over_iter": 0.9}
+                for m in ("api", "signal", "quota") for _ in range(2)]
+    oversub = [{"mode": m, "phase": i, "quota_cores": q, "threads": 2 if m == "keep" else max(1, round(q)),
+                "iter_s": t} for m, ts in (("keep", (0.045, 0.09, 0.2)), ("follow", (0.045, 0.068, 0.14)))
+               for i, (q, t) in enumerate(zip((2.0, 1.0, 0.5), ts, strict=True))]
+    policies = pd.DataFrame({"policy": ["rigid", "equal", "proportional"], "status": "ok",
+                             "makespan_s": [8.0, 7.0, 7.2], "mean_turnaround_s": [3.0, 2.4, 2.8],
+                             "jobs_failed": [0, 0, 0]})
+    tables = {"raw/points.csv": pd.DataFrame(points), "tables/response.csv": pd.DataFrame(response),
+              "tables/oversub.csv": pd.DataFrame(oversub), "tables/policies.csv": policies}
+    return copy.deepcopy(MALLEABLE_CFG), tables
+
+
+def _malleable_point(t, experiment, variant, status="failed",
+                     error="RuntimeError: driver exited with code 1"):
+    pts = t["raw/points.csv"]
+    sel = (pts["experiment"] == experiment) & (pts["variant"] == variant)
+    pts.loc[sel, "status"] = status
+    pts.loc[sel, "reason" if status == "skipped" else "error"] = error
+
+
 BUILDERS = {"checkpoint": _checkpoint, "hpo": _hpo, "shuffle": _shuffle, "spatial": _spatial,
-            "hetmem": _hetmem, "microbatch": _microbatch}
+            "hetmem": _hetmem, "microbatch": _microbatch, "malleable": _malleable}
 
 # (study, declared claim id, outcome, mutate(cfg, tables), words the reason must contain)
 CASES = [
@@ -686,6 +722,55 @@ CASES = [
      lambda c, t: t["tables/exactness.csv"].loc.__setitem__((0, "max_rel_err"), 3e-4), None),
     ("microbatch", "outputs_exact", "not_measured", lambda c, t: _mb_failed(t, "alexnet", "MemoryError"),
      ["alexnet", "MemoryError"]),
+    # malleable
+    ("malleable", "change_within_one_iteration", "passed", None, None),
+    (
+        "malleable",
+        "change_within_one_iteration",
+        "failed",
+        lambda c, t: _set(t, "tables/response.csv", lambda d: d.index == 2, "lag_iters", 1),
+        None,
+    ),
+    (
+        "malleable",
+        "change_within_one_iteration",
+        "not_measured",
+        lambda c, t: _malleable_point(t, "response", "quota", "skipped",
+                                      "skipped: cannot write cgroups under /sys/fs/cgroup/cpu"),
+        ["quota", "skipped", "cannot write cgroups"],
+    ),
+    ("malleable", "follow_quota_faster", "passed", None, None),
+    (
+        "malleable",
+        "follow_quota_faster",
+        "failed",
+        lambda c, t: _set(t, "tables/oversub.csv", lambda d: (d["mode"] == "keep") & (d["phase"] == 1),
+                          "iter_s", 0.06),
+        None,
+    ),
+    (
+        "malleable",
+        "follow_quota_faster",
+        "not_measured",
+        lambda c, t: _malleable_point(t, "oversub", "keep"),
+        ["oversub point keep failed", "driver exited"],
+    ),
+    ("malleable", "malleable_beats_rigid", "passed", None, None),
+    (
+        "malleable",
+        "malleable_beats_rigid",
+        "failed",
+        lambda c, t: _set(t, "tables/policies.csv", lambda d: d["policy"] == "proportional",
+                          "mean_turnaround_s", 3.5),
+        None,
+    ),
+    (
+        "malleable",
+        "malleable_beats_rigid",
+        "not_measured",
+        lambda c, t: _set(t, "tables/policies.csv", lambda d: d["policy"] == "rigid", "jobs_failed", 1),
+        ["rigid", "1 job(s) failed"],
+    ),
 ]
 
 

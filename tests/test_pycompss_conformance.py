@@ -26,7 +26,7 @@ import yaml
 from raw_tables import assert_same_raw_tables
 
 REPO = Path(__file__).resolve().parent.parent
-STUDIES = ("checkpoint", "hpo", "shuffle", "spatial", "hetmem", "microbatch")
+STUDIES = ("checkpoint", "hpo", "shuffle", "spatial", "hetmem", "microbatch", "malleable")
 
 
 def _find_binding() -> Path | None:
@@ -55,11 +55,13 @@ INTENDED = {
                 "scaling_run": ("study", "IGNORE")},
     "hetmem": {"app_point": ("study", "IGNORE")},
     "microbatch": {"network_point": ("study", "IGNORE")},
+    "malleable": {"response_point": ("study", "IGNORE"), "oversub_point": ("study", "IGNORE"),
+                  "cosched_point": ("study", "IGNORE")},
 }
 # Cores each study's tasks must get in the config below: set (checkpoint) or derived (largest M,
 # largest run's ranks x threads).
-CONFIGURED_UNITS = {"checkpoint": 2, "hpo": 1, "shuffle": 2, "spatial": 2, "hetmem": 1, "microbatch": 1}
-
+CONFIGURED_UNITS = {"checkpoint": 2, "hpo": 1, "shuffle": 2, "spatial": 2, "hetmem": 1, "microbatch": 1,
+                    "malleable": 2}
 
 
 def _env(**extra) -> dict:
@@ -86,6 +88,9 @@ def _conformance_config(tmp_path: Path, test_config: dict, name: str, runtime: s
     cfg["hetmem"]["apps"] = [{"name": "gups", "size": 10, "iters": 1}]
     # one candidate, undivided: the plan (and so every raw column but the timings) is deterministic
     cfg["microbatch"].update(algorithms=["onednn-nchw"], policies=["undivided"], backward_forms=["fused"])
+    ml = cfg["malleable"]  # one point per task: each point starts a driver and a torch forkserver
+    ml["response"]["methods"], ml["oversub"]["modes"] = ["signal"], ["follow"]
+    ml["cosched"]["policies"] = ["equal"]
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path

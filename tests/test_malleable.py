@@ -1,0 +1,375 @@
+"""Malleability study: policies, real cgroups, real job processes, real signals, faults, config errors."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcdl.config import ConfigError, validate_config
+from hpcdl.malleable import cgroups, measure, policies, response
+from hpcdl.malleable.driver import Driver
+from hpcdl.malleable.job import read_log
+from hpcdl.malleable.scheduler import CoScheduler
+
+DATA = "/usr/share/datasets/fashion-mnist"
+TINY = {"batch_size": 32, "model": {"width": 8, "depth": 1}, "data_dir": DATA, "seed": 0}
+CTRL, WHY = cgroups.usable()
+needs_cgroups = pytest.mark.skipif(CTRL is None, reason=f"cgroups not writable here: {WHY}")
+
+
+def _point(**kw) -> dict:
+    return {"cores": 2, "timeout_s": 120, **TINY, **kw}
+
+
+# ---- policies (pure) ------------------------------------------------------------------------------
+def J(name, request=1, remaining=10, share=None):
+    return policies.JobView(name, request, remaining, share)
+
+
+def test_rigid_keeps_cores_fixed_and_makes_arrivals_wait_while_none_are_free():
+    admit, shares = policies.decide("rigid", 2, [J("a", 2, share=2.0)], [J("b", 1)])
+    assert admit == [] and shares == {"a": 2.0}
+    admit, shares = policies.decide("rigid", 2, [], [J("b", 1), J("c", 2)])
+    assert admit == ["b", "c"] and shares == {"b": 1.0, "c": 1.0}  # c runs on fewer cores than it asked
+    admit, shares = policies.decide("rigid", 2, [J("c", 2, share=1.0)], [])  # a departure frees nothing for c
+    assert shares == {"c": 1.0}
+
+
+def test_malleable_policies_rebalance_all_cores_on_every_event():
+    assert policies.decide("equal", 2, [J("a", share=2.0)], [J("b")]) == (["b"], {"a": 1.0, "b": 1.0})
+    assert policies.decide("equal", 2, [J("a", share=1.0)], [])[1] == {"a": 2.0}
+    admit, shares = policies.decide("equal", 2, [J("a"), J("b")], [J("c")])
+    assert shares == pytest.approx({"a": 2 / 3, "b": 2 / 3, "c": 2 / 3})
+    _, shares = policies.decide(
+        "proportional", 2, [J("a", remaining=30), J("b", remaining=10)], [J("c", remaining=10)]
+    )
+    # 30:10:10 would give a 1.2 cores, more than its one thread can use: capped, the rest handed on
+    assert shares == pytest.approx({"a": 1.0, "b": 0.5, "c": 0.5})
+    _, shares = policies.decide(
+        "proportional",
+        2,
+        [J("a", remaining=30), J("b", remaining=10), J("c", remaining=10)],
+        [J("d", remaining=30)],
+    )
+    assert shares == pytest.approx({"a": 0.75, "b": 0.25, "c": 0.25, "d": 0.75})
+    _, shares = policies.decide("proportional", 8, [J("a", remaining=30), J("b", remaining=10)], [])
+    assert shares == {"a": 6.0, "b": 2.0}  # whole cores while jobs <= cores
+    assert policies.threads_for_share(0.4, 2) == 1 and policies.threads_for_share(1.6, 2) == 2
+    with pytest.raises(ValueError, match="policy must be one of"):
+        policies.decide("fifo", 2, [], [])
+
+
+# ---- cgroups ----------------------------------------------------------------------------------------
+@needs_cgroups
+def test_run_cgroups_set_quota_read_back_and_removed():
+    run = cgroups.RunCgroups(CTRL, 10000)
+    try:
+        cg = run.job("x", 1.5)
+        assert cgroups.read_quota(cg) == pytest.approx(1.5)
+        run.set_quota(cg, None)
+        assert cgroups.read_quota(cg) is None
+        assert run.path.parent == CTRL.base and run.path.name.startswith(f"run-{os.getpid()}-")
+    finally:
+        run.remove()
+    assert not run.path.exists()
+
+
+@needs_cgroups
+def test_stale_sweep_removes_run_dirs_of_dead_owners_only():
+    stale = CTRL.base / "run-999999999-1-deadbeef"  # no such pid
+    stale.mkdir(parents=True)
+    (stale / "job-0").mkdir()
+    run = cgroups.RunCgroups(CTRL, 10000)  # sweeps at start
+    try:
+        assert stale.name in run.swept and not stale.exists()
+        assert run.path.exists()  # ours (owner alive) is kept by a second sweep
+        assert run.path.name not in cgroups.sweep_stale(CTRL)
+    finally:
+        run.remove()
+
+
+# ---- jobs: real processes, real signals ------------------------------------------------------------
+def _job_spec(tmp_path: Path, name: str, iterations: int, **kw) -> dict:
+    return {
+        "name": name,
+        "iterations": iterations,
+        "threads": 2,
+        "max_threads": 2,
+        **TINY,
+        "log_file": str(tmp_path / f"{name}.jsonl"),
+        "control_file": str(tmp_path / f"{name}.ctl"),
+        "cgroup": None,
+        "follow_quota": False,
+        **kw,
+    }
+
+
+def test_api_and_signal_changes_apply_at_the_next_iteration_boundary(tmp_path):
+    spec = _job_spec(tmp_path, "api", 8, api_schedule=[[2, 1], [5, 2]])
+    res = response._run(spec, [], 120)
+    rows = measure.change_rows(
+        {"experiment": "response", "variant": "api"}, {**res, "requests": res["requests"]}
+    )
+    assert [(r["outcome"], r["target_threads"], r["lag_iters"]) for r in rows] == [
+        ("applied", 1, 0),
+        ("applied", 2, 0),
+    ]
+    threads = [s["threads"] for s in res["series"]]
+    assert threads[:3] == [2, 2, 2] and threads[3:6] == [1, 1, 1] and threads[6:] == [2, 2]
+
+    spec = _job_spec(tmp_path, "sig", 8)
+    res = response._run(spec, [(2, response._signal_action(spec["control_file"], 1))], 120)
+    (row,) = measure.change_rows({"experiment": "response", "variant": "signal"}, res)
+    assert row["outcome"] == "applied" and row["lag_iters"] == 0 and row["target_threads"] == 1
+    assert row["applied_iteration"] in (2, 3) and res["series"][-1]["threads"] == 1
+    assert row["latency_s"] > 0
+
+
+def test_out_of_range_requests_are_clamped_with_a_warning_and_the_job_goes_on(tmp_path):
+    spec = _job_spec(tmp_path, "clamp", 7)
+    Path(spec["control_file"]).write_text("0")  # read at start: clamped to 1
+    acts = [
+        (2, response._signal_action(spec["control_file"], 99)),
+        (4, response._signal_action(spec["control_file"], -3)),
+    ]
+    res = response._run(spec, acts, 120)
+    threads = [s["threads"] for s in res["series"]]
+    assert len(threads) == 7 and threads[0] == 1 and 2 in threads and threads[-1] == 1
+    text = " | ".join(res["warnings"])
+    assert "initial thread count 0 is outside 1..2" in text
+    assert "signal request of 99 is outside 1..2" in text and "signal request of -3 is outside 1..2" in text
+
+
+def test_garbage_in_the_control_file_is_ignored_with_a_line_naming_the_file(tmp_path):
+    spec = _job_spec(tmp_path, "garbage", 6)
+
+    def garbage(proc):
+        Path(spec["control_file"]).write_text("two threads please")
+        os.kill(proc.pid, signal.SIGUSR1)
+        return {"time": time.time(), "target": 2, "source": "signal"}
+
+    res = response._run(spec, [(2, garbage)], 120)
+    assert [s["threads"] for s in res["series"]] == [2] * 6  # nothing changed, all iterations ran
+    assert any(
+        f"ignoring control file {spec['control_file']}: 'two threads please'" in w for w in res["warnings"]
+    )
+
+
+def test_set_threads_refuses_a_non_integer(tmp_path):
+    from hpcdl.malleable.job import JobLog, MalleableJob
+
+    job = MalleableJob(_job_spec(tmp_path, "t", 1), JobLog(str(tmp_path / "t.jsonl"), "t"))
+    with pytest.raises(TypeError, match="integer thread count"):
+        job.set_threads(1.5)
+    job.set_threads(0)  # accepted now, clamped (with a warning) at the boundary
+    job.run()
+    assert any(
+        r["type"] == "warning" and "api request of 0" in r["message"]
+        for r in read_log(str(tmp_path / "t.jsonl"))
+    )
+
+
+@needs_cgroups
+def test_job_follows_its_cgroup_quota_within_one_iteration(tmp_path):
+    run = cgroups.RunCgroups(CTRL, 10000)
+    try:
+        res = response.response_point(
+            _point(experiment="response", method="quota", iterations=8, change_at=[2, 5], low_threads=1),
+            tmp_path,
+            run,
+        )
+    finally:
+        run.remove()
+    rows = measure.change_rows({"experiment": "response", "variant": "quota"}, res)
+    assert [(r["outcome"], r["target_threads"], r["lag_iters"]) for r in rows] == [
+        ("applied", 1, 0),
+        ("applied", 2, 0),
+    ]
+    seen = [(s["threads"], s["quota_cores"]) for s in res["series"]]
+    assert (
+        seen[0] == (2, pytest.approx(2.0))
+        and (1, pytest.approx(1.0)) in seen
+        and seen[-1] == (2, pytest.approx(2.0))
+    )
+
+
+# ---- the co-scheduler: a crash, and a SIGKILL -------------------------------------------------------
+def test_crashed_job_is_recorded_failed_and_its_cores_go_to_the_others(tmp_path):
+    run = cgroups.RunCgroups(CTRL, 10000) if CTRL else None
+    try:
+        workload = [
+            {"name": "a", "arrival_s": 0, "iterations": 300, "request_cores": 1},
+            {"name": "b", "arrival_s": 0, "iterations": 40, "request_cores": 1, "crash_at": 3},
+        ]
+        res = CoScheduler(workload, "equal", 2, TINY, tmp_path, run, timeout_s=120).run()
+    finally:
+        if run:
+            run.remove()
+    jobs = {j["job"]: j for j in res["jobs"]}
+    assert jobs["b"]["status"] == "failed" and "injected crash at iteration 3" in jobs["b"]["error"]
+    assert jobs["a"]["status"] == "ok" and jobs["a"]["iterations_done"] == 300
+    after = [d for d in res["decisions"] if d["event"] == "failure"]
+    assert after and all(d["job"] == "a" and d["cores"] == 2.0 and d["threads"] == 2 for d in after)
+    a_iters = [s for s in res["series"] if s["job"] == "a"]
+    assert a_iters[-1]["threads"] == 2
+    first = [d for d in res["decisions"] if d["event_index"] == 0]
+    assert {d["job"]: d["cores"] for d in first} == {"a": 1.0, "b": 1.0}  # the equal share before the crash
+
+
+def _group_members(pgid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_killed_scheduler_leaves_no_job_running_and_no_cgroup(tmp_path):
+    point = _point(
+        experiment="cosched",
+        policy="equal",
+        jobs=[{"name": str(i), "arrival_s": 0, "iterations": 100000, "request_cores": 1} for i in range(2)],
+    )
+    drv = Driver(point, tmp_path / "drv", 10000)
+    logs = [tmp_path / "drv" / f"job-{i}.jsonl" for i in range(2)]
+    deadline = time.time() + 90
+    while not all(any(r["type"] == "iter" for r in read_log(str(p))) for p in logs):
+        assert time.time() < deadline and drv.proc.poll() is None, (
+            tmp_path / "drv" / "driver.log"
+        ).read_text()
+        time.sleep(0.1)
+    pids = [next(r["pid"] for r in read_log(str(p)) if r["type"] == "start") for p in logs]
+    assert all(_alive(p) for p in pids)
+    cg_path = drv.run.path if drv.run else None
+    os.kill(drv.proc.pid, signal.SIGKILL)
+    drv.proc.wait()
+    deadline = time.time() + 15  # the jobs die with the forkserver, the forkserver with the driver
+    while any(_alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids), "a job outlived its killed scheduler"
+    drv.finish()
+    assert _group_members(drv.proc.pid) == []
+    if cg_path is not None:
+        assert not cg_path.exists(), "the killed scheduler's cgroups were left behind"
+
+
+# ---- configuration -------------------------------------------------------------------------------------
+def _cfg(test_config, **block):
+    cfg = copy.deepcopy(test_config)
+    cfg["studies"] = ["malleable"]
+    cfg["malleable"].update(block)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "block, key",
+    [
+        ({"response": {"change_at": [5, 3], "iterations": 8}}, "malleable.response.change_at"),
+        ({"response": {"low_threads": 2}}, "malleable.response.low_threads"),
+        ({"oversub": {"quotas": [2, 3]}}, "malleable.oversub.quotas"),
+        (
+            {"cosched": {"jobs": [{"arrival_s": 0, "iterations": 5, "request_cores": 4}]}},
+            "malleable.cosched.jobs[0].request_cores",
+        ),
+        ({"cosched": {"policies": ["fifo"]}}, "malleable.cosched.policies[0]"),
+        ({"cores": 0}, "malleable.cores"),
+        ({"cfs_period_us": 10}, "malleable.cfs_period_us"),
+    ],
+)
+def test_bad_config_names_the_key(test_config, block, key):
+    with pytest.raises(ConfigError) as err:
+        validate_config(_cfg(test_config, **block))
+    assert err.value.key == key, str(err.value)
+
+
+def test_points_cover_every_experiment(test_config):
+    from hpcdl.malleable import plan
+
+    cfg = validate_config(_cfg(test_config))
+    pts = plan.response_points(cfg) + plan.oversub_points(cfg) + plan.cosched_points(cfg)
+    assert [plan.label(p)["variant"] for p in pts] == [
+        "api",
+        "signal",
+        "quota",
+        "keep",
+        "follow",
+        "rigid",
+        "equal",
+        "proportional",
+    ]
+
+
+_READONLY_PROBE = """
+import json, sys
+from hpcdl.malleable import measure
+base = dict(cores=2, timeout_s=120, batch_size=32, model={"width": 8, "depth": 1}, data_dir=sys.argv[1],
+            seed=0)
+over = measure.run({**base, "experiment": "oversub", "mode": "keep", "quotas": [2, 1],
+                    "phase_iterations": 3}, 10000)
+jobs = [{"name": "0", "arrival_s": 0, "iterations": 4, "request_cores": 2}]
+co = measure.run({**base, "experiment": "cosched", "policy": "equal", "jobs": jobs}, 10000)
+print(json.dumps({"oversub": over["points"][0], "cosched": co["points"][0], "iters": len(co["series"])}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to remount the cgroup file system read-only")
+def test_read_only_cgroupfs_skips_quota_points_with_the_reason_and_runs_thread_only_ones(tmp_path):
+    """A private mount namespace where the cpu hierarchy is read-only: a real unwritable cgroupfs."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    if CTRL is None or shutil.which("unshare") is None:
+        pytest.skip(f"needs a cpu cgroup hierarchy and unshare(1): {WHY}")
+    script = tmp_path / "probe.py"
+    script.write_text(_READONLY_PROBE)
+    cmd = f"mount -o remount,bind,ro {CTRL.mount} && exec {sys.executable} {script} {DATA}"
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", cmd],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["oversub"]["status"] == "skipped"
+    assert "read-only cgroup file system" in out["oversub"]["reason"]
+    assert out["cosched"]["status"] == "ok" and out["cosched"]["enforcement"] == "threads"
+    assert "read-only cgroup file system" in out["cosched"]["reason"] and out["iters"] == 4
+
+
+@needs_cgroups
+def test_sigusr2_matches_the_thread_count_to_the_cgroup_quota(tmp_path):
+    run = cgroups.RunCgroups(CTRL, 10000)
+    try:
+        cg = run.job("usr2", 1.0)  # quota of one core, job started with two threads, not following
+        spec = _job_spec(tmp_path, "usr2", 6, cgroup=str(cg))
+
+        def usr2(proc):
+            os.kill(proc.pid, signal.SIGUSR2)
+            return {"time": time.time(), "target": 1, "source": "signal-quota"}
+
+        res = response._run(spec, [(2, usr2)], 120)
+    finally:
+        run.remove()
+    threads = [s["threads"] for s in res["series"]]
+    assert threads[0] == 2 and threads[-1] == 1
+    assert [a["source"] for a in res["applied"]] == ["signal-quota"]
