@@ -82,3 +82,8 @@ def _result(spec: RunSpec, depth: int, probes: list, rec: dict | None, capped: b
             "max_depth": depth, "max_params": n_params(spec.width, depth) if depth else 0,
             "peak_fast_bytes_at_max": rec["peak_fast_bytes"] if rec else 0,
             "capped_at_max_depth": capped, "trials": len(probes), "probes": ";".join(f"{p['depth']}:{'fit' if p['fits'] else 'over'}" for p in probes)}
+
+
+def search_point(point: dict) -> dict:
+    """A capacity point (plan.capacity_points)."""
+    return largest_depth(RunSpec(**point["spec"]), point["max_depth"])

@@ -161,10 +161,10 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
                                      offload=spec.strategy in OFFLOADS_ACTIVATIONS,
                                      prefetch_depth=spec.prefetch_depth, write_window=spec.write_window,
                                      device=device)
-            per_step, tl_rows = [], []
+            per_step = []
             for step in range(spec.steps):
                 x, y = make_batch(spec.width, spec.batch, spec.seed, step, device)
-                rec = _one_step(model, opt, saved, timeline, x, y, spec.strategy, tier, cuda)
+                rec = {"step": step, **_one_step(model, opt, saved, timeline, x, y, spec.strategy, tier, cuda)}
                 if isinstance(opt, torch.optim.Adam) and step == 0:
                     for st in opt.state.values():     # created by the first step: charge them now
                         fast.track(st["exp_avg"], "optimizer_state")
@@ -174,8 +174,7 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
                         f"fast tier over budget: torch.cuda.max_memory_allocated {torch.cuda.max_memory_allocated() - cuda_base}"
                         f" bytes > offload.budget_mb = {budget} bytes")
                 if step >= spec.warmup_steps:
-                    per_step.append(rec)
-                    tl_rows = timeline.rows()
+                    per_step.append((rec, timeline.rows()))
             if isinstance(opt, OffloadedAdam):
                 opt.finish()
             digest = weights_digest(model)
@@ -183,7 +182,8 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
         finally:
             if tier is not None:
                 tier.close()
-    med = {k: float(torch.tensor([r[k] for r in per_step]).median()) for k in per_step[0]} if per_step else {}
+    # the median step (by step time), whole: its phases add up to its step time
+    med, tl_rows = sorted(per_step, key=lambda r: r[0]["step_s"])[(len(per_step) - 1) // 2] if per_step else ({}, [])
     out = {"strategy": spec.strategy, "device": device, "tier": tier_name(device), "io_mode":
            spec.io_mode if not cuda else "pinned", "width": spec.width, "depth": spec.depth,
            "batch": spec.batch, "n_params": n_params(spec.width, spec.depth), "steps": spec.steps,
@@ -192,7 +192,7 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
            "peak_accounted_bytes": fast.peak,
            **{f"peak_{k}_bytes": v for k, v in sorted(fast.peak_by_kind.items())},
            "peak_rss_bytes": rss.peak, "peak_extra_rss_bytes": rss.peak - rss0,
-           **med, "weights_sha256": digest}
+           **{k: v for k, v in med.items() if k != "step"}, "weights_sha256": digest}
     return (out, tl_rows, weights) if keep_weights else (out, tl_rows)
 
 
@@ -232,3 +232,9 @@ def _one_step(model, opt, saved, tl: Timeline, x, y, strategy, tier, cuda) -> di
             "exposed_transfer_s": exposed, "transfer_s": tl.transfer_s(),
             "hidden_frac": float("nan") if hidden is None else hidden,
             "bytes_to_slow": tl.bytes("to_slow"), "bytes_from_slow": tl.bytes("from_slow")}
+
+
+def measure_point(point: dict) -> dict:
+    """A sweep point (plan.sweep_points): its record and the timeline of its last measured step."""
+    rec, timeline = train(RunSpec(**point))
+    return {"record": rec, "timeline": timeline}
