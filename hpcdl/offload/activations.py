@@ -120,9 +120,9 @@ class SavedActivations:
         s = self.saved[j]
         if s.fast is not None or s.read is not None:
             return
-        buf = torch.empty(s.shape, dtype=s.dtype, device=self.device)
+        buf = self.tier.empty(s.shape, s.dtype)
         self.fast.track(buf, "activations", f"prefetched activation {tuple(s.shape)}")
-        s.buffer, s.read = buf, self.tier.get(buf, "acts", s.offset, "activation")
+        s.buffer, s.read = buf, self.tier.get(buf, "acts", s.offset, "activation", after_compute=False)
 
     def end_step(self) -> None:
         """Wait for every write (the next step reuses the scratch) and uncharge the tensors that were

@@ -145,6 +145,12 @@ class FileTier:
     def reset_scratch(self) -> None:
         self._end["acts"] = 0
 
+    def empty(self, shape, dtype):
+        """A fast-tier buffer for a read."""
+        import torch
+
+        return torch.empty(shape, dtype=dtype)
+
     # --------------------------------------------------------------- copies
     @staticmethod
     def _bytes(t) -> memoryview:
@@ -169,7 +175,7 @@ class FileTier:
 
         return Ticket(self, self._writer.submit(job), keep=src, kind=kind)
 
-    def get(self, dst, region: str, offset: int, kind: str) -> Ticket:
+    def get(self, dst, region: str, offset: int, kind: str, after_compute: bool = True) -> Ticket:
         buf = self._bytes(dst)  # dst is contiguous: this is its own memory
         fd = self._fds[region]
 
@@ -235,6 +241,15 @@ class PinnedTier:
     def reset_scratch(self) -> None:
         self._next["acts"] = 0
 
+    def empty(self, shape, dtype):
+        """A GPU buffer for a prefetch, allocated in the copy stream's pool (so the copy need not wait
+        for compute to release it) and marked as used by the compute stream, which reads it."""
+        torch = self.torch
+        with torch.cuda.stream(self.h2d):
+            buf = torch.empty(shape, dtype=dtype, device=self.device)
+        buf.record_stream(self.compute_stream)
+        return buf
+
     def _view(self, region, index, like):
         n = like.numel() * like.element_size()
         return self._buffers[region][index][:n].view(like.dtype).view(like.shape)
@@ -249,14 +264,16 @@ class PinnedTier:
         self.timeline.add("to_slow", kind, start, end, src.numel() * src.element_size())
         return Ticket(self, event=end, keep=src, kind=kind)
 
-    def get(self, dst, region: str, index: int, kind: str) -> Ticket:
+    def get(self, dst, region: str, index: int, kind: str, after_compute: bool = True) -> Ticket:
+        """after_compute: dst is a buffer compute may still be using (optimizer staging), so the copy
+        waits for the compute queued so far; prefetch buffers come from empty() and need not."""
         torch, clock = self.torch, self.timeline.clock
-        self.h2d.wait_stream(self.compute_stream)     # dst was allocated (and may be reused) on compute
+        if after_compute:
+            self.h2d.wait_stream(self.compute_stream)
         with torch.cuda.stream(self.h2d):
             start = clock.mark(self.h2d)
             dst.copy_(self._view(region, index, dst), non_blocking=True)
             end = clock.mark(self.h2d)
-        dst.record_stream(self.h2d)
         self.timeline.add("from_slow", kind, start, end, dst.numel() * dst.element_size())
         return Ticket(self, event=end, keep=dst, kind=kind)
 

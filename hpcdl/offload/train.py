@@ -17,11 +17,11 @@ import contextlib
 import ctypes
 import gc
 import hashlib
+import os
 import threading
 import time
 from dataclasses import dataclass
 
-import psutil
 import torch
 import torch.nn.functional as F
 
@@ -72,18 +72,27 @@ class RunSpec:
     trim_heap: bool = True      # gc + malloc_trim first, so that peak RSS starts from a clean heap
 
 
+def rss_bytes() -> int:
+    """The process's resident set now (Linux /proc; no psutil, so the GPU probe needs only torch)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
 class _PeakRss:
-    """The process's resident set sampled on a thread (psutil), for the peak during a run."""
+    """The process's resident set sampled on a thread, for the peak during a run."""
 
     def __init__(self, interval_s: float):
-        self.proc, self.interval = psutil.Process(), interval_s
-        self.peak = self.proc.memory_info().rss
+        self.interval = interval_s
+        self.peak = rss_bytes()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
+            self.peak = max(self.peak, rss_bytes())
             self._stop.wait(self.interval)
 
     def __enter__(self):
@@ -93,7 +102,7 @@ class _PeakRss:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
+        self.peak = max(self.peak, rss_bytes())
         return False
 
 
@@ -134,7 +143,7 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
     fast = FastTier(None if cuda else budget)
     timeline = Timeline(CudaClock(torch) if cuda else CpuClock())
     tier = None
-    rss0 = psutil.Process().memory_info().rss
+    rss0 = rss_bytes()
     with _PeakRss(spec.rss_interval_s) as rss:
         fast.check_single(spec.width * spec.width * 4, f"the {spec.width}x{spec.width} fp32 weight")
         fast.check_single(spec.batch * spec.width * 4, f"the {spec.batch}x{spec.width} fp32 activation")
