@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from hpcdl.offload.accounting import BudgetExceeded, FastTier
 from hpcdl.offload.activations import SavedActivations
+from hpcdl.offload.checks import largest_tensor
 from hpcdl.offload.model import build_mlp, make_batch, n_params
 from hpcdl.offload.optimizer import OffloadedAdam
 from hpcdl.offload.slowtier import FileTier, PinnedTier
@@ -145,8 +146,7 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
     tier = None
     rss0 = rss_bytes()
     with _PeakRss(spec.rss_interval_s) as rss:
-        fast.check_single(spec.width * spec.width * 4, f"the {spec.width}x{spec.width} fp32 weight")
-        fast.check_single(spec.batch * spec.width * 4, f"the {spec.batch}x{spec.width} fp32 activation")
+        fast.check_single(*largest_tensor({"model": {"width": spec.width, "batch": spec.batch}}))
         model = build_mlp(spec.width, spec.depth, spec.seed, device)
         params = list(model.parameters())
         def charge_grad(p):     # a new gradient tensor each step (zero_grad sets them to None)
