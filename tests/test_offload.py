@@ -84,12 +84,15 @@ def test_bytes_moved_each_way_are_exactly_the_offloaded_tensors(tmp_path):
 
 def test_timeline_hidden_fraction_is_one_minus_exposed_over_transfer():
     tl = Timeline()
-    tl.start()
-    t0 = tl.clock.t0
+    log = tl.start()
+    t0 = log.base
     tl.add("to_slow", "x", t0 + 0.0, t0 + 1.0, 10)
-    tl.add("from_slow", "x", t0 + 1.0, t0 + 4.0, 30)
+    log.add("from_slow", "x", t0 + 1.0, t0 + 4.0, 30)
     tl.add("wait", "x", t0 + 3.0, t0 + 4.0)
-    tl.finish()
+    tl.stop()
+    tl.add("wait", "x", t0 + 5.0, t0 + 9.0)        # between steps: part of no step
+    log.resolve()
+    tl = log
     assert tl.transfer_s() == pytest.approx(4.0)
     assert tl.exposed_s() == pytest.approx(1.0)
     assert tl.hidden_fraction() == pytest.approx(0.75)

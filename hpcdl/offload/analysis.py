@@ -250,7 +250,8 @@ def _claim_memory(tr, block, fails) -> dict:
     if depth is None:
         top = max(block["model"]["depths"])
         return not_measured(cid, statement, [_why_missing(fails, "steps", strategy=s, depth=top)
-                                             for s in ("none", "both")], threshold=MEMORY_MAX_RATIO)
+                                             for s in ("none", "both") if _row(tr, s, top) is None],
+                            threshold=MEMORY_MAX_RATIO)
     r, n = _row(tr, "both", depth), _row(tr, "none", depth)
     ratio = float(r["peak_fast_bytes"] / n["peak_fast_bytes"])
     return claim(cid, statement, ratio <= MEMORY_MAX_RATIO, depth=depth, memory_ratio=round(ratio, 4),

@@ -159,6 +159,7 @@ class FileTier:
     def put(self, src, region: str, offset: int, kind: str) -> Ticket:
         buf = self._bytes(src)
         fd, dontneed = self._fds[region], self.io_mode == "dontneed"
+        log = self.timeline.current       # the issuing step's log
 
         def job():
             start = time.perf_counter()
@@ -171,13 +172,15 @@ class FileTier:
                     os.posix_fadvise(fd, offset, len(buf), os.POSIX_FADV_DONTNEED)
             except OSError as exc:
                 raise self._error(exc, f"writing {len(buf)} bytes") from exc
-            self.timeline.add("to_slow", kind, start, time.perf_counter(), len(buf))
+            if log is not None:
+                log.add("to_slow", kind, start, time.perf_counter(), len(buf))
 
         return Ticket(self, self._writer.submit(job), keep=src, kind=kind)
 
     def get(self, dst, region: str, offset: int, kind: str, after_compute: bool = True) -> Ticket:
         buf = self._bytes(dst)  # dst is contiguous: this is its own memory
         fd = self._fds[region]
+        log = self.timeline.current
 
         def job():
             start = time.perf_counter()
@@ -187,7 +190,8 @@ class FileTier:
                 if n == 0:
                     raise EOFError(f"slow tier {self.dir}: read past the end of {region}.bin at {offset + done}")
                 done += n
-            self.timeline.add("from_slow", kind, start, time.perf_counter(), len(buf))
+            if log is not None:
+                log.add("from_slow", kind, start, time.perf_counter(), len(buf))
 
         return Ticket(self, self._reader.submit(job), keep=dst, kind=kind)
 

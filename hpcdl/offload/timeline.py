@@ -28,6 +28,9 @@ class CpuClock:
     def start(self):
         self.t0 = time.perf_counter()
 
+    def set_base(self, base):
+        self.t0 = base
+
     def resolve(self, token) -> float:
         return token - self.t0
 
@@ -44,6 +47,9 @@ class CudaClock:
     def start(self):
         self.base = self.mark()
 
+    def set_base(self, base):
+        self.base = base
+
     def resolve(self, token) -> float:
         return self.base.elapsed_time(token) / 1000.0
 
@@ -57,29 +63,27 @@ class Span:
     nbytes: int = 0
 
 
-@dataclass
-class Timeline:
-    clock: object = field(default_factory=CpuClock)
-    spans: list[Span] = field(default_factory=list)
-    _raw: list = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+class StepLog:
+    """The raw timestamps of one step. A copy records into the log of the step that issued it, even
+    when it completes during the next step (the optimizer's last copy-outs overlap the next forward)."""
 
-    def start(self) -> None:
-        self.spans, self._raw = [], []
-        self.clock.start()
+    def __init__(self, clock):
+        self.clock = clock
+        clock.start()
+        self.base = clock.t0 if hasattr(clock, "t0") else clock.base
+        self._raw: list = []
+        self._lock = threading.Lock()
+        self.spans: list[Span] = []
 
     def add(self, lane: str, kind: str, start, end, nbytes: int = 0) -> None:
         with self._lock:
             self._raw.append((lane, kind, start, end, nbytes))
 
-    def finish(self) -> None:
-        """Turn the step's tokens into seconds since its start (after a CUDA synchronize)."""
-        with self._lock:
-            self.spans = [Span(lane, kind, self.clock.resolve(a), self.clock.resolve(b), n)
-                          for lane, kind, a, b, n in self._raw]
-
-    def phase(self, kind: str, stream=None):
-        return _Phase(self, kind, stream)
+    def resolve(self) -> None:
+        """Seconds since the step started (call once every copy has completed)."""
+        self.clock.set_base(self.base)
+        self.spans = [Span(lane, kind, self.clock.resolve(a), self.clock.resolve(b), n)
+                      for lane, kind, a, b, n in self._raw]
 
     def sum(self, lane: str, kind: str | None = None) -> float:
         return sum(s.end_s - s.start_s for s in self.spans if s.lane == lane and (kind is None or s.kind == kind))
@@ -101,7 +105,29 @@ class Timeline:
 
     def rows(self) -> list[dict]:
         return [{"lane": s.lane, "kind": s.kind, "start_s": s.start_s, "end_s": s.end_s, "span_bytes": s.nbytes}
-                for s in sorted(self.spans, key=lambda s: (s.start_s, s.lane))]
+                for s in sorted(self.spans, key=lambda s: (s.start_s, s.lane, s.kind))]
+
+
+@dataclass
+class Timeline:
+    """The current step's log (None between steps: waits there are not part of any step)."""
+
+    clock: object = field(default_factory=CpuClock)
+    current: StepLog | None = None
+
+    def start(self) -> StepLog:
+        self.current = StepLog(self.clock)
+        return self.current
+
+    def stop(self) -> None:
+        self.current = None
+
+    def add(self, lane: str, kind: str, start, end, nbytes: int = 0) -> None:
+        if self.current is not None:
+            self.current.add(lane, kind, start, end, nbytes)
+
+    def phase(self, kind: str, stream=None):
+        return _Phase(self, kind, stream)
 
 
 class _Phase:

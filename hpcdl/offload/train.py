@@ -170,10 +170,10 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
                                      offload=spec.strategy in OFFLOADS_ACTIVATIONS,
                                      prefetch_depth=spec.prefetch_depth, write_window=spec.write_window,
                                      device=device)
-            per_step = []
+            measured = []
             for step in range(spec.steps):
                 x, y = make_batch(spec.width, spec.batch, spec.seed, step, device)
-                rec = {"step": step, **_one_step(model, opt, saved, timeline, x, y, spec.strategy, tier, cuda)}
+                wall, log = _one_step(model, opt, saved, timeline, x, y, spec.strategy, cuda)
                 if isinstance(opt, torch.optim.Adam) and step == 0:
                     for st in opt.state.values():     # created by the first step: charge them now
                         fast.track(st["exp_avg"], "optimizer_state")
@@ -183,9 +183,16 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
                         f"fast tier over budget: torch.cuda.max_memory_allocated {torch.cuda.max_memory_allocated() - cuda_base}"
                         f" bytes > offload.budget_mb = {budget} bytes")
                 if step >= spec.warmup_steps:
-                    per_step.append((rec, timeline.rows()))
+                    measured.append((wall, log))
+            timeline.stop()                       # what follows belongs to no step
             if isinstance(opt, OffloadedAdam):
                 opt.finish()
+            if tier is not None:
+                tier.sync()
+            per_step = []
+            for wall, log in measured:            # every copy a step issued has completed now
+                log.resolve()
+                per_step.append((_record(wall, log), log.rows()))
             digest = weights_digest(model)
             weights = [p.detach().cpu().clone() for p in params] if keep_weights else None
         finally:
@@ -205,9 +212,10 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
     return (out, tl_rows, weights) if keep_weights else (out, tl_rows)
 
 
-def _one_step(model, opt, saved, tl: Timeline, x, y, strategy, tier, cuda) -> dict:
+def _one_step(model, opt, saved, tl: Timeline, x, y, strategy, cuda):
+    """One training step; its wall time and its timeline log (resolved later)."""
     stream = torch.cuda.current_stream() if cuda else None
-    tl.start()
+    log = tl.start()
     saved.begin_step()
     wall0 = time.perf_counter()
     hooks = torch.autograd.graph.save_on_cpu(pin_memory=True) if strategy == "save_on_cpu" else saved.hooks()
@@ -224,26 +232,26 @@ def _one_step(model, opt, saved, tl: Timeline, x, y, strategy, tier, cuda) -> di
     saved.end_step()
     if cuda:
         torch.cuda.synchronize()
-    wall = time.perf_counter() - wall0
-    tl.finish()
-    waits = [s for s in tl.spans if s.lane == "wait"]
-    phases = {s.kind: s for s in tl.spans if s.lane == "compute" and s.kind in ("forward", "backward", "optimizer")}
+    return time.perf_counter() - wall0, log
 
-    def exposed_in(ph):
-        return sum(w.end_s - w.start_s for w in waits if w.start_s >= ph.start_s and w.end_s <= ph.end_s)
 
-    exposed = tl.exposed_s()
-    hidden = tl.hidden_fraction()
-    return {"step_s": wall,
-            "forward_s": phases["forward"].end_s - phases["forward"].start_s - exposed_in(phases["forward"]),
-            "backward_s": phases["backward"].end_s - phases["backward"].start_s - exposed_in(phases["backward"]),
-            "optimizer_s": phases["optimizer"].end_s - phases["optimizer"].start_s - exposed_in(phases["optimizer"]),
-            "exposed_transfer_s": exposed, "transfer_s": tl.transfer_s(),
-            "hidden_frac": float("nan") if hidden is None else hidden,
-            "bytes_to_slow": tl.bytes("to_slow"), "bytes_from_slow": tl.bytes("from_slow")}
+def _record(wall: float, log) -> dict:
+    """A step's times: each phase without the waits inside it, the exposed and total transfer time."""
+    waits = [s for s in log.spans if s.lane == "wait"]
+    phases = {s.kind: s for s in log.spans if s.lane == "compute" and s.kind in ("forward", "backward", "optimizer")}
+
+    def compute_in(ph):
+        inside = sum(w.end_s - w.start_s for w in waits if w.start_s >= ph.start_s and w.end_s <= ph.end_s)
+        return ph.end_s - ph.start_s - inside
+
+    hidden = log.hidden_fraction()
+    return {"step_s": wall, "forward_s": compute_in(phases["forward"]), "backward_s": compute_in(phases["backward"]),
+            "optimizer_s": compute_in(phases["optimizer"]), "exposed_transfer_s": log.exposed_s(),
+            "transfer_s": log.transfer_s(), "hidden_frac": float("nan") if hidden is None else hidden,
+            "bytes_to_slow": log.bytes("to_slow"), "bytes_from_slow": log.bytes("from_slow")}
 
 
 def measure_point(point: dict) -> dict:
-    """A sweep point (plan.sweep_points): its record and the timeline of its last measured step."""
+    """A sweep point (plan.sweep_points): its record and the timeline of its median step."""
     rec, timeline = train(RunSpec(**point))
     return {"record": rec, "timeline": timeline}
