@@ -67,17 +67,24 @@ def main(argv=None) -> None:
     except SlowTierError as exc:
         print(f"error: {exc.strerror}", file=sys.stderr)
         raise SystemExit(2) from None
-    stale = remove_stale_runs(slow)   # an interrupted run's offload files
+    stale = remove_stale_runs(slow)  # an interrupted run's offload files
     cuda = _cuda_present(cfg)
     sweep, capacity = plan.sweep_points(cfg, cuda), plan.capacity_points(cfg, cuda)
     skipped = [s for s in cfg["offload"]["strategies"] if s not in plan.strategies(cfg, cuda)]
-    run.log(f"{len(sweep)} sweep points, {len(capacity)} capacity searches on "
-            f"{'CUDA (GPU > pinned host)' if cuda else 'CPU (process memory > files in ' + str(slow) + ')'}"
-            + (f"; removed {len(stale)} stale offload run dir(s)" if stale else "")
-            + (f"; skipped on CPU: {', '.join(f'{s} ({plan.CPU_ONLY_SKIPPED[s]})' for s in skipped)}"
-               if skipped else ""))
-    batches = [run.submit("sweep", sweep, lambda p, slot: run_point(p, slot)),
-               run.submit("capacity", capacity, lambda p, slot: capacity_point(p, slot))]
+    run.log(
+        f"{len(sweep)} sweep points, {len(capacity)} capacity searches on "
+        f"{'CUDA (GPU > pinned host)' if cuda else 'CPU (process memory > files in ' + str(slow) + ')'}"
+        + (f"; removed {len(stale)} stale offload run dir(s)" if stale else "")
+        + (
+            f"; skipped on CPU: {', '.join(f'{s} ({plan.CPU_ONLY_SKIPPED[s]})' for s in skipped)}"
+            if skipped
+            else ""
+        )
+    )
+    batches = [
+        run.submit("sweep", sweep, lambda p, slot: run_point(p, slot)),
+        run.submit("capacity", capacity, lambda p, slot: capacity_point(p, slot)),
+    ]
     sweep_out, cap_out = run.gather(batches, compss_wait_on, failure_reason)
     if owned:
         shutil.rmtree(slow, ignore_errors=True)
@@ -91,13 +98,22 @@ def main(argv=None) -> None:
         steps.append({**o.result["record"], "status": "ok", "error": ""})
         timeline += [{**label, **span} for span in o.result["timeline"]]
     for o in cap_out:
-        label = {"strategy": o.point["spec"]["strategy"], "width": o.point["spec"]["width"],
-                 "budget_mb": o.point["spec"]["budget_mb"]}
+        label = {
+            "strategy": o.point["spec"]["strategy"],
+            "width": o.point["spec"]["width"],
+            "budget_mb": o.point["spec"]["budget_mb"],
+        }
         caps.append(failed_row(label, o.error) if not o.ok else {**o.result, "status": "ok", "error": ""})
     raw = run.dir / "raw"
     write_table(pd.DataFrame(steps), raw / "steps.csv", cfg, run.started)
-    write_table(pd.DataFrame(timeline, columns=["strategy", "depth", "width", "lane", "kind", "start_s", "end_s",
-                                                "span_bytes"]), raw / "timeline.csv", cfg, run.started)
+    write_table(
+        pd.DataFrame(
+            timeline, columns=["strategy", "depth", "width", "lane", "kind", "start_s", "end_s", "span_bytes"]
+        ),
+        raw / "timeline.csv",
+        cfg,
+        run.started,
+    )
     write_table(pd.DataFrame(caps), raw / "capacity.csv", cfg, run.started)
     run.write_summary()
     failed = sum(r["status"] == "failed" for r in steps + caps)

@@ -332,7 +332,8 @@ def _offload() -> tuple[dict, dict]:
             rows.append({"strategy": s, "depth": d, "tier": "ram>file", "peak_fast_bytes": mem * d,
                          "peak_extra_rss_bytes": mem * d * 2, "step_s": 0.1, "hidden_frac": hidden,
                          "weights_sha256": f"sha-{d}", "status": "ok", "error": ""})
-    caps = pd.DataFrame({"strategy": ["none", "optimizer", "activations", "both"], "max_depth": [7, 8, 19, 29],
+    caps = pd.DataFrame({"strategy": ["none", "optimizer", "activations", "both"],
+                         "max_depth": [7, 8, 19, 29],
                          "max_params": [7, 8, 19, 29], "budget_mb": 24, "capped_at_max_depth": False,
                          "status": "ok"})
     tables = {"tables/tradeoff.csv": pd.DataFrame(rows), "tables/capacity.csv": caps,
@@ -638,8 +639,10 @@ CASES = [
     # offload
     ("offload", "memory_ratio", "passed", None, None),
     ("offload", "memory_ratio", "failed",
-     lambda c, t: _set(t, "tables/tradeoff.csv", lambda d: d["strategy"] == "both", "peak_fast_bytes", 400), None),
-    ("offload", "memory_ratio", "not_measured", lambda c, t: (_offload_failed(t, "both", 8), _offload_failed_also(t)),
+     lambda c, t: _set(t, "tables/tradeoff.csv", lambda d: d["strategy"] == "both", "peak_fast_bytes", 400),
+     None),
+    ("offload", "memory_ratio", "not_measured",
+     lambda c, t: (_offload_failed(t, "both", 8), _offload_failed_also(t)),
      ["strategy=both, depth=8", "BudgetExceeded"]),
     ("offload", "hidden_fraction", "passed", None, None),
     ("offload", "hidden_fraction", "failed",
@@ -651,7 +654,8 @@ CASES = [
     ("offload", "weights_equal", "failed",
      lambda c, t: _set(t, "tables/tradeoff.csv", lambda d: (d["strategy"] == "both") & (d["depth"] == 4),
                        "weights_sha256", "other"), None),
-    ("offload", "weights_equal", "not_measured", lambda c, t: _offload_failed(t, "optimizer", 4, "OSError: EIO"),
+    ("offload", "weights_equal", "not_measured",
+     lambda c, t: _offload_failed(t, "optimizer", 4, "OSError: EIO"),
      ["optimizer/4L", "OSError: EIO"]),
     ("offload", "capacity_ratio", "passed", None, None),
     ("offload", "capacity_ratio", "failed",

@@ -41,7 +41,8 @@ class FastTier:
         if self.budget is not None and nbytes > self.budget:
             raise TensorTooLarge(
                 f"config key '{self.budget_key}': the budget {fmt_bytes(self.budget)} is smaller than the "
-                f"largest single tensor, {what} of {fmt_bytes(nbytes)}; raise {self.budget_key} above it")
+                f"largest single tensor, {what} of {fmt_bytes(nbytes)}; raise {self.budget_key} above it"
+            )
 
     def charge(self, nbytes: int, kind: str, what: str = "") -> None:
         self.check_single(nbytes, what or kind)
@@ -49,7 +50,8 @@ class FastTier:
             if self.budget is not None and self.resident + nbytes > self.budget:
                 raise BudgetExceeded(
                     f"fast tier over budget: {fmt_bytes(self.resident)} resident + {what or kind} "
-                    f"{fmt_bytes(nbytes)} > {self.budget_key} = {fmt_bytes(self.budget)}")
+                    f"{fmt_bytes(nbytes)} > {self.budget_key} = {fmt_bytes(self.budget)}"
+                )
             self.resident += nbytes
             self.by_kind[kind] = self.by_kind.get(kind, 0) + nbytes
             if self.resident > self.peak:

@@ -32,15 +32,23 @@ class _Saved:
     nbytes: int
     offset: int
     uses: int = 1
-    write: object = None        # Ticket of the copy to the slow tier
-    fast: object = None         # the fast copy while its write is unconfirmed
-    read: object = None         # Ticket of the prefetch
-    buffer: object = None       # the prefetched fast buffer
+    write: object = None  # Ticket of the copy to the slow tier
+    fast: object = None  # the fast copy while its write is unconfirmed
+    read: object = None  # Ticket of the prefetch
+    buffer: object = None  # the prefetched fast buffer
 
 
 class SavedActivations:
-    def __init__(self, fast: FastTier, params, tier=None, offload: bool = False,
-                 prefetch_depth: int = 2, write_window: int = 2, device: str = "cpu"):
+    def __init__(
+        self,
+        fast: FastTier,
+        params,
+        tier=None,
+        offload: bool = False,
+        prefetch_depth: int = 2,
+        write_window: int = 2,
+        device: str = "cpu",
+    ):
         self.fast, self.tier, self.offload = fast, tier, offload
         self.prefetch_depth, self.write_window, self.device = prefetch_depth, write_window, device
         self._param_ptrs = {p.data_ptr() for p in params}
@@ -65,7 +73,7 @@ class SavedActivations:
     def _pack_keep(self, t):
         ptr, n = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
         entry = self._kept.get(ptr)
-        if entry is None:                    # one charge per storage however often it is saved
+        if entry is None:  # one charge per storage however often it is saved
             self.fast.charge(n, "activations", f"saved activation {tuple(t.shape)}")
             entry = self._kept[ptr] = [0, n]
         entry[0] += 1
@@ -103,7 +111,7 @@ class SavedActivations:
             return packed[1]
         i = packed[1]
         s = self.saved[i]
-        if s.fast is not None:                # never confirmed written: still in memory (and charged)
+        if s.fast is not None:  # never confirmed written: still in memory (and charged)
             out = s.fast
         else:
             self._prefetch(i)
@@ -112,7 +120,7 @@ class SavedActivations:
         for j in range(i - 1, max(-1, i - 1 - self.prefetch_depth), -1):
             self._prefetch(j)
         s.uses -= 1
-        if s.uses == 0:                       # autograd holds the last reference from here on
+        if s.uses == 0:  # autograd holds the last reference from here on
             s.buffer = None
         return out
 

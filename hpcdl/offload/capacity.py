@@ -37,7 +37,7 @@ def largest_depth(spec: RunSpec, max_depth: int) -> dict:
             fits[d] = _trial(spec, d, probes)
         return fits[d] is not None
 
-    a = min(4, max_depth)                     # two small probes past the transfer windows
+    a = min(4, max_depth)  # two small probes past the transfer windows
     if not ok(a):
         lo, hi = 0, a
     elif (b := min(2 * a, max_depth)) == a:
@@ -48,9 +48,9 @@ def largest_depth(spec: RunSpec, max_depth: int) -> dict:
         per_layer = (fits[b]["peak_fast_bytes"] - fits[a]["peak_fast_bytes"]) / (b - a)
         base = fits[a]["peak_fast_bytes"] - per_layer * a
         guess = max_depth if per_layer <= 0 else int((spec.budget_mb * 2**20 - base) // per_layer)
-        lo, hi = b, None                      # lo fits; hi (once known) does not
+        lo, hi = b, None  # lo fits; hi (once known) does not
         d = min(max(guess, b + 1), max_depth)
-        if ok(d):                             # gallop up from the guess
+        if ok(d):  # gallop up from the guess
             lo, step = d, 1
             while lo < max_depth:
                 d = min(lo + step, max_depth)
@@ -58,7 +58,7 @@ def largest_depth(spec: RunSpec, max_depth: int) -> dict:
                     hi = d
                     break
                 lo, step = d, step * 2
-        else:                                 # gallop down from the guess
+        else:  # gallop down from the guess
             hi, step = d, 1
             while hi - step > lo:
                 d = hi - step
@@ -66,7 +66,7 @@ def largest_depth(spec: RunSpec, max_depth: int) -> dict:
                     lo = d
                     break
                 hi, step = d, step * 2
-    while hi is not None and hi - lo > 1:     # bisect the bracket
+    while hi is not None and hi - lo > 1:  # bisect the bracket
         mid = (lo + hi) // 2
         if ok(mid):
             lo = mid
@@ -78,10 +78,18 @@ def largest_depth(spec: RunSpec, max_depth: int) -> dict:
 def _result(spec: RunSpec, depth: int, probes: list, rec: dict | None, capped: bool = False) -> dict:
     from hpcdl.offload.model import n_params
 
-    return {"strategy": spec.strategy, "width": spec.width, "batch": spec.batch, "budget_mb": spec.budget_mb,
-            "max_depth": depth, "max_params": n_params(spec.width, depth) if depth else 0,
-            "peak_fast_bytes_at_max": rec["peak_fast_bytes"] if rec else 0,
-            "capped_at_max_depth": capped, "trials": len(probes), "probes": ";".join(f"{p['depth']}:{'fit' if p['fits'] else 'over'}" for p in probes)}
+    return {
+        "strategy": spec.strategy,
+        "width": spec.width,
+        "batch": spec.batch,
+        "budget_mb": spec.budget_mb,
+        "max_depth": depth,
+        "max_params": n_params(spec.width, depth) if depth else 0,
+        "peak_fast_bytes_at_max": rec["peak_fast_bytes"] if rec else 0,
+        "capped_at_max_depth": capped,
+        "trials": len(probes),
+        "probes": ";".join(f"{p['depth']}:{'fit' if p['fits'] else 'over'}" for p in probes),
+    }
 
 
 def search_point(point: dict) -> dict:

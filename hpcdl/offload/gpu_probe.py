@@ -48,34 +48,71 @@ def main(argv=None) -> int:
     strategies = [s for s in STRATEGIES if args.device == "cuda" or s != "save_on_cpu"]
     started = time.time()
     rows, spans = [], []
-    print(f"[gpu_probe] {torch.cuda.get_device_name() if args.device == 'cuda' else 'CPU'}; torch {torch.__version__}; "
-          f"width {args.width}, batch {args.batch}, depths {args.depths}", flush=True)
+    print(
+        f"[gpu_probe] {torch.cuda.get_device_name() if args.device == 'cuda' else 'CPU'}; "
+        f"torch {torch.__version__}; "
+        f"width {args.width}, batch {args.batch}, depths {args.depths}",
+        flush=True,
+    )
     for depth in args.depths:
         for s in strategies:
-            spec = RunSpec(s, args.width, depth, args.batch, args.steps, device=args.device, slow_dir=str(slow),
-                           bucket_mb=args.bucket_mb, warmup_steps=2)
+            spec = RunSpec(
+                s,
+                args.width,
+                depth,
+                args.batch,
+                args.steps,
+                device=args.device,
+                slow_dir=str(slow),
+                bucket_mb=args.bucket_mb,
+                warmup_steps=2,
+            )
             try:
                 rec, tl = train(spec)
-            except Exception as exc:   # a strategy that cannot run at this size is a row, not a crash
-                rows.append({"strategy": s, "depth": depth, "status": "failed", "error": f"{type(exc).__name__}: {exc}"})
+            except Exception as exc:  # a strategy that cannot run at this size is a row, not a crash
+                rows.append(
+                    {
+                        "strategy": s,
+                        "depth": depth,
+                        "status": "failed",
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
+                )
                 print(f"  {s:12s} depth {depth}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 continue
             rows.append({**rec, "status": "ok", "error": ""})
             spans += [{"strategy": s, "depth": depth, **x} for x in tl]
-            print(f"  {s:12s} depth {depth:4d}: peak fast {rec['peak_fast_bytes'] / 2**20:9.1f} MiB, step "
-                  f"{rec['step_s'] * 1000:8.1f} ms, hidden {rec['hidden_frac']:.3f}, exposed "
-                  f"{rec['exposed_transfer_s'] * 1000:.1f} ms of {rec['transfer_s'] * 1000:.1f} ms transfer", flush=True)
+            print(
+                f"  {s:12s} depth {depth:4d}: peak fast {rec['peak_fast_bytes'] / 2**20:9.1f} MiB, step "
+                f"{rec['step_s'] * 1000:8.1f} ms, hidden {rec['hidden_frac']:.3f}, exposed "
+                f"{rec['exposed_transfer_s'] * 1000:.1f} ms of {rec['transfer_s'] * 1000:.1f} ms transfer",
+                flush=True,
+            )
     steps = pd.DataFrame(rows)
     steps.to_csv(out / "steps.csv", index=False)
     pd.DataFrame(spans).to_csv(out / "timeline.csv", index=False)
     caps = []
     for s in args.capacity_strategies:
-        spec = RunSpec(s, args.width, 1, args.batch, 2, device=args.device, slow_dir=str(slow),
-                       bucket_mb=args.bucket_mb, warmup_steps=0, budget_mb=args.budget_mb)
+        spec = RunSpec(
+            s,
+            args.width,
+            1,
+            args.batch,
+            2,
+            device=args.device,
+            slow_dir=str(slow),
+            bucket_mb=args.bucket_mb,
+            warmup_steps=0,
+            budget_mb=args.budget_mb,
+        )
         t0 = time.time()
         caps.append(largest_depth(spec, args.max_depth))
-        print(f"  capacity {s:12s}: {caps[-1]['max_depth']} layers ({caps[-1]['max_params'] / 1e6:.1f} M params) "
-              f"under {args.budget_mb:g} MiB; probes {caps[-1]['probes']} ({time.time() - t0:.0f} s)", flush=True)
+        print(
+            f"  capacity {s:12s}: {caps[-1]['max_depth']} layers "
+            f"({caps[-1]['max_params'] / 1e6:.1f} M params) "
+            f"under {args.budget_mb:g} MiB; probes {caps[-1]['probes']} ({time.time() - t0:.0f} s)",
+            flush=True,
+        )
     cap = pd.DataFrame(caps)
     cap.to_csv(out / "capacity.csv", index=False)
     _summary(steps, cap, time.time() - started)
@@ -89,14 +126,21 @@ def _summary(steps: pd.DataFrame, cap: pd.DataFrame, elapsed: float) -> None:
     for _, r in ok[ok["strategy"] != "none"].iterrows():
         if r["depth"] in base.index:
             b = base.loc[r["depth"]]
-            print(f"  {r['strategy']:12s} depth {int(r['depth']):4d}: memory ratio {r['peak_fast_bytes'] / b['peak_fast_bytes']:.3f}, "
-                  f"slowdown {r['step_s'] / b['step_s']:.3f}, hidden fraction {r['hidden_frac']:.3f}, "
-                  f"weights equal none: {r['weights_sha256'] == b['weights_sha256']}")
+            print(
+                f"  {r['strategy']:12s} depth {int(r['depth']):4d}: "
+                f"memory ratio {r['peak_fast_bytes'] / b['peak_fast_bytes']:.3f}, "
+                f"slowdown {r['step_s'] / b['step_s']:.3f}, hidden fraction {r['hidden_frac']:.3f}, "
+                f"weights equal none: {r['weights_sha256'] == b['weights_sha256']}"
+            )
     if not cap.empty and {"none", "both"} <= set(cap["strategy"]):
         c = cap.set_index("strategy")
         n = c.loc["none", "max_params"]
-        print(f"  capacity ratio both/none: {c.loc['both', 'max_params'] / n:.2f} "
-              f"({c.loc['both', 'max_depth']} vs {c.loc['none', 'max_depth']} layers)" if n else "  none fits 0 layers")
+        print(
+            f"  capacity ratio both/none: {c.loc['both', 'max_params'] / n:.2f} "
+            f"({c.loc['both', 'max_depth']} vs {c.loc['none', 'max_depth']} layers)"
+            if n
+            else "  none fits 0 layers"
+        )
 
 
 if __name__ == "__main__":

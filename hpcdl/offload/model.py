@@ -14,8 +14,8 @@ def build_mlp(width: int, depth: int, seed: int, device: str = "cpu") -> nn.Modu
     layers: list[nn.Module] = []
     for _ in range(depth):
         lin = nn.Linear(width, width)
-        with torch.no_grad():   # seeded init independent of the global RNG
-            bound = 1.0 / width ** 0.5
+        with torch.no_grad():  # seeded init independent of the global RNG
+            bound = 1.0 / width**0.5
             lin.weight.copy_(torch.empty(width, width).uniform_(-bound, bound, generator=gen))
             lin.bias.copy_(torch.empty(width).uniform_(-bound, bound, generator=gen))
         layers += [lin, nn.GELU()]

@@ -17,13 +17,23 @@ def slow_dir(cfg: dict) -> tuple[Path, bool]:
 
 def _common(cfg: dict) -> dict:
     b = cfg["offload"]
-    return {"width": b["model"]["width"], "batch": b["model"]["batch"], "lr": b["model"]["lr"],
-            "seed": b["seed"], "device": b["device"], "slow_dir": str(slow_dir(cfg)[0]),
-            "io_mode": b["slow_tier"]["io_mode"], "bucket_mb": b["optimizer"]["bucket_mb"],
-            "foreach": b["optimizer"]["foreach"], "fused": b["optimizer"]["fused"],
-            "prefetch_depth": b["activations"]["prefetch_depth"],
-            "write_window": b["activations"]["write_window"],
-            "rss_interval_s": b["rss_interval_ms"] / 1000.0}
+    return {
+        "width": b["model"]["width"],
+        "batch": b["model"]["batch"],
+        "lr": b["model"]["lr"],
+        "seed": b["seed"],
+        "device": b["device"],
+        "slow_dir": str(slow_dir(cfg)[0]),
+        "io_mode": b["slow_tier"]["io_mode"],
+        "bucket_mb": b["optimizer"]["bucket_mb"],
+        "foreach": b["optimizer"]["foreach"],
+        "fused": b["optimizer"]["fused"],
+        "optimizer_in_backward": b["optimizer"]["in_backward"],
+        "staging_sets": b["optimizer"]["staging_sets"],
+        "prefetch_depth": b["activations"]["prefetch_depth"],
+        "write_window": b["activations"]["write_window"],
+        "rss_interval_s": b["rss_interval_ms"] / 1000.0,
+    }
 
 
 def strategies(cfg: dict, cuda: bool) -> list[str]:
@@ -32,14 +42,34 @@ def strategies(cfg: dict, cuda: bool) -> list[str]:
 
 def sweep_points(cfg: dict, cuda: bool = False) -> list[dict]:
     b = cfg["offload"]
-    return [{"strategy": s, "depth": d, "steps": b["steps"], "warmup_steps": b["warmup_steps"],
-             "budget_mb": None, **_common(cfg)}
-            for d in sorted(b["model"]["depths"]) for s in strategies(cfg, cuda)]
+    return [
+        {
+            "strategy": s,
+            "depth": d,
+            "steps": b["steps"],
+            "warmup_steps": b["warmup_steps"],
+            "budget_mb": None,
+            **_common(cfg),
+        }
+        for d in sorted(b["model"]["depths"])
+        for s in strategies(cfg, cuda)
+    ]
 
 
 def capacity_points(cfg: dict, cuda: bool = False) -> list[dict]:
     b = cfg["offload"]
     c = b["capacity"]
-    return [{"spec": {"strategy": s, "depth": 1, "steps": c["trial_steps"], "warmup_steps": 0,
-                      "budget_mb": c["budget_mb"], **_common(cfg)}, "max_depth": c["max_depth"]}
-            for s in strategies(cfg, cuda)]
+    return [
+        {
+            "spec": {
+                "strategy": s,
+                "depth": 1,
+                "steps": c["trial_steps"],
+                "warmup_steps": 0,
+                "budget_mb": c["budget_mb"],
+                **_common(cfg),
+            },
+            "max_depth": c["max_depth"],
+        }
+        for s in strategies(cfg, cuda)
+    ]

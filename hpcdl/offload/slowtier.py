@@ -24,7 +24,6 @@ import errno
 import os
 import shutil
 import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -57,7 +56,7 @@ def remove_stale_runs(root: Path) -> list[Path]:
         try:
             owner_host, pid = (d / "owner").read_text().split()
         except (OSError, ValueError):
-            owner_host, pid = host, "-1"   # no readable owner: a run killed while creating its directory
+            owner_host, pid = host, "-1"  # no readable owner: a run killed while creating its directory
         if owner_host == host and not _alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
@@ -67,8 +66,12 @@ def remove_stale_runs(root: Path) -> list[Path]:
 def check_slow_dir(root: str | Path, key: str = "offload.slow_dir") -> Path:
     root = Path(root)
     if not root.is_dir():
-        raise SlowTierError(errno.ENOENT, f"config key '{key}': slow-tier directory {root} does not exist "
-                            "(create it, or point the key at an existing directory)", str(root))
+        raise SlowTierError(
+            errno.ENOENT,
+            f"config key '{key}': slow-tier directory {root} does not exist "
+            "(create it, or point the key at an existing directory)",
+            str(root),
+        )
     return root
 
 
@@ -86,7 +89,7 @@ class Ticket:
         stream = self.tier.compute_stream
         start = clock.mark(stream)
         if self.future is not None:
-            self.future.result()          # re-raises an I/O error of the copy (ENOSPC, EROFS, ...)
+            self.future.result()  # re-raises an I/O error of the copy (ENOSPC, EROFS, ...)
         else:
             stream.wait_event(self.event)
         tl.add("wait", self.kind, start, clock.mark(stream))
@@ -96,7 +99,9 @@ class Ticket:
 class FileTier:
     compute_stream = None
 
-    def __init__(self, root: str | Path, timeline, io_mode: str = "page_cache", key: str = "offload.slow_dir"):
+    def __init__(
+        self, root: str | Path, timeline, io_mode: str = "page_cache", key: str = "offload.slow_dir"
+    ):
         if io_mode not in IO_MODES:
             raise ValueError(f"config key 'offload.io_mode': {io_mode!r} is not allowed; allowed: {IO_MODES}")
         self.root = check_slow_dir(root, key)
@@ -109,7 +114,9 @@ class FileTier:
             self.dir.mkdir()
             (self.dir / "owner").write_text(f"{socket.gethostname()} {os.getpid()}\n")
             for name in ("optim", "acts"):
-                self._fds[name] = os.open(self.dir / f"{name}.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+                self._fds[name] = os.open(
+                    self.dir / f"{name}.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600
+                )
         except OSError as exc:
             self.close()
             raise self._error(exc, "cannot create its run directory") from exc
@@ -120,10 +127,19 @@ class FileTier:
         atexit.register(self.close)
 
     def _error(self, exc: OSError, what: str) -> SlowTierError:
-        why = {errno.ENOSPC: "is full", errno.EDQUOT: "is over its quota", errno.EROFS: "is read-only",
-               errno.EACCES: "is not writable", errno.EPERM: "is not writable"}.get(exc.errno, "failed")
-        return SlowTierError(exc.errno or errno.EIO, f"config key '{self.key}': slow-tier directory {self.root} "
-                             f"{why} ({what}: {exc.strerror or exc}); nothing was left in it", str(self.root))
+        why = {
+            errno.ENOSPC: "is full",
+            errno.EDQUOT: "is over its quota",
+            errno.EROFS: "is read-only",
+            errno.EACCES: "is not writable",
+            errno.EPERM: "is not writable",
+        }.get(exc.errno, "failed")
+        return SlowTierError(
+            exc.errno or errno.EIO,
+            f"config key '{self.key}': slow-tier directory {self.root} "
+            f"{why} ({what}: {exc.strerror or exc}); nothing was left in it",
+            str(self.root),
+        )
 
     # --------------------------------------------------------------- space
     def reserve(self, region: str, nbytes: int) -> int:
@@ -159,7 +175,7 @@ class FileTier:
     def put(self, src, region: str, offset: int, kind: str) -> Ticket:
         buf = self._bytes(src)
         fd, dontneed = self._fds[region], self.io_mode == "dontneed"
-        log = self.timeline.current       # the issuing step's log
+        log = self.timeline.current  # the issuing step's log
 
         def job():
             start = time.perf_counter()
@@ -188,7 +204,9 @@ class FileTier:
             while done < len(buf):
                 n = os.preadv(fd, [buf[done:]], offset + done)
                 if n == 0:
-                    raise EOFError(f"slow tier {self.dir}: read past the end of {region}.bin at {offset + done}")
+                    raise EOFError(
+                        f"slow tier {self.dir}: read past the end of {region}.bin at {offset + done}"
+                    )
                 done += n
             if log is not None:
                 log.add("from_slow", kind, start, time.perf_counter(), len(buf))
@@ -260,7 +278,7 @@ class PinnedTier:
 
     def put(self, src, region: str, index: int, kind: str) -> Ticket:
         torch, clock = self.torch, self.timeline.clock
-        self.d2h.wait_stream(self.compute_stream)     # the tensor is produced on the compute stream
+        self.d2h.wait_stream(self.compute_stream)  # the tensor is produced on the compute stream
         with torch.cuda.stream(self.d2h):
             start = clock.mark(self.d2h)
             self._view(region, index, src).copy_(src, non_blocking=True)

@@ -82,11 +82,15 @@ class StepLog:
     def resolve(self) -> None:
         """Seconds since the step started (call once every copy has completed)."""
         self.clock.set_base(self.base)
-        self.spans = [Span(lane, kind, self.clock.resolve(a), self.clock.resolve(b), n)
-                      for lane, kind, a, b, n in self._raw]
+        self.spans = [
+            Span(lane, kind, self.clock.resolve(a), self.clock.resolve(b), n)
+            for lane, kind, a, b, n in self._raw
+        ]
 
     def sum(self, lane: str, kind: str | None = None) -> float:
-        return sum(s.end_s - s.start_s for s in self.spans if s.lane == lane and (kind is None or s.kind == kind))
+        return sum(
+            s.end_s - s.start_s for s in self.spans if s.lane == lane and (kind is None or s.kind == kind)
+        )
 
     def bytes(self, lane: str) -> int:
         return sum(s.nbytes for s in self.spans if s.lane == lane)
@@ -104,8 +108,10 @@ class StepLog:
         return min(1.0, max(0.0, 1.0 - self.exposed_s() / total))
 
     def rows(self) -> list[dict]:
-        return [{"lane": s.lane, "kind": s.kind, "start_s": s.start_s, "end_s": s.end_s, "span_bytes": s.nbytes}
-                for s in sorted(self.spans, key=lambda s: (s.start_s, s.lane, s.kind))]
+        return [
+            {"lane": s.lane, "kind": s.kind, "start_s": s.start_s, "end_s": s.end_s, "span_bytes": s.nbytes}
+            for s in sorted(self.spans, key=lambda s: (s.start_s, s.lane, s.kind))
+        ]
 
 
 @dataclass

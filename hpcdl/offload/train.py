@@ -68,9 +68,11 @@ class RunSpec:
     budget_mb: float | None = None
     foreach: bool = True
     fused: bool = False
+    optimizer_in_backward: bool = True
+    staging_sets: int = 3
     warmup_steps: int = 1
     rss_interval_s: float = 0.002
-    trim_heap: bool = True      # gc + malloc_trim first, so that peak RSS starts from a clean heap
+    trim_heap: bool = True  # gc + malloc_trim first, so that peak RSS starts from a clean heap
 
 
 def rss_bytes() -> int:
@@ -131,7 +133,9 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
     device = resolve_device(spec.device)
     cuda = device == "cuda"
     if spec.strategy == "save_on_cpu" and not cuda:
-        raise ValueError("strategy 'save_on_cpu' needs CUDA (on CPU the saved tensors are already on the CPU)")
+        raise ValueError(
+            "strategy 'save_on_cpu' needs CUDA (on CPU the saved tensors are already on the CPU)"
+        )
     budget = None if spec.budget_mb is None else int(spec.budget_mb * 2**20)
     if spec.trim_heap:
         _trim_heap()
@@ -149,7 +153,8 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
         fast.check_single(*largest_tensor({"model": {"width": spec.width, "batch": spec.batch}}))
         model = build_mlp(spec.width, spec.depth, spec.seed, device)
         params = list(model.parameters())
-        def charge_grad(p):     # a new gradient tensor each step (zero_grad sets them to None)
+
+        def charge_grad(p):  # a new gradient tensor each step (zero_grad sets them to None)
             fast.track(p.grad, "gradients")
 
         for p in params:
@@ -158,39 +163,60 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
         try:
             needs_tier = spec.strategy in OFFLOADS_OPTIMIZER | OFFLOADS_ACTIVATIONS
             if needs_tier:
-                tier = PinnedTier(timeline, torch.device(device)) if cuda else FileTier(
-                    spec.slow_dir, timeline, spec.io_mode)
+                tier = (
+                    PinnedTier(timeline, torch.device(device))
+                    if cuda
+                    else FileTier(spec.slow_dir, timeline, spec.io_mode)
+                )
             if spec.strategy in OFFLOADS_OPTIMIZER:
-                opt = OffloadedAdam(params, tier, fast, timeline, int(spec.bucket_mb * 2**20), spec.lr,
-                                    foreach=spec.foreach, fused=spec.fused)
+                opt = OffloadedAdam(
+                    params,
+                    tier,
+                    fast,
+                    timeline,
+                    int(spec.bucket_mb * 2**20),
+                    spec.lr,
+                    foreach=spec.foreach,
+                    fused=spec.fused,
+                    in_backward=spec.optimizer_in_backward,
+                    staging_sets=spec.staging_sets,
+                )
             else:
-                opt = torch.optim.Adam(params, lr=spec.lr, foreach=False if spec.fused else spec.foreach,
-                                       fused=spec.fused)
-            saved = SavedActivations(fast, params, tier if spec.strategy in OFFLOADS_ACTIVATIONS else None,
-                                     offload=spec.strategy in OFFLOADS_ACTIVATIONS,
-                                     prefetch_depth=spec.prefetch_depth, write_window=spec.write_window,
-                                     device=device)
+                opt = torch.optim.Adam(
+                    params, lr=spec.lr, foreach=False if spec.fused else spec.foreach, fused=spec.fused
+                )
+            saved = SavedActivations(
+                fast,
+                params,
+                tier if spec.strategy in OFFLOADS_ACTIVATIONS else None,
+                offload=spec.strategy in OFFLOADS_ACTIVATIONS,
+                prefetch_depth=spec.prefetch_depth,
+                write_window=spec.write_window,
+                device=device,
+            )
             measured = []
             for step in range(spec.steps):
                 x, y = make_batch(spec.width, spec.batch, spec.seed, step, device)
                 wall, log = _one_step(model, opt, saved, timeline, x, y, spec.strategy, cuda)
                 if isinstance(opt, torch.optim.Adam) and step == 0:
-                    for st in opt.state.values():     # created by the first step: charge them now
+                    for st in opt.state.values():  # created by the first step: charge them now
                         fast.track(st["exp_avg"], "optimizer_state")
                         fast.track(st["exp_avg_sq"], "optimizer_state")
                 if cuda and budget is not None and torch.cuda.max_memory_allocated() - cuda_base > budget:
                     raise BudgetExceeded(
-                        f"fast tier over budget: torch.cuda.max_memory_allocated {torch.cuda.max_memory_allocated() - cuda_base}"
-                        f" bytes > offload.budget_mb = {budget} bytes")
+                        "fast tier over budget: torch.cuda.max_memory_allocated "
+                        f"{torch.cuda.max_memory_allocated() - cuda_base}"
+                        f" bytes > offload.budget_mb = {budget} bytes"
+                    )
                 if step >= spec.warmup_steps:
                     measured.append((wall, log))
-            timeline.stop()                       # what follows belongs to no step
+            timeline.stop()  # what follows belongs to no step
             if isinstance(opt, OffloadedAdam):
                 opt.finish()
             if tier is not None:
                 tier.sync()
             per_step = []
-            for wall, log in measured:            # every copy a step issued has completed now
+            for wall, log in measured:  # every copy a step issued has completed now
                 log.resolve()
                 per_step.append((_record(wall, log), log.rows()))
             digest = weights_digest(model)
@@ -199,16 +225,28 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
             if tier is not None:
                 tier.close()
     # the median step (by step time), whole: its phases add up to its step time
-    med, tl_rows = sorted(per_step, key=lambda r: r[0]["step_s"])[(len(per_step) - 1) // 2] if per_step else ({}, [])
-    out = {"strategy": spec.strategy, "device": device, "tier": tier_name(device), "io_mode":
-           spec.io_mode if not cuda else "pinned", "width": spec.width, "depth": spec.depth,
-           "batch": spec.batch, "n_params": n_params(spec.width, spec.depth), "steps": spec.steps,
-           "measured_steps": len(per_step),
-           "peak_fast_bytes": fast.peak if not cuda else torch.cuda.max_memory_allocated() - cuda_base,
-           "peak_accounted_bytes": fast.peak,
-           **{f"peak_{k}_bytes": v for k, v in sorted(fast.peak_by_kind.items())},
-           "peak_rss_bytes": rss.peak, "peak_extra_rss_bytes": rss.peak - rss0,
-           **{k: v for k, v in med.items() if k != "step"}, "weights_sha256": digest}
+    med, tl_rows = (
+        sorted(per_step, key=lambda r: r[0]["step_s"])[(len(per_step) - 1) // 2] if per_step else ({}, [])
+    )
+    out = {
+        "strategy": spec.strategy,
+        "device": device,
+        "tier": tier_name(device),
+        "io_mode": spec.io_mode if not cuda else "pinned",
+        "width": spec.width,
+        "depth": spec.depth,
+        "batch": spec.batch,
+        "n_params": n_params(spec.width, spec.depth),
+        "steps": spec.steps,
+        "measured_steps": len(per_step),
+        "peak_fast_bytes": fast.peak if not cuda else torch.cuda.max_memory_allocated() - cuda_base,
+        "peak_accounted_bytes": fast.peak,
+        **{f"peak_{k}_bytes": v for k, v in sorted(fast.peak_by_kind.items())},
+        "peak_rss_bytes": rss.peak,
+        "peak_extra_rss_bytes": rss.peak - rss0,
+        **{k: v for k, v in med.items() if k != "step"},
+        "weights_sha256": digest,
+    }
     return (out, tl_rows, weights) if keep_weights else (out, tl_rows)
 
 
@@ -238,17 +276,32 @@ def _one_step(model, opt, saved, tl: Timeline, x, y, strategy, cuda):
 def _record(wall: float, log) -> dict:
     """A step's times: each phase without the waits inside it, the exposed and total transfer time."""
     waits = [s for s in log.spans if s.lane == "wait"]
-    phases = {s.kind: s for s in log.spans if s.lane == "compute" and s.kind in ("forward", "backward", "optimizer")}
+    phases = {
+        s.kind: s for s in log.spans if s.lane == "compute" and s.kind in ("forward", "backward", "optimizer")
+    }
+
+    updates = [s for s in log.spans if s.lane == "compute" and s.kind == "optimizer_update"]
+
+    def inside(spans, ph):
+        return sum(w.end_s - w.start_s for w in spans if w.start_s >= ph.start_s and w.end_s <= ph.end_s)
 
     def compute_in(ph):
-        inside = sum(w.end_s - w.start_s for w in waits if w.start_s >= ph.start_s and w.end_s <= ph.end_s)
-        return ph.end_s - ph.start_s - inside
+        return ph.end_s - ph.start_s - inside(waits, ph)
 
+    # bucket updates run inside backward (optimizer in_backward): they count as optimizer time
+    in_bwd = inside(updates, phases["backward"])
     hidden = log.hidden_fraction()
-    return {"step_s": wall, "forward_s": compute_in(phases["forward"]), "backward_s": compute_in(phases["backward"]),
-            "optimizer_s": compute_in(phases["optimizer"]), "exposed_transfer_s": log.exposed_s(),
-            "transfer_s": log.transfer_s(), "hidden_frac": float("nan") if hidden is None else hidden,
-            "bytes_to_slow": log.bytes("to_slow"), "bytes_from_slow": log.bytes("from_slow")}
+    return {
+        "step_s": wall,
+        "forward_s": compute_in(phases["forward"]),
+        "backward_s": compute_in(phases["backward"]) - in_bwd,
+        "optimizer_s": compute_in(phases["optimizer"]) + in_bwd,
+        "exposed_transfer_s": log.exposed_s(),
+        "transfer_s": log.transfer_s(),
+        "hidden_frac": float("nan") if hidden is None else hidden,
+        "bytes_to_slow": log.bytes("to_slow"),
+        "bytes_from_slow": log.bytes("from_slow"),
+    }
 
 
 def measure_point(point: dict) -> dict:
