@@ -130,7 +130,9 @@ class SavedActivations:
             return
         buf = self.tier.empty(s.shape, s.dtype)
         self.fast.track(buf, "activations", f"prefetched activation {tuple(s.shape)}")
-        s.buffer, s.read = buf, self.tier.get(buf, "acts", s.offset, "activation", after_compute=False)
+        s.buffer, s.read = buf, self.tier.get(
+            buf, "acts", s.offset, "activation", after_compute=False, after=s.write
+        )
 
     def end_step(self) -> None:
         """Wait for every write (the next step reuses the scratch) and uncharge the tensors that were

@@ -193,7 +193,8 @@ class FileTier:
 
         return Ticket(self, self._writer.submit(job), keep=src, kind=kind)
 
-    def get(self, dst, region: str, offset: int, kind: str, after_compute: bool = True) -> Ticket:
+    def get(self, dst, region: str, offset: int, kind: str, after_compute: bool = True, after=None) -> Ticket:
+        """`after` (the write's Ticket) is already confirmed by the caller: one writer thread, in order."""
         buf = self._bytes(dst)  # dst is contiguous: this is its own memory
         fd = self._fds[region]
         log = self.timeline.current
@@ -286,12 +287,14 @@ class PinnedTier:
         self.timeline.add("to_slow", kind, start, end, src.numel() * src.element_size())
         return Ticket(self, event=end, keep=src, kind=kind)
 
-    def get(self, dst, region: str, index: int, kind: str, after_compute: bool = True) -> Ticket:
+    def get(self, dst, region: str, index: int, kind: str, after_compute: bool = True, after=None) -> Ticket:
         """after_compute: dst is a buffer compute may still be using (optimizer staging), so the copy
         waits for the compute queued so far; prefetch buffers come from empty() and need not."""
         torch, clock = self.torch, self.timeline.clock
         if after_compute:
             self.h2d.wait_stream(self.compute_stream)
+        if after is not None:                          # the copy that wrote this pinned buffer
+            self.h2d.wait_event(after.event)
         with torch.cuda.stream(self.h2d):
             start = clock.mark(self.h2d)
             dst.copy_(self._view(region, index, dst), non_blocking=True)
