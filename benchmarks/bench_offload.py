@@ -89,7 +89,9 @@ def main(argv=None) -> int:
     ap = parser(__doc__.splitlines()[0])
     ap.add_argument("--size-mib", type=float, default=64.0)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    ap.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"]
+    )
     ap.add_argument("--dir", default=str(REPO / "results" / "bench" / "offload-slow"))
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--depth", type=int, default=8)
@@ -120,9 +122,16 @@ def main(argv=None) -> int:
                 puts.append(p)
                 gets.append(g)
             ceiling = "host memcpy" if mode == "page_cache" else "write+fsync / cold read"
-            rows.append({"tier": f"file ({mode})", "ceiling": ceiling, "put_mib_s": med(puts) / 2**20,
-                         "put_over_ceiling": med(puts) / med(cw), "get_mib_s": med(gets) / 2**20,
-                         "get_over_ceiling": med(gets) / med(cr)})
+            rows.append(
+                {
+                    "tier": f"file ({mode})",
+                    "ceiling": ceiling,
+                    "put_mib_s": med(puts) / 2**20,
+                    "put_over_ceiling": med(puts) / med(cw),
+                    "get_mib_s": med(gets) / 2**20,
+                    "get_over_ceiling": med(gets) / med(cr),
+                }
+            )
     else:
         t = torch.randn(n // 4, device="cuda")
         puts, gets, cw, cr = [], [], [], []
@@ -134,19 +143,39 @@ def main(argv=None) -> int:
             gets.append(g)
             cw.append(w)
             cr.append(r)
-        rows.append({"tier": "pinned host (CUDA streams)", "ceiling": "plain pinned copy",
-                     "put_mib_s": med(puts) / 2**20, "put_over_ceiling": med(puts) / med(cw),
-                     "get_mib_s": med(gets) / 2**20, "get_over_ceiling": med(gets) / med(cr)})
+        rows.append(
+            {
+                "tier": "pinned host (CUDA streams)",
+                "ceiling": "plain pinned copy",
+                "put_mib_s": med(puts) / 2**20,
+                "put_over_ceiling": med(puts) / med(cw),
+                "get_mib_s": med(gets) / 2**20,
+                "get_over_ceiling": med(gets) / med(cr),
+            }
+        )
     emit(rows, None)
     # optimizer step: offloaded (after backward, so the step is timed alone) / in-memory Adam
-    common = dict(width=a.width, depth=a.depth, batch=256, steps=2 + a.repeats, device=a.device,
-                  slow_dir=a.dir, bucket_mb=1.0, optimizer_in_backward=False)
+    common = dict(
+        width=a.width,
+        depth=a.depth,
+        batch=256,
+        steps=2 + a.repeats,
+        device=a.device,
+        slow_dir=a.dir,
+        bucket_mb=1.0,
+        optimizer_in_backward=False,
+    )
     mem = train(RunSpec("none", **common))[0]
     off = train(RunSpec("optimizer", **common))[0]
-    opt_rows = [{"params": mem["n_params"], "in_memory_step_s": mem["optimizer_s"] + 0.0,
-                 "offloaded_step_s": off["optimizer_s"] + off["exposed_transfer_s"],
-                 "offloaded_over_in_memory": (off["optimizer_s"] + off["exposed_transfer_s"]) / mem["optimizer_s"],
-                 "weights_equal": mem["weights_sha256"] == off["weights_sha256"]}]
+    opt_rows = [
+        {
+            "params": mem["n_params"],
+            "in_memory_step_s": mem["optimizer_s"] + 0.0,
+            "offloaded_step_s": off["optimizer_s"] + off["exposed_transfer_s"],
+            "offloaded_over_in_memory": (off["optimizer_s"] + off["exposed_transfer_s"]) / mem["optimizer_s"],
+            "weights_equal": mem["weights_sha256"] == off["weights_sha256"],
+        }
+    ]
     emit(opt_rows, None)
     if a.csv:
         import pandas as pd
@@ -154,9 +183,11 @@ def main(argv=None) -> int:
         from hpcdl.results import atomic_write_text
 
         atomic_write_text(a.csv, pd.concat([pd.DataFrame(rows), pd.DataFrame(opt_rows)]).to_csv(index=False))
-    print("\nput/get_over_ceiling: the tier's copy bandwidth / the tier's ceiling measured in this run"
-          "\noffloaded_over_in_memory: optimizer step (update + exposed copies) with the state in the slow tier"
-          " / torch.optim.Adam with it in memory")
+    print(
+        "\nput/get_over_ceiling: the tier's copy bandwidth / the tier's ceiling measured in this run"
+        "\noffloaded_over_in_memory: optimizer step (update + exposed copies) with the state in the slow tier"
+        " / torch.optim.Adam with it in memory"
+    )
     return 0
 
 
