@@ -2,8 +2,8 @@
 
     FileTier    CPU analogue of ZeRO-Infinity's NVMe offload: two files (persistent optimizer
                 state, per-step activation scratch) in a per-run subdirectory of the configured
-                directory; copies are os.pwrite / os.preadv on a writer and a reader thread (both
-                release the GIL, so they overlap with torch compute). io_mode "page_cache" goes
+                directory; copies are os.pwrite / os.preadv on a writer and a reader thread per file
+                (they release the GIL, so they overlap with torch compute). io_mode "page_cache" goes
                 through the kernel's page cache; "dontneed" fdatasyncs each write and drops its
                 pages (POSIX_FADV_DONTNEED) so that reads come from the device.
     PinnedTier  CUDA: pinned host memory; copies on their own CUDA streams (one per direction),
@@ -121,8 +121,9 @@ class FileTier:
             self.close()
             raise self._error(exc, "cannot create its run directory") from exc
         self._end = {"optim": 0, "acts": 0}
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="offload-write")
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="offload-read")
+        # one writer and one reader per region: optimizer buckets never queue behind activations
+        self._writer = {r: ThreadPoolExecutor(1, thread_name_prefix=f"offload-write-{r}") for r in self._end}
+        self._reader = {r: ThreadPoolExecutor(1, thread_name_prefix=f"offload-read-{r}") for r in self._end}
         self._closed = False
         atexit.register(self.close)
 
@@ -191,7 +192,7 @@ class FileTier:
             if log is not None:
                 log.add("to_slow", kind, start, time.perf_counter(), len(buf))
 
-        return Ticket(self, self._writer.submit(job), keep=src, kind=kind)
+        return Ticket(self, self._writer[region].submit(job), keep=src, kind=kind)
 
     def get(self, dst, region: str, offset: int, kind: str, after_compute: bool = True, after=None) -> Ticket:
         """`after` (the write's Ticket) is already confirmed by the caller: one writer thread, in order."""
@@ -212,18 +213,18 @@ class FileTier:
             if log is not None:
                 log.add("from_slow", kind, start, time.perf_counter(), len(buf))
 
-        return Ticket(self, self._reader.submit(job), keep=dst, kind=kind)
+        return Ticket(self, self._reader[region].submit(job), keep=dst, kind=kind)
 
     def sync(self) -> None:
         """Wait (off the timeline) for every queued copy; used between steps."""
-        self._writer.submit(lambda: None).result()
-        self._reader.submit(lambda: None).result()
+        for pool in (*self._writer.values(), *self._reader.values()):
+            pool.submit(lambda: None).result()
 
     def close(self) -> None:
         if getattr(self, "_closed", True) and not self._fds and not getattr(self, "dir", None):
             return
-        for ex in (getattr(self, "_writer", None), getattr(self, "_reader", None)):
-            if ex is not None:
+        for pools in (getattr(self, "_writer", {}), getattr(self, "_reader", {})):
+            for ex in pools.values():
                 ex.shutdown(wait=True)
         for fd in self._fds.values():
             os.close(fd)
