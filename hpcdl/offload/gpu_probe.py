@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--depths", type=int, nargs="+", default=[8, 16, 32])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--bucket-mb", type=float, default=64.0)
-    ap.add_argument("--budget-mb", type=float, default=4096.0)
+    ap.add_argument("--budget-mb", type=float, default=2048.0)
     ap.add_argument("--max-depth", type=int, default=256)
     ap.add_argument("--capacity-strategies", nargs="+", default=["none", "optimizer", "activations", "both"])
     args = ap.parse_args(argv)
