@@ -145,6 +145,11 @@ def plot(cfg: dict, study_dir: Path) -> None:
         title=f"Memory vs time per strategy (labels: depth)\n{tier}",
     )
     ax.title.set_fontsize(9)
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers, not 2x10^2
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     save_figure(fig, figs / "tradeoff.png")
@@ -231,6 +236,7 @@ def _plot_timeline(plt, tl: pd.DataFrame, tr: pd.DataFrame, path: Path) -> None:
                     (y - h / 2, h),
                     color=color,
                     alpha=0.8 if s["kind"] != "optimizer" else 0.35,
+                    linewidth=0,
                 )
         r = tr[(tr["strategy"] == pick[0]) & (tr["depth"] == pick[1])].iloc[0]
         ax.set_title(
