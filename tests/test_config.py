@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from hpcdl.config import ConfigError, check_inside, load_config, study_config, validate_config
+from hpcdl.config import STUDIES, ConfigError, check_inside, load_config, study_config, validate_config
 
 REPO_CONFIGS = ["default.yaml", "paper.yaml", "test.yaml"]
 
@@ -23,7 +23,7 @@ def test_defaults_are_filled():
 
 
 @pytest.mark.parametrize("bad, key, allowed", [
-    ({"studies": ["nope"]}, "studies[0]", "checkpoint, hpo, shuffle, spatial"),
+    ({"studies": ["nope"]}, "studies[0]", ", ".join(STUDIES)),
     ({"results_dir": "../elsewhere"}, "results_dir", "relative path"),
     ({"unknown_key": 1}, "unknown_key", "known keys"),
     ({"data": {"fashion_mnist_dir": 5}}, "data.fashion_mnist_dir", "type string"),
