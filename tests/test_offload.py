@@ -285,3 +285,14 @@ def test_task_app_end_to_end_tables_figures_claims(tmp_path, repo, test_config):
     assert bad.returncode == 2
     assert f"'offload.slow_dir': slow-tier directory {tmp_path / 'absent'} does not exist" in bad.stderr
     assert not (tmp_path / "r2" / "offload" / "raw").exists()
+
+
+def test_dontneed_io_mode_goes_around_the_page_cache_and_trains_the_same_weights(tmp_path):
+    ref = train(_spec(tmp_path, "none"))[0]
+    rec = train(_spec(tmp_path, "both", io_mode="dontneed"))[0]
+    assert rec["io_mode"] == "dontneed"
+    assert rec["weights_sha256"] == ref["weights_sha256"]
+    assert rec["bytes_to_slow"] > 0 and rec["bytes_from_slow"] > 0
+    with pytest.raises(ValueError, match="offload.io_mode"):
+        FileTier(tmp_path, Timeline(), "direct")
+    assert not list(tmp_path.iterdir())
