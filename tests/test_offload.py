@@ -288,8 +288,8 @@ def test_task_app_end_to_end_tables_figures_claims(tmp_path, repo, test_config):
 
 
 def test_dontneed_io_mode_goes_around_the_page_cache_and_trains_the_same_weights(tmp_path):
-    ref = train(_spec(tmp_path, "none"))[0]
-    rec = train(_spec(tmp_path, "both", io_mode="dontneed"))[0]
+    ref = train(_spec(tmp_path, "none", depth=1, steps=2))[0]
+    rec = train(_spec(tmp_path, "both", depth=1, steps=2, io_mode="dontneed", bucket_mb=1.0))[0]
     assert rec["io_mode"] == "dontneed"
     assert rec["weights_sha256"] == ref["weights_sha256"]
     assert rec["bytes_to_slow"] > 0 and rec["bytes_from_slow"] > 0
