@@ -85,6 +85,43 @@ def _pinned_bw(n_bytes: int) -> tuple[float, float]:
     return out[0], out[1]
 
 
+def _library_adam_rows(n_params: int, repeats: int) -> list[dict]:
+    """DeepSpeed's CPU Adam (ZeRO-Offload's optimizer) against torch.optim.Adam on the same CPU
+    tensors, where deepspeed is importable (it is not in the project's environment: run this
+    script with an interpreter that has it to get the row)."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        print("\n(deepspeed not importable here: no DeepSpeedCPUAdam row)")
+        return []
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    def timed(make):
+        gen = torch.Generator().manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(n_params, generator=gen))
+        p.grad = torch.randn(n_params, generator=gen)
+        opt = make([p])
+        opt.step()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times), p.detach().clone()
+
+    ds_s, ds_w = timed(lambda ps: DeepSpeedCPUAdam(ps, lr=1e-3, adamw_mode=False))
+    th_s, th_w = timed(lambda ps: torch.optim.Adam(ps, lr=1e-3, foreach=True))
+    return [
+        {
+            "params": n_params,
+            "deepspeed_cpu_adam_s": ds_s,
+            "torch_adam_s": th_s,
+            "deepspeed_over_torch": ds_s / th_s,
+            "max_abs_diff": float((ds_w - th_w).abs().max()),
+        }
+    ]
+
+
 def main(argv=None) -> int:
     ap = parser(__doc__.splitlines()[0])
     ap.add_argument("--size-mib", type=float, default=64.0)
@@ -177,6 +214,9 @@ def main(argv=None) -> int:
         }
     ]
     emit(opt_rows, None)
+    lib_rows = _library_adam_rows(mem["n_params"], a.repeats)
+    if lib_rows:
+        emit(lib_rows, None)
     if a.csv:
         import pandas as pd
 
