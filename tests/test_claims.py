@@ -412,8 +412,50 @@ def _malleable_point(t, experiment, variant, status="failed",
     pts.loc[sel, "reason" if status == "skipped" else "error"] = error
 
 
+# ------------------------------------------------------------------------------------------ offload
+OFFLOAD_CFG = {"offload": {"strategies": ["none", "optimizer", "activations", "both"],
+                           "model": {"depths": [4, 8]}, "capacity": {"budget_mb": 24}}}
+
+
+def _offload() -> tuple[dict, dict]:
+    rows = []
+    for d in (4, 8):
+        for s, mem, hidden in (("none", 100, np.nan), ("optimizer", 60, 0.8), ("activations", 50, 0.9),
+                               ("both", 25, 0.75)):
+            rows.append({"strategy": s, "depth": d, "tier": "ram>file", "peak_fast_bytes": mem * d,
+                         "peak_extra_rss_bytes": mem * d * 2, "step_s": 0.1, "hidden_frac": hidden,
+                         "weights_sha256": f"sha-{d}", "status": "ok", "error": ""})
+    caps = pd.DataFrame({"strategy": ["none", "optimizer", "activations", "both"],
+                         "max_depth": [7, 8, 19, 29],
+                         "max_params": [7, 8, 19, 29], "budget_mb": 24, "capped_at_max_depth": False,
+                         "status": "ok"})
+    tables = {"tables/tradeoff.csv": pd.DataFrame(rows), "tables/capacity.csv": caps,
+              "tables/failures.csv": pd.DataFrame(columns=["kind", "point", "error"])}
+    return copy.deepcopy(OFFLOAD_CFG), tables
+
+
+def _offload_failed(t, strategy, depth, error="BudgetExceeded: fast tier over budget"):
+    tr = t["tables/tradeoff.csv"]
+    t["tables/tradeoff.csv"] = tr[~((tr["strategy"] == strategy) & (tr["depth"] == depth))]
+    t["tables/failures.csv"] = pd.DataFrame(
+        [{"kind": "steps", "point": f"strategy={strategy}, depth={depth}, width=256", "error": error}])
+
+
+def _offload_failed_also(t):
+    """The largest depth both ran is then 4: fail it too, so no depth has both."""
+    tr = t["tables/tradeoff.csv"]
+    t["tables/tradeoff.csv"] = tr[~((tr["strategy"] == "both") & (tr["depth"] == 4))]
+
+
+def _offload_capacity_failed(t, strategy, error="SlowTierError: slow-tier directory /x is full"):
+    caps = t["tables/capacity.csv"]
+    t["tables/capacity.csv"] = caps[caps["strategy"] != strategy]
+    t["tables/failures.csv"] = pd.DataFrame(
+        [{"kind": "capacity", "point": f"strategy={strategy}, width=256, budget_mb=24", "error": error}])
+
+
 BUILDERS = {"checkpoint": _checkpoint, "hpo": _hpo, "shuffle": _shuffle, "spatial": _spatial,
-            "hetmem": _hetmem, "microbatch": _microbatch, "malleable": _malleable}
+            "hetmem": _hetmem, "microbatch": _microbatch, "malleable": _malleable, "offload": _offload}
 
 # (study, declared claim id, outcome, mutate(cfg, tables), words the reason must contain)
 CASES = [
@@ -771,6 +813,32 @@ CASES = [
         lambda c, t: _set(t, "tables/policies.csv", lambda d: d["policy"] == "rigid", "jobs_failed", 1),
         ["rigid", "1 job(s) failed"],
     ),
+    # offload
+    ("offload", "memory_ratio", "passed", None, None),
+    ("offload", "memory_ratio", "failed",
+     lambda c, t: _set(t, "tables/tradeoff.csv", lambda d: d["strategy"] == "both", "peak_fast_bytes", 400),
+     None),
+    ("offload", "memory_ratio", "not_measured",
+     lambda c, t: (_offload_failed(t, "both", 8), _offload_failed_also(t)),
+     ["strategy=both, depth=8", "BudgetExceeded"]),
+    ("offload", "hidden_fraction", "passed", None, None),
+    ("offload", "hidden_fraction", "failed",
+     lambda c, t: _set(t, "tables/tradeoff.csv", lambda d: (d["strategy"] == "optimizer") & (d["depth"] == 8),
+                       "hidden_frac", 0.4), None),
+    ("offload", "hidden_fraction", "not_measured", lambda c, t: _offload_failed(t, "activations", 8),
+     ["strategy=activations, depth=8 failed", "BudgetExceeded"]),
+    ("offload", "weights_equal", "passed", None, None),
+    ("offload", "weights_equal", "failed",
+     lambda c, t: _set(t, "tables/tradeoff.csv", lambda d: (d["strategy"] == "both") & (d["depth"] == 4),
+                       "weights_sha256", "other"), None),
+    ("offload", "weights_equal", "not_measured",
+     lambda c, t: _offload_failed(t, "optimizer", 4, "OSError: EIO"),
+     ["optimizer/4L", "OSError: EIO"]),
+    ("offload", "capacity_ratio", "passed", None, None),
+    ("offload", "capacity_ratio", "failed",
+     lambda c, t: _set(t, "tables/capacity.csv", lambda d: d["strategy"] == "both", "max_params", 14), None),
+    ("offload", "capacity_ratio", "not_measured", lambda c, t: _offload_capacity_failed(t, "none"),
+     ["strategy=none", "is full"]),
 ]
 
 

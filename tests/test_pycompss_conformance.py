@@ -26,7 +26,7 @@ import yaml
 from raw_tables import assert_same_raw_tables
 
 REPO = Path(__file__).resolve().parent.parent
-STUDIES = ("checkpoint", "hpo", "shuffle", "spatial", "hetmem", "microbatch", "malleable")
+STUDIES = ("checkpoint", "hpo", "shuffle", "spatial", "hetmem", "microbatch", "malleable", "offload")
 
 
 def _find_binding() -> Path | None:
@@ -57,11 +57,12 @@ INTENDED = {
     "microbatch": {"network_point": ("study", "IGNORE")},
     "malleable": {"response_point": ("study", "IGNORE"), "oversub_point": ("study", "IGNORE"),
                   "cosched_point": ("study", "IGNORE")},
+    "offload": {"run_point": ("study", "IGNORE"), "capacity_point": ("study", "IGNORE")},
 }
 # Cores each study's tasks must get in the config below: set (checkpoint) or derived (largest M,
 # largest run's ranks x threads).
 CONFIGURED_UNITS = {"checkpoint": 2, "hpo": 1, "shuffle": 2, "spatial": 2, "hetmem": 1, "microbatch": 1,
-                    "malleable": 2}
+                    "malleable": 2, "offload": 1}
 
 
 def _env(**extra) -> dict:
@@ -111,7 +112,7 @@ def test_sequential_binding_writes_the_local_backends_tables(study, tmp_path, te
     seq_cfg = _conformance_config(tmp_path, test_config, "S", "local")
     _run_app(study, local_cfg, _env(HPCDL_RUNTIME="local"))
     # Sequential mode runs tasks in the main process: give torch the threads a local worker gets.
-    units = str(CONFIGURED_UNITS[study]) if study in ("checkpoint", "hpo") else "1"
+    units = str(CONFIGURED_UNITS[study]) if study in ("checkpoint", "hpo", "offload") else "1"
     proc = _run_app(study, seq_cfg, _env(HPCDL_RUNTIME="pycompss", PYTHONPATH=f"{BINDING}:{REPO}",
                                          OMP_NUM_THREADS=units))
     assert f"[{study}] task backend pycompss-sequential" in proc.stderr

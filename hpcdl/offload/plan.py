@@ -1,0 +1,75 @@
+"""Expand the validated `offload:` block into points (plain dicts, one per task)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CPU_ONLY_SKIPPED = {"save_on_cpu": "needs CUDA: on CPU the saved tensors are already in host memory"}
+
+
+def slow_dir(cfg: dict) -> tuple[Path, bool]:
+    """The slow-tier directory and whether the study owns it (the default, under results_dir)."""
+    value = cfg["offload"]["slow_tier"]["dir"]
+    if value is None:
+        return Path(cfg["results_dir"]).absolute() / "offload" / "slow", True
+    return Path(value).absolute(), False
+
+
+def _common(cfg: dict) -> dict:
+    b = cfg["offload"]
+    return {
+        "width": b["model"]["width"],
+        "batch": b["model"]["batch"],
+        "lr": b["model"]["lr"],
+        "seed": b["seed"],
+        "device": b["device"],
+        "slow_dir": str(slow_dir(cfg)[0]),
+        "io_mode": b["slow_tier"]["io_mode"],
+        "bucket_mb": b["optimizer"]["bucket_mb"],
+        "foreach": b["optimizer"]["foreach"],
+        "fused": b["optimizer"]["fused"],
+        "optimizer_in_backward": b["optimizer"]["in_backward"],
+        "staging_sets": b["optimizer"]["staging_sets"],
+        "prefetch_depth": b["activations"]["prefetch_depth"],
+        "write_window": b["activations"]["write_window"],
+        "rss_interval_s": b["rss_interval_ms"] / 1000.0,
+    }
+
+
+def strategies(cfg: dict, cuda: bool) -> list[str]:
+    return [s for s in cfg["offload"]["strategies"] if cuda or s not in CPU_ONLY_SKIPPED]
+
+
+def sweep_points(cfg: dict, cuda: bool = False) -> list[dict]:
+    b = cfg["offload"]
+    return [
+        {
+            "strategy": s,
+            "depth": d,
+            "steps": b["steps"],
+            "warmup_steps": b["warmup_steps"],
+            "budget_mb": None,
+            **_common(cfg),
+        }
+        for d in sorted(b["model"]["depths"])
+        for s in strategies(cfg, cuda)
+    ]
+
+
+def capacity_points(cfg: dict, cuda: bool = False) -> list[dict]:
+    b = cfg["offload"]
+    c = b["capacity"]
+    return [
+        {
+            "spec": {
+                "strategy": s,
+                "depth": 1,
+                "steps": c["trial_steps"],
+                "warmup_steps": 0,
+                "budget_mb": c["budget_mb"],
+                **_common(cfg),
+            },
+            "max_depth": c["max_depth"],
+        }
+        for s in strategies(cfg, cuda)
+    ]

@@ -1,0 +1,124 @@
+"""Memory-offload study as a PyCOMPSs application: every (strategy, depth) point and every
+strategy's capacity search is one task.
+
+    python -m tasks.offload --config configs/default.yaml     # local backend
+    python -m hpcdl.runtime.compss command offload --config FILE    # prints the runcompss command line
+
+Writes raw/steps.csv (per strategy and depth: peak fast-tier bytes, peak RSS, step time split into
+forward / backward / optimizer / exposed transfer, bytes moved each way, hidden fraction, final
+weights' sha256), raw/timeline.csv (every span of the last measured step of each point) and
+raw/capacity.csv (largest depth under the fast-tier budget, per strategy). A failing point becomes
+a row with status=failed and its error; the rest runs. Every point's record is kept in
+<results>/offload/points/ as it finishes (hpcdl.points).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+
+import pandas as pd
+
+from hpcdl.offload import plan
+from hpcdl.points import StudyRun, failed_row
+from hpcdl.results import write_table
+from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
+from hpcdl.runtime.app import start_app
+
+
+@on_failure(management="IGNORE", returns=None)
+@constraint(computing_units="$HPCDL_OFFLOAD_UNITS")
+@task(returns=1)
+def run_point(point: dict, slot) -> dict:
+    from hpcdl.offload.train import measure_point
+
+    return slot.run(measure_point, point)
+
+
+@on_failure(management="IGNORE", returns=None)
+@constraint(computing_units="$HPCDL_OFFLOAD_UNITS")
+@task(returns=1)
+def capacity_point(point: dict, slot) -> dict:
+    from hpcdl.offload.capacity import search_point
+
+    return slot.run(search_point, point)
+
+
+def _cuda_present(cfg: dict) -> bool:
+    device = cfg["offload"]["device"]
+    if device == "cpu":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def main(argv=None) -> None:
+    cfg = start_app("offload", argv, __doc__.splitlines()[0])
+    run = StudyRun(cfg, "offload")
+    slow, owned = plan.slow_dir(cfg)
+    from hpcdl.offload.slowtier import SlowTierError, check_slow_dir, remove_stale_runs
+
+    if owned:
+        slow.mkdir(parents=True, exist_ok=True)
+    try:
+        check_slow_dir(slow)
+    except SlowTierError as exc:
+        print(f"error: {exc.strerror}", file=sys.stderr)
+        raise SystemExit(2) from None
+    stale = remove_stale_runs(slow)  # an interrupted run's offload files
+    cuda = _cuda_present(cfg)
+    sweep, capacity = plan.sweep_points(cfg, cuda), plan.capacity_points(cfg, cuda)
+    skipped = [s for s in cfg["offload"]["strategies"] if s not in plan.strategies(cfg, cuda)]
+    run.log(
+        f"{len(sweep)} sweep points, {len(capacity)} capacity searches on "
+        f"{'CUDA (GPU > pinned host)' if cuda else 'CPU (process memory > files in ' + str(slow) + ')'}"
+        + (f"; removed {len(stale)} stale offload run dir(s)" if stale else "")
+        + (
+            f"; skipped on CPU: {', '.join(f'{s} ({plan.CPU_ONLY_SKIPPED[s]})' for s in skipped)}"
+            if skipped
+            else ""
+        )
+    )
+    batches = [
+        run.submit("sweep", sweep, lambda p, slot: run_point(p, slot)),
+        run.submit("capacity", capacity, lambda p, slot: capacity_point(p, slot)),
+    ]
+    sweep_out, cap_out = run.gather(batches, compss_wait_on, failure_reason)
+    if owned:
+        shutil.rmtree(slow, ignore_errors=True)
+
+    steps, timeline, caps = [], [], []
+    for o in sweep_out:
+        label = {"strategy": o.point["strategy"], "depth": o.point["depth"], "width": o.point["width"]}
+        if not o.ok:
+            steps.append(failed_row(label, o.error))
+            continue
+        steps.append({**o.result["record"], "status": "ok", "error": ""})
+        timeline += [{**label, **span} for span in o.result["timeline"]]
+    for o in cap_out:
+        label = {
+            "strategy": o.point["spec"]["strategy"],
+            "width": o.point["spec"]["width"],
+            "budget_mb": o.point["spec"]["budget_mb"],
+        }
+        caps.append(failed_row(label, o.error) if not o.ok else {**o.result, "status": "ok", "error": ""})
+    raw = run.dir / "raw"
+    write_table(pd.DataFrame(steps), raw / "steps.csv", cfg, run.started)
+    write_table(
+        pd.DataFrame(
+            timeline, columns=["strategy", "depth", "width", "lane", "kind", "start_s", "end_s", "span_bytes"]
+        ),
+        raw / "timeline.csv",
+        cfg,
+        run.started,
+    )
+    write_table(pd.DataFrame(caps), raw / "capacity.csv", cfg, run.started)
+    run.write_summary()
+    failed = sum(r["status"] == "failed" for r in steps + caps)
+    run.log(f"done in {time.time() - run.started:.0f} s; {failed} failed point(s)")
+
+
+if __name__ == "__main__":
+    main()
