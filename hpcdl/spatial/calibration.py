@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from hpcdl.layers import flops, layer_key, numel
 from hpcdl.perfmodel.oracle import fresh_bytes
 from hpcdl.spatial.data import SlabReader
+from hpcdl.spatial.load import PhaseLoad, other_load_cores
 from hpcdl.spatial.model import LEAK, partitioned_conv3d, single_layout, window
 from hpcdl.spatial.partition import plan_axis
 
@@ -319,22 +320,41 @@ def io_timings(data_dir: str, batch: int, fractions: list[float], repeats: int) 
     return rows
 
 
+def _section(fn, world: int) -> tuple[list[dict], float]:
+    """Run one calibration section on every rank; returns rank 0's rows and the cores other
+    processes took meanwhile (machine busy + steal - every rank's own CPU, hpcdl.spatial.load)."""
+    if world > 1:
+        dist.barrier()
+    probe = PhaseLoad()
+    probe.start()
+    rows = fn()
+    if world > 1:
+        dist.barrier()
+    got = probe.stop()
+    own = torch.tensor([got["own_cpu_s"]], dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(own)
+    return rows, other_load_cores(got["machine_busy_s"], got["steal_s"], float(own), got["wall_s"])
+
+
 def calibrate_rank(specs: list[tuple[list[dict], int]], data_dir: str, sizes_bytes: list[int],
                    fractions: list[float], repeats: int, comm_gap_s: float = 0.0) -> list[dict]:
     """Every rank joins the ping-pong and collectives; rank 0 alone times compute and I/O while the
     others wait (`concurrent` 1), then every rank times the same compute at once (`concurrent` =
-    ranks: the contended rate of runs that keep several cores busy)."""
+    ranks: the contended rate of runs that keep several cores busy). Each row carries
+    `other_load_cores`: the load from outside the run during its section."""
     torch.set_default_dtype(torch.float32)
-    world = dist.get_world_size()
-    rows = (pingpong(sizes_bytes, repeats) + collectives(sizes_bytes, repeats, comm_gap_s)
-            if world > 1 else [])
-    if dist.get_rank() == 0:
-        rows += compute_timings(specs, fractions, repeats)
-        rows += io_timings(data_dir, max(b for _, b in specs), fractions, repeats)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    sections = []
     if world > 1:
-        dist.barrier()
-        busy = compute_timings(specs, fractions, repeats, together=True)
-        if dist.get_rank() == 0:
-            rows += busy
-        dist.barrier()
-    return rows
+        sections.append(lambda: pingpong(sizes_bytes, repeats) + collectives(sizes_bytes, repeats, comm_gap_s))
+    sections.append(lambda: (compute_timings(specs, fractions, repeats)
+                             + io_timings(data_dir, max(b for _, b in specs), fractions, repeats))
+                    if rank == 0 else [])
+    if world > 1:
+        sections.append(lambda: compute_timings(specs, fractions, repeats, together=True))
+    rows = []
+    for fn in sections:
+        got, load = _section(fn, world)
+        rows += [{**r, "other_load_cores": load} for r in got]
+    return rows if rank == 0 else []
