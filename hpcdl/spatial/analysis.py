@@ -436,7 +436,7 @@ def _claim_efficiency(block: dict, df: pd.DataFrame, raw: pd.DataFrame, timed: d
     if not base or not two:
         return not_measured("strong_efficiency_2", statement, "spatial.strong.layouts needs [1, 1, 1] and a "
                             f"2-rank spatial layout, has {block['strong']['layouts']}", threshold=need)
-    if not block["ceiling"]:
+    if not block.get("ceiling", True):
         return not_measured("strong_efficiency_2", statement, "spatial.ceiling is false: no ceiling measured",
                             threshold=need)
     if base[0] not in timed:
@@ -456,7 +456,7 @@ def _claim_efficiency(block: dict, df: pd.DataFrame, raw: pd.DataFrame, timed: d
                  efficiency=eff, speedup=speedup, ceiling_speedup=ceiling,
                  time_per_iter_s={r: timed[r] for r in runs if r in timed}, threshold=need,
                  disturbed_phases_excluded=_load_evidence(df, runs),
-                 disturbed_load_cores=block["disturbed_load_cores"])
+                 disturbed_load_cores=block.get("disturbed_load_cores"))
 
 
 def _claim_oracle_error(block: dict, df: pd.DataFrame, raw: pd.DataFrame, tables: Path,
@@ -486,7 +486,7 @@ def _claim_oracle_error(block: dict, df: pd.DataFrame, raw: pd.DataFrame, tables
     return claim("oracle_error", statement, mae <= bound, mean_abs_error=mae, mean_accuracy=1 - mae,
                  threshold=bound, cores=cores, **split, per_run=err,
                  disturbed_phases_excluded=_load_evidence(df, runs), calibration=cal,
-                 disturbed_load_cores=block["disturbed_load_cores"])
+                 disturbed_load_cores=block.get("disturbed_load_cores"))
 
 
 def _claim_loss(block: dict, loss: pd.DataFrame, raw: pd.DataFrame, runs: list[str]) -> dict:

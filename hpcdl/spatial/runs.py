@@ -39,7 +39,7 @@ def expand(block: dict) -> list[dict]:
                            "ranks": d * pd * ph, "shape": list(run_shape(kind, block[kind]["grid"], layout)),
                            "batch_size": block["batch_size"] * (d if kind == "weak" else 1),
                            "iterations": block["iterations"]})
-    if block["ceiling"]:
+    if block.get("ceiling", True):
         # the machine's own ceiling for each multi-rank strong layout: the same per-rank compute as
         # independent processes, all at once, with no communication (train_run(communicate=False))
         for p in [p for p in points if p["kind"] == "strong" and p["ranks"] > 1 and p["layout"][0] == 1]:
