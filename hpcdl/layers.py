@@ -60,7 +60,8 @@ def cosmoflow_spec(in_shape: tuple[int, int, int, int], channels: list[int], ker
 def unet3d_spec(in_shape: tuple[int, int, int, int], levels: list[int], outputs: int = 3,
                 kernel: int = 3, pool: int = 2) -> list[dict]:
     """3D U-Net (Cicek et al. 2016, as used by Oyama et al.): an encoder of `len(levels)` levels of
-    two conv(kernel)+ReLU, the first to levels[i] / 2 channels and the second to levels[i], max-pool between levels; a decoder of
+    two conv(kernel)+ReLU, the first to levels[i] / 2 channels and the second to levels[i],
+    max-pool between levels; a decoder of
     transposed convs (kernel = stride = pool, channels kept), concatenation with the encoder's map
     of the same size (skip connection) and two convs to levels[i]. Here 'same' padding keeps
     every level a power-of-two size (the paper's 'valid' convs crop 4 planes per level); a 1x1x1
@@ -89,7 +90,8 @@ def unet3d_spec(in_shape: tuple[int, int, int, int], levels: list[int], outputs:
     for i in range(len(levels) - 2, -1, -1):
         shape_in = (c, d, h, w)
         d, h, w = d * pool, h * pool, w * pool
-        layers.append({"kind": "deconv", "name": f"up{i}", "cin": c, "cout": c, "kernel": pool, "stride": pool,
+        layers.append({"kind": "deconv", "name": f"up{i}", "cin": c, "cout": c, "kernel": pool,
+                       "stride": pool,
                        "pad": 0, "in": shape_in, "out": (c, d, h, w)})
         sc = skips[i][0]
         layers.append({"kind": "concat", "name": f"cat{i}", "in": (c, d, h, w), "out": (c + sc, d, h, w)})

@@ -77,9 +77,9 @@ def main(argv=None) -> None:
 
     def calibration_round(r: int) -> None:
         # round r runs just before repeat r of the scaling runs: calibration and measurement interleave
-        cal = study.one("calibration", r, lambda r, slot: calibrate(cal_block, res_dir, r, slot), compss_wait_on,
-                        failure_reason, inputs=lambda r: {"block": cal_block, "resources_dir": res_dir,
-                                                          "round": r})
+        cal = study.one("calibration", r, lambda r, slot: calibrate(cal_block, res_dir, r, slot),
+                        compss_wait_on, failure_reason,
+                        inputs=lambda r: {"block": cal_block, "resources_dir": res_dir, "round": r})
         done_rounds.add(r)
         if cal.ok:
             cal_rows.extend(cal.result)

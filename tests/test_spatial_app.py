@@ -48,7 +48,8 @@ def test_spatial_app_end_to_end(tmp_path):
     assert [(r.network, r.gpus, r.spatial_split) for r in papers.itertuples()] == [
         ("cosmoflow", 512, 8), ("cosmoflow", 1024, 16), ("cosmoflow", 2048, 32), ("unet3d", 256, 16),
         ("unet3d", 512, 32)]
-    assert papers["time_per_iter_s"].gt(0).all() and (papers["depth"] * papers["height"] == papers["spatial_split"]).all()
+    assert papers["time_per_iter_s"].gt(0).all()
+    assert (papers["depth"] * papers["height"] == papers["spatial_split"]).all()
     for fig in ("strong_scaling", "weak_scaling", "efficiency", "oracle_parity", "extrapolation",
                 "paper_predictions", "memory", "loss"):
         assert (out / "figures" / f"{fig}.png").stat().st_size > 1000

@@ -23,7 +23,8 @@ from hpcdl.spatial.papers import paper_predictions
 
 def test_other_load_of_a_busy_process_outside_the_run_is_seen_in_proc_stat():
     # a real process spinning on one core while this one (the "run") sleeps
-    spin = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<1.5: pass"])
+    code = "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"
+    spin = subprocess.Popen([sys.executable, "-c", code])
     try:
         time.sleep(0.2)
         probe = PhaseLoad()
@@ -127,7 +128,8 @@ def test_paper_predictions_at_exactly_the_papers_settings(test_config):
 
     block = validate_config(test_config)["spatial"]
     rows = pd.DataFrame(paper_predictions(block))
-    assert list(zip(rows["network"], rows["gpus"], rows["batch_size"], rows["spatial_split"], strict=True)) == [
+    got = list(zip(rows["network"], rows["gpus"], rows["batch_size"], rows["spatial_split"], strict=True))
+    assert got == [
         ("cosmoflow", 512, 64, 8), ("cosmoflow", 1024, 64, 16), ("cosmoflow", 2048, 64, 32),
         ("unet3d", 256, 16, 16), ("unet3d", 512, 16, 32)]
     assert (rows["data"] == rows["batch_size"]).all()
@@ -136,7 +138,8 @@ def test_paper_predictions_at_exactly_the_papers_settings(test_config):
     for _, g in rows.groupby("network"):
         s = g["speedup_vs_first"].to_numpy()
         assert s[0] == 1 and np.all(np.diff(s) > 0) and np.all(s <= g["ideal_speedup_vs_first"].to_numpy())
-    assert rows["chosen_strategy"].str.len().gt(0).all() and (rows["basis"] == "model (oracle), not measured").all()
+    assert rows["chosen_strategy"].str.len().gt(0).all()
+    assert (rows["basis"] == "model (oracle), not measured").all()
 
 
 def test_hidden_communication_trains_exactly_like_blocking(tmp_path):

@@ -142,7 +142,8 @@ class Machine:
             c0, k = (self.busy["layers"].get(layer_key(layer))
                      or self.busy[_FIT_KIND.get(layer["kind"], layer["kind"])])
         else:
-            c0, k = self.layers.get(layer_key(layer)) or getattr(self, _FIT_KIND.get(layer["kind"], layer["kind"]))
+            kind = _FIT_KIND.get(layer["kind"], layer["kind"])
+            c0, k = self.layers.get(layer_key(layer)) or getattr(self, kind)
         return c0 + units * k
 
     def optimizer_time(self, n_params: float, busy: bool = False) -> float:

@@ -60,8 +60,10 @@ def _summaries(runs: pd.DataFrame, iters: pd.DataFrame, ranks: pd.DataFrame, war
         ph = phases[phases["run"] == run["run"]]
         clean = ph[~ph["disturbed"]]
         # leave disturbed phases out; where every phase was disturbed keep the least loaded one, flagged
-        kept = clean if len(clean) else ph.nsmallest(1, "other_load_cores") if ph["other_load_cores"].notna().any() \
-            else ph
+        if len(clean):
+            kept = clean
+        else:
+            kept = ph.nsmallest(1, "other_load_cores") if ph["other_load_cores"].notna().any() else ph
         it = it[it["repeat"].isin(kept["repeat"])]
         per_iter = it.groupby(["repeat", "iteration"])  # every iteration of every kept repeat
         crit = per_iter["total_s"].max()              # the slowest rank sets the iteration time
@@ -340,16 +342,19 @@ def _plot_papers(plt, pp: pd.DataFrame, figs: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     for net, g in pp.groupby("network"):
         g = g.sort_values("gpus")
-        line, = ax1.plot(g["gpus"], g["time_per_iter_s"], "o-", label=f"{net} {int(g['grid'].iloc[0])}^3, "
-                                                                       f"batch {int(g['batch_size'].iloc[0])}")
+        label = f"{net} {int(g['grid'].iloc[0])}^3, batch {int(g['batch_size'].iloc[0])}"
+        line, = ax1.plot(g["gpus"], g["time_per_iter_s"], "o-", label=label)
         for r in g.itertuples():
-            ax1.annotate(f"{r.data}x{r.depth}x{r.height}\npick: {r.chosen_family}", (r.gpus, r.time_per_iter_s),
+            ax1.annotate(f"{r.data}x{r.depth}x{r.height}\npick: {r.chosen_family}",
+                         (r.gpus, r.time_per_iter_s),
                          fontsize=7, textcoords="offset points", xytext=(4, 4))
         ax2.plot(g["gpus"], g["speedup_vs_first"], "o-", color=line.get_color(), label=f"{net}: predicted")
         ax2.plot(g["gpus"], g["ideal_speedup_vs_first"], ":", color=line.get_color(), label=f"{net}: ideal")
-    ax1.set(xscale="log", yscale="log", xlabel="GPUs (ABCI V100, model)", ylabel="predicted time per iteration (s)",
+    ax1.set(xscale="log", yscale="log", xlabel="GPUs (ABCI V100, model)",
+            ylabel="predicted time per iteration (s)",
             title="Papers' settings: data x depth x height, oracle's pick")
-    ax2.set(xscale="log", xlabel="GPUs (ABCI V100, model)", ylabel="predicted speedup vs the smallest setting",
+    ax2.set(xscale="log", xlabel="GPUs (ABCI V100, model)",
+            ylabel="predicted speedup vs the smallest setting",
             title="Predicted strong scaling at the papers' settings (simulated)")
     ax1.legend(fontsize=8)
     ax2.legend(fontsize=8)
@@ -426,9 +431,9 @@ def _load_evidence(df: pd.DataFrame, runs: list[str]) -> dict:
 
 def _claim_efficiency(block: dict, df: pd.DataFrame, raw: pd.DataFrame, timed: dict) -> dict:
     need = block["claims"]["min_efficiency"]
-    statement = (f"2-rank strong scaling on the {block['strong']['grid']}^3 input reaches >= {need:.0%} of this "
-                 "machine's own ceiling: speedup over 1 rank / ceiling speedup, where the ceiling is the same "
-                 "per-rank compute run as independent processes at once with no communication, measured in "
+    statement = (f"2-rank strong scaling on the {block['strong']['grid']}^3 input reaches >= {need:.0%} of "
+                 "this machine's own ceiling: speedup over 1 rank / ceiling speedup, where the ceiling is the "
+                 "same per-rank compute run as independent processes at once with no communication, measured in "
                  "the same run; one thread per rank, every 2-rank strong layout")
     names = {tuple(lay): "strong-d{}x{}x{}".format(*lay) for lay in block["strong"]["layouts"]}
     base = [n for lay, n in names.items() if lay == (1, 1, 1)]

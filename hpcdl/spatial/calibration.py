@@ -347,7 +347,8 @@ def calibrate_rank(specs: list[tuple[list[dict], int]], data_dir: str, sizes_byt
     world, rank = dist.get_world_size(), dist.get_rank()
     sections = []
     if world > 1:
-        sections.append(lambda: pingpong(sizes_bytes, repeats) + collectives(sizes_bytes, repeats, comm_gap_s))
+        sections.append(lambda: (pingpong(sizes_bytes, repeats)
+                                 + collectives(sizes_bytes, repeats, comm_gap_s)))
     sections.append(lambda: (compute_timings(specs, fractions, repeats)
                              + io_timings(data_dir, max(b for _, b in specs), fractions, repeats))
                     if rank == 0 else [])

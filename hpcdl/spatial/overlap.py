@@ -47,7 +47,8 @@ class _Halo:
         if ex["send_l"]:
             sends.append((x.narrow(dim, 0, ex["send_l"]).contiguous(), line.left()))
         if ex["send_r"]:
-            sends.append((x.narrow(dim, x.shape[dim] - ex["send_r"], ex["send_r"]).contiguous(), line.right()))
+            edge = x.narrow(dim, x.shape[dim] - ex["send_r"], ex["send_r"])
+            sends.append((edge.contiguous(), line.right()))
         self.fwd = post(sends, recvs, self.tag)
 
     def post_backward(self, grads: dict, like: torch.Tensor) -> None:

@@ -43,7 +43,8 @@ def paper_predictions(block: dict) -> list[dict]:
         first = None
         for gpus in setting["gpus"]:
             if gpus % batch:
-                raise ValueError(f"spatial.papers.{name}: {gpus} GPUs is not a multiple of the mini-batch {batch}")
+                raise ValueError(f"spatial.papers.{name}: {gpus} GPUs is not a multiple of the "
+                                 f"mini-batch {batch}")
             split = gpus // batch
             paper = min((predict(spec, batch, Strategy(batch, pd, ph), machine) | {"depth": pd, "height": ph}
                          for pd, ph in _splits(split) if pd <= d0 and ph <= h0),
@@ -58,7 +59,8 @@ def paper_predictions(block: dict) -> list[dict]:
                          "spatial_split": split, "data": batch, "depth": paper["depth"],
                          "height": paper["height"], "time_per_iter_s": paper["total_s"],
                          "compute_s": paper["compute_s"], "halo_s": paper["halo_s"],
-                         "allreduce_s": paper["allreduce_s"], "gather_s": paper["gather_s"], "io_s": paper["io_s"],
+                         "allreduce_s": paper["allreduce_s"], "gather_s": paper["gather_s"],
+                         "io_s": paper["io_s"],
                          "memory_gb": paper["memory_bytes"] / 1e9, "fits_in_memory": bool(paper["feasible"]),
                          "samples_per_s": batch / paper["total_s"],
                          "speedup_vs_first": first / paper["total_s"],
@@ -67,5 +69,6 @@ def paper_predictions(block: dict) -> list[dict]:
                                             f"{'' if pick.filter == 1 else f' f{pick.filter}'}"
                                             f"{'' if pick.channel == 1 else f' c{pick.channel}'})",
                          "chosen_family": family(pick), "chosen_time_per_iter_s": pick_pr["total_s"],
-                         "chosen_fits_in_memory": bool(pick_pr["feasible"]), "basis": "model (oracle), not measured"})
+                         "chosen_fits_in_memory": bool(pick_pr["feasible"]),
+                         "basis": "model (oracle), not measured"})
     return rows

@@ -18,7 +18,7 @@ TRAIN = "hpcdl.spatial.train:train_run"
 
 
 def run_shape(kind: str, grid: int, layout: list[int]) -> tuple[int, int, int]:
-    """Global grid of a run: fixed for strong/ceiling/hybrid/train; weak grows depth/height with their ranks."""
+    """Global grid of a run: fixed for strong/ceiling/hybrid/train; weak grows depth/height with its ranks."""
     _, pd, ph = layout
     if kind == "weak":
         return (grid * pd, grid * ph, grid)
@@ -94,7 +94,8 @@ def run_point(point: dict, block: dict, resources_dir: str) -> dict:
         "data_dir": str(data_dir), "n_data": d, "grid": (pd, ph), "model": block["model"],
         "batch_size": point["batch_size"], "iterations": point["iterations"], "lr": block["lr"],
         "seed": block["seed"], "dtype": block["dtype"], "allow_uneven": block["allow_uneven"],
-        "overlap": block["overlap"], "bucket_kb": block["bucket_kb"], "communicate": point["kind"] != "ceiling"},
+        "overlap": block["overlap"], "bucket_kb": block["bucket_kb"],
+        "communicate": point["kind"] != "ceiling"},
         timeout_s=block["run_timeout_s"], threads_per_rank=block["threads_per_rank"])
     wall = time.time() - t0
     iters, ranks = [], []
