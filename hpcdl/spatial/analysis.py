@@ -431,10 +431,10 @@ def _load_evidence(df: pd.DataFrame, runs: list[str]) -> dict:
 
 def _claim_efficiency(block: dict, df: pd.DataFrame, raw: pd.DataFrame, timed: dict) -> dict:
     need = block["claims"]["min_efficiency"]
-    statement = (f"2-rank strong scaling on the {block['strong']['grid']}^3 input reaches >= {need:.0%} of "
-                 "this machine's own ceiling: speedup over 1 rank / ceiling speedup, where the ceiling is the "
-                 "same per-rank compute run as independent processes at once with no communication, measured in "
-                 "the same run; one thread per rank, every 2-rank strong layout")
+    statement = (f"2-rank strong scaling on the {block['strong']['grid']}^3 input reaches >= {need:.0%} "
+                 "of this machine's own ceiling: speedup over 1 rank / ceiling speedup, where the ceiling "
+                 "is the same per-rank compute run as independent processes at once with no "
+                 "communication, measured in the same run; one thread per rank, every 2-rank strong layout")
     names = {tuple(lay): "strong-d{}x{}x{}".format(*lay) for lay in block["strong"]["layouts"]}
     base = [n for lay, n in names.items() if lay == (1, 1, 1)]
     two = [n for lay, n in names.items() if lay[0] == 1 and lay[1] * lay[2] == 2]
