@@ -155,7 +155,8 @@ def _layer_fn(L: dict, batch: int, frac_d: float, input_grad: bool = True):
     """The forward of layer L on a slab with frac_d of its depth, run as the model runs it.
 
     Conv: the halo window (the slab plus its halo planes, built by concatenation; its backward
-    scatters the gradient back), conv3d with bias and LeakyReLU; pool: window and max-pool;
+    scatters the gradient back), conv3d with bias and LeakyReLU; pool: window and max-pool; on the
+    whole volume (fraction 1: one rank, or data parallel) the plain padded conv / pool, as those run;
     dense: linear with bias (+ LeakyReLU). On one rank the halo planes are the zero padding of
     the slab's edges, the same planes a middle rank receives, so the copies are the same.
     `input_grad` is False for the network's first layer: training needs no gradient of the data.
@@ -182,8 +183,15 @@ def _layer_fn(L: dict, batch: int, frac_d: float, input_grad: bool = True):
         wt = torch.randn(L["cout"], c, k, k, k, requires_grad=True)
         bias = torch.randn(L["cout"], requires_grad=True)
 
+        if d_loc == d:  # the whole volume: a run with no spatial split runs the plain conv (no window)
+            def fwd():
+                return F.leaky_relu(F.conv3d(x, wt, bias, stride=s, padding=L["pad"]), LEAK)
+        else:
+            def fwd():
+                return F.leaky_relu(partitioned_conv3d(x, wt, bias, s, L["pad"], plans, layout, tag=0), LEAK)
+    elif d_loc == d:
         def fwd():
-            return F.leaky_relu(partitioned_conv3d(x, wt, bias, s, L["pad"], plans, layout, tag=0), LEAK)
+            return F.max_pool3d(x, k, s)
     else:
         def fwd():
             return F.max_pool3d(window(x, plans, layout, 0), k, s)
