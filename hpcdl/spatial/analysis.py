@@ -319,12 +319,16 @@ def _plot_efficiency(plt, df: pd.DataFrame, block: dict, figs: Path) -> None:
         mark_no_data(ax, "no multi-rank strong run with a ceiling run (spatial.ceiling)")
     else:
         x = np.arange(len(sel))
-        ax.bar(x - 0.2, sel["speedup"], 0.4, label="speedup over 1 rank (spatial, communicating)")
-        ax.bar(x + 0.2, sel["ceiling_speedup"], 0.4, color="0.6",
+        ax.bar(x - 0.15, sel["speedup"], 0.3, label="speedup over 1 rank (spatial, communicating)")
+        ax.bar(x + 0.15, sel["ceiling_speedup"], 0.3, color="0.6",
                label="ceiling: same per-rank compute, no communication")
         for i, r in enumerate(sel.itertuples()):
-            ax.text(i, max(r.speedup, r.ceiling_speedup) * 1.02, f"efficiency {r.efficiency_vs_ceiling:.2f}",
+            load = getattr(r, "other_load_cores", float("nan"))
+            ax.text(i, max(r.speedup, r.ceiling_speedup) * 1.03,
+                    f"efficiency {r.efficiency_vs_ceiling:.2f}\n(other load {load:.2f} cores)",
                     ha="center", fontsize=9)
+        ax.set_xlim(-0.8, len(sel) - 0.2)
+        ax.set_ylim(0, max(2.2, 1.25 * float(sel[["speedup", "ceiling_speedup"]].max().max())))
         ax.axhline(1, color="k", lw=0.8)
         ax.set_xticks(x, [f"{int(r.depth_ranks)}x{int(r.height_ranks)} ({int(r.ranks)} ranks)"
                           for r in sel.itertuples()])
@@ -332,7 +336,7 @@ def _plot_efficiency(plt, df: pd.DataFrame, block: dict, figs: Path) -> None:
         ax.set(xlabel="spatial layout (depth x height ranks)", ylabel="speedup over 1 rank",
                title=f"Strong scaling {block['strong']['grid']}^3 against the machine's own ceiling "
                      f"(goal efficiency >= {need:.2f})")
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     save_figure(fig, figs / "efficiency.png")
 
