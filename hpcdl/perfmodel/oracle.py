@@ -243,16 +243,18 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
             t["compute"] += t_layer
             halo = (L["kernel"] - 1) // 2 if kind == "conv" else max(L["kernel"] - L["stride"], 0)
             # a middle rank trades `halo` planes with each neighbour, forward and again backward
-            t_halo = 0.0
+            t_halo = t_latency = 0.0
             for parts, plane in ((pd, ci * _local(hi, ph) * wi), (ph, ci * _local(di, pd) * wi)):
                 if parts > 1 and halo > 0:
                     t_halo += 2 * t_exchange(halo * plane * b * BYTES, parts, a_s, b_s, machine)
+                    t_latency += 2 * t_exchange(1e-9, parts, a_s, b_s, machine)
             t["halo"] += t_halo
             if machine.overlap and kind == "conv" and ph == 1 and t_halo > 0:
-                # the output planes that read no halo plane compute while the exchange is in flight
+                # the transfer runs while the output planes that read no halo plane compute; the
+                # per-exchange latency (wake-up, the neighbour's skew) is not hidden by it
                 local_out = _local(d, pd)
                 interior = max(0.0, 1.0 - 2.0 * halo / local_out) if local_out else 0.0
-                hidden_halo += min(t_halo, t_layer * interior)
+                hidden_halo += min(t_halo - t_latency, t_layer * interior)
             if kind == "conv" and (f > 1 or c > 1):
                 out_bytes = numel(L["out"]) * frac * b * BYTES
                 in_bytes = numel(L["in"]) * frac * b * BYTES
