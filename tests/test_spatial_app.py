@@ -33,7 +33,8 @@ def test_spatial_app_end_to_end(tmp_path):
     ceiling = iters[iters["run"] == "ceiling-d1x2x1"]
     assert (ceiling[["halo_s", "gather_s", "allreduce_s"]] == 0).all(axis=None)  # no communication at all
     cal = pd.read_csv(out / "raw" / "calibration.csv")
-    assert {"round", "other_load_cores"} <= set(cal.columns) and cal["other_load_cores"].ge(0).all()
+    assert {"round", "other_cpu_s", "section_s"} <= set(cal.columns)
+    assert cal["other_cpu_s"].ge(0).all() and cal["section_s"].gt(0).all()
     assert (out / "raw" / "runs.provenance.json").exists()
     assert list((tmp_path / "resources" / "spatial").glob("grf-16x16x16-*/fields.npy"))
     for step in ("aggregate", "plot", "claims"):

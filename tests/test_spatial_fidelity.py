@@ -64,13 +64,15 @@ def test_disturbed_phase_is_left_out_and_reported():
 def test_calibration_keeps_the_fastest_undisturbed_round():
     cal = pd.DataFrame([
         {"kind": "conv", "key": "c", "units": 1e6, "fraction": 1.0, "concurrent": 1, "round": 0,
-         "time_s": 1.0e-3, "other_load_cores": 1.2},   # fastest, but measured under load: not trusted
+         "time_s": 1.0e-3, "other_cpu_s": 1.2, "section_s": 1.0},  # fastest, but under load: not trusted
         {"kind": "conv", "key": "c", "units": 1e6, "fraction": 1.0, "concurrent": 1, "round": 1,
-         "time_s": 2.0e-3, "other_load_cores": 0.0},
+         "time_s": 2.0e-3, "other_cpu_s": 0.0, "section_s": 1.0},
         {"kind": "conv", "key": "c", "units": 1e6, "fraction": 1.0, "concurrent": 1, "round": 2,
-         "time_s": 1.5e-3, "other_load_cores": 0.1},
-        {"kind": "pingpong", "size_bytes": 1024, "round": 0, "time_s": 5e-5, "other_load_cores": 0.9},
-        {"kind": "pingpong", "size_bytes": 1024, "round": 1, "time_s": 9e-5, "other_load_cores": 0.8},
+         "time_s": 1.5e-3, "other_cpu_s": 0.1, "section_s": 1.0},
+        {"kind": "pingpong", "size_bytes": 1024, "round": 0, "time_s": 5e-5, "other_cpu_s": 0.9,
+         "section_s": 1.0},
+        {"kind": "pingpong", "size_bytes": 1024, "round": 1, "time_s": 9e-5, "other_cpu_s": 0.8,
+         "section_s": 1.0},
     ])
     rows, ev = calibration_rows(cal, threshold=0.3)
     by = {r["kind"]: r for r in rows}

@@ -99,8 +99,8 @@ def calibration_rows(cal: pd.DataFrame, threshold: float) -> tuple[list[dict], d
     cal = cal.copy()
     if "round" not in cal:
         cal["round"] = 0
-    if "other_load_cores" not in cal:
-        cal["other_load_cores"] = float("nan")
+    timed = {"other_cpu_s", "section_s"} <= set(cal)
+    cal["other_load_cores"] = cal["other_cpu_s"] / cal["section_s"] if timed else float("nan")
     cal["disturbed"] = cal["other_load_cores"] > threshold
     ids = [c for c in CAL_ID if c in cal]
     keyed = cal[ids].astype(object).where(cal[ids].notna(), "").astype(str).agg("|".join, axis=1)

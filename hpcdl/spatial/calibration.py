@@ -328,9 +328,10 @@ def io_timings(data_dir: str, batch: int, fractions: list[float], repeats: int) 
     return rows
 
 
-def _section(fn, world: int) -> tuple[list[dict], float]:
-    """Run one calibration section on every rank; returns rank 0's rows and the cores other
-    processes took meanwhile (machine busy + steal - every rank's own CPU, hpcdl.spatial.load)."""
+def _section(fn, world: int) -> tuple[list[dict], dict]:
+    """Run one calibration section on every rank; returns rank 0's rows and {"other_cpu_s",
+    "section_s"}: the CPU seconds other processes took meanwhile (machine busy + steal - every
+    rank's own CPU, hpcdl.spatial.load) and the section's wall seconds."""
     if world > 1:
         dist.barrier()
     probe = PhaseLoad()
@@ -342,15 +343,16 @@ def _section(fn, world: int) -> tuple[list[dict], float]:
     own = torch.tensor([got["own_cpu_s"]], dtype=torch.float64)
     if world > 1:
         dist.all_reduce(own)
-    return rows, other_load_cores(got["machine_busy_s"], got["steal_s"], float(own), got["wall_s"])
+    other = other_load_cores(got["machine_busy_s"], got["steal_s"], float(own), got["wall_s"]) * got["wall_s"]
+    return rows, {"other_cpu_s": other, "section_s": got["wall_s"]}
 
 
 def calibrate_rank(specs: list[tuple[list[dict], int]], data_dir: str, sizes_bytes: list[int],
                    fractions: list[float], repeats: int, comm_gap_s: float = 0.0) -> list[dict]:
     """Every rank joins the ping-pong and collectives; rank 0 alone times compute and I/O while the
     others wait (`concurrent` 1), then every rank times the same compute at once (`concurrent` =
-    ranks: the contended rate of runs that keep several cores busy). Each row carries
-    `other_load_cores`: the load from outside the run during its section."""
+    ranks: the contended rate of runs that keep several cores busy). Each row carries its section's
+    `other_cpu_s` (CPU seconds taken from outside the run) and `section_s` (wall seconds)."""
     torch.set_default_dtype(torch.float32)
     world, rank = dist.get_world_size(), dist.get_rank()
     sections = []
@@ -365,5 +367,5 @@ def calibrate_rank(specs: list[tuple[list[dict], int]], data_dir: str, sizes_byt
     rows = []
     for fn in sections:
         got, load = _section(fn, world)
-        rows += [{**r, "other_load_cores": load} for r in got]
+        rows += [{**r, **load} for r in got]
     return rows if rank == 0 else []
