@@ -344,14 +344,14 @@ def _plot_efficiency(plt, df: pd.DataFrame, block: dict, figs: Path) -> None:
 def _plot_papers(plt, pp: pd.DataFrame, figs: Path) -> None:
     """Predicted time per iteration and speedup at the papers' exact settings (model only)."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for net, g in pp.groupby("network"):
+    for j, (net, g) in enumerate(pp.groupby("network")):
         g = g.sort_values("gpus")
         label = f"{net} {int(g['grid'].iloc[0])}^3, batch {int(g['batch_size'].iloc[0])}"
         line, = ax1.plot(g["gpus"], g["time_per_iter_s"], "o-", label=label)
         for r in g.itertuples():
             ax1.annotate(f"{r.data}x{r.depth}x{r.height}\npick: {r.chosen_family}",
                          (r.gpus, r.time_per_iter_s),
-                         fontsize=7, textcoords="offset points", xytext=(4, 4))
+                         fontsize=7, textcoords="offset points", xytext=(4, 4 if j % 2 == 0 else -22))
         ax2.plot(g["gpus"], g["speedup_vs_first"], "o-", color=line.get_color(), label=f"{net}: predicted")
         ax2.plot(g["gpus"], g["ideal_speedup_vs_first"], ":", color=line.get_color(), label=f"{net}: ideal")
     ax1.set(xscale="log", yscale="log", xlabel="GPUs (ABCI V100, model)",
