@@ -433,6 +433,19 @@ def _load_evidence(df: pd.DataFrame, runs: list[str]) -> dict:
     return out
 
 
+def _all_disturbed(df: pd.DataFrame, runs: list[str], block: dict) -> str | None:
+    """Why a timing claim is not judged: runs every one of whose phases other load disturbed."""
+    if "disturbed" not in df:
+        return None
+    bad = df[df["run"].isin(runs) & df["disturbed"].astype(str).str.lower().eq("true")]
+    if bad.empty:
+        return None
+    loads = ", ".join(f"{r.run} {r.other_load_cores:.2f}" for r in bad.itertuples())
+    return (f"every timed phase of {len(bad)} run(s) was disturbed by other load above "
+            f"{block.get('disturbed_load_cores')} cores (least-loaded phase, cores: {loads}); "
+            "rerun on a quieter machine")
+
+
 def _claim_efficiency(block: dict, df: pd.DataFrame, raw: pd.DataFrame, timed: dict) -> dict:
     need = block["claims"]["min_efficiency"]
     statement = (f"2-rank strong scaling on the {block['strong']['grid']}^3 input reaches >= {need:.0%} "
@@ -461,6 +474,13 @@ def _claim_efficiency(block: dict, df: pd.DataFrame, raw: pd.DataFrame, timed: d
         ceiling[n] = timed[base[0]] / timed[ceil_of[n]]
         eff[n] = speedup[n] / ceiling[n]
     runs = [base[0], *two, *ceil_of.values()]
+    evidence = dict(efficiency=eff, speedup=speedup, ceiling_speedup=ceiling,
+                    time_per_iter_s={r: timed[r] for r in runs if r in timed}, threshold=need,
+                    disturbed_phases_excluded=_load_evidence(df, runs),
+                    disturbed_load_cores=block.get("disturbed_load_cores"))
+    why = _all_disturbed(df, runs, block)
+    if why and not missing:
+        return not_measured("strong_efficiency_2", statement, why, **evidence)
     return every("strong_efficiency_2", statement, {n: e >= need for n, e in eff.items()}, missing,
                  efficiency=eff, speedup=speedup, ceiling_speedup=ceiling,
                  time_per_iter_s={r: timed[r] for r in runs if r in timed}, threshold=need,
@@ -480,6 +500,7 @@ def _claim_oracle_error(block: dict, df: pd.DataFrame, raw: pd.DataFrame, tables
     if missing:
         return not_measured("oracle_error", statement, missing, per_run=err, threshold=bound)
     mae = float(np.mean(np.abs(list(err.values()))))
+    why = _all_disturbed(df, runs, block)
     # Evidence only: where the error sits, in runs with a core per rank vs runs sharing cores.
     fit = _table(tables / "calibration_fit.csv")
     cores = int(fit["cores"].iloc[0]) if "cores" in fit and len(fit) else None
@@ -492,10 +513,12 @@ def _claim_oracle_error(block: dict, df: pd.DataFrame, raw: pd.DataFrame, tables
             split[f"mean_abs_error_{key}"] = float(np.mean(sel)) if sel else None
     cal = {k.removeprefix("calibration_"): fit[k].iloc[0].item() for k in fit
            if k.startswith("calibration_") and len(fit)}
-    return claim("oracle_error", statement, mae <= bound, mean_abs_error=mae, mean_accuracy=1 - mae,
-                 threshold=bound, cores=cores, **split, per_run=err,
-                 disturbed_phases_excluded=_load_evidence(df, runs), calibration=cal,
-                 disturbed_load_cores=block.get("disturbed_load_cores"))
+    evidence = dict(mean_abs_error=mae, mean_accuracy=1 - mae, threshold=bound, cores=cores, **split,
+                    per_run=err, disturbed_phases_excluded=_load_evidence(df, runs), calibration=cal,
+                    disturbed_load_cores=block.get("disturbed_load_cores"))
+    if why:
+        return not_measured("oracle_error", statement, why, **evidence)
+    return claim("oracle_error", statement, mae <= bound, **evidence)
 
 
 def _claim_loss(block: dict, loss: pd.DataFrame, raw: pd.DataFrame, runs: list[str]) -> dict:

@@ -21,7 +21,7 @@ def summary(study_dir: Path) -> str:
     claims = {c["id"]: c for c in json.loads((study_dir / "claims.json").read_text())["claims"]}
     lines = [f"spatial run in {study_dir}"]
     for cid, c in claims.items():
-        lines.append(f"  {cid:24s} {c['status'].upper()}")
+        lines.append(f"  {cid:24s} {c['status'].upper()}" + (f" ({c['reason']})" if c.get("reason") else ""))
     eff = claims.get("strong_efficiency_2", {}).get("measured", {})
     for run, e in (eff.get("efficiency") or {}).items():
         lines.append(f"  efficiency {run}: {e:.3f} (speedup {eff['speedup'][run]:.3f} / ceiling "
