@@ -57,6 +57,50 @@ def cosmoflow_spec(in_shape: tuple[int, int, int, int], channels: list[int], ker
     return layers
 
 
+def unet3d_spec(in_shape: tuple[int, int, int, int], levels: list[int], outputs: int = 3,
+                kernel: int = 3, pool: int = 2) -> list[dict]:
+    """3D U-Net (Cicek et al. 2016, as used by Oyama et al.): an encoder of `len(levels)` levels of
+    two conv(kernel)+ReLU, the first to levels[i] / 2 channels and the second to levels[i],
+    max-pool between levels; a decoder of
+    transposed convs (kernel = stride = pool, channels kept), concatenation with the encoder's map
+    of the same size (skip connection) and two convs to levels[i]. Here 'same' padding keeps
+    every level a power-of-two size (the paper's 'valid' convs crop 4 planes per level); a 1x1x1
+    conv to `outputs` classes per voxel ends it. Batch normalisation is left out (elementwise)."""
+    c, d, h, w = (int(v) for v in in_shape)
+    pad = padding_for(kernel, "same")
+    layers: list[dict] = []
+
+    def conv(name, cin, cout, k=kernel, p=pad):
+        layers.append({"kind": "conv", "name": name, "cin": cin, "cout": cout, "kernel": k, "stride": 1,
+                       "pad": p, "in": (cin, d, h, w), "out": (cout, d, h, w)})
+        return cout
+
+    skips = []
+    for i, top in enumerate(levels):
+        c = conv(f"enc{i}a", c, top // 2)
+        c = conv(f"enc{i}b", c, top)
+        if i < len(levels) - 1:
+            skips.append((c, d, h, w))
+            shape_in = (c, d, h, w)
+            d, h, w = (conv_out(n, pool, pool, 0) for n in (d, h, w))
+            if min(d, h, w) < 1:
+                raise ValueError(f"3D U-Net: input {in_shape[1:]} too small for {len(levels)} levels")
+            layers.append({"kind": "pool", "name": f"pool{i}", "kernel": pool, "stride": pool, "pad": 0,
+                           "in": shape_in, "out": (c, d, h, w)})
+    for i in range(len(levels) - 2, -1, -1):
+        shape_in = (c, d, h, w)
+        d, h, w = d * pool, h * pool, w * pool
+        layers.append({"kind": "deconv", "name": f"up{i}", "cin": c, "cout": c, "kernel": pool,
+                       "stride": pool,
+                       "pad": 0, "in": shape_in, "out": (c, d, h, w)})
+        sc = skips[i][0]
+        layers.append({"kind": "concat", "name": f"cat{i}", "in": (c, d, h, w), "out": (c + sc, d, h, w)})
+        c = conv(f"dec{i}a", c + sc, levels[i])
+        c = conv(f"dec{i}b", c, levels[i])
+    conv("out", c, outputs, k=1, p=0)
+    return layers
+
+
 def build_spec(shape: tuple[int, int, int], model: dict, in_channels: int = 1,
                outputs: int = 2) -> list[dict]:
     """Spec of the study's model (config block `spatial.model`) on a (depth, height, width) grid."""
@@ -70,6 +114,9 @@ def flops(layer: dict) -> float:
     if layer["kind"] == "conv":
         cout, d, h, w = layer["out"]
         return 2.0 * layer["cin"] * cout * layer["kernel"] ** 3 * d * h * w
+    if layer["kind"] == "deconv":  # every input voxel scatters a kernel^3 block to every out-channel
+        cin, d, h, w = layer["in"]
+        return 2.0 * cin * layer["cout"] * layer["kernel"] ** 3 * d * h * w
     if layer["kind"] == "pool":
         c, d, h, w = layer["out"]
         return float(c * d * h * w * layer["kernel"] ** 3)
@@ -80,7 +127,7 @@ def flops(layer: dict) -> float:
 
 def layer_key(layer: dict) -> str:
     """Identifies a layer's kernel shape up to its depth, so slabs of it share one timing fit."""
-    if layer["kind"] in ("conv", "pool"):
+    if layer["kind"] in ("conv", "pool", "deconv"):
         c, _, h, w = layer["in"]
         cout = layer.get("cout", c)
         return f"{layer['kind']}:{c}>{cout}:k{layer['kernel']}s{layer['stride']}:{h}x{w}"
@@ -90,7 +137,7 @@ def layer_key(layer: dict) -> str:
 
 
 def n_params(layer: dict) -> int:
-    if layer["kind"] == "conv":
+    if layer["kind"] in ("conv", "deconv"):
         return layer["cin"] * layer["cout"] * layer["kernel"] ** 3 + layer["cout"]
     if layer["kind"] == "dense":
         return layer["fin"] * layer["fout"] + layer["fout"]

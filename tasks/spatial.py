@@ -3,7 +3,8 @@
     python -m tasks.spatial --config configs/default.yaml          # local backend
     python -m hpcdl.runtime.compss command spatial --config FILE    # prints the runcompss command line
 
-Order: the float64 exactness check, the calibration microbenchmarks, then the scaling runs.
+Order: the float64 exactness check, then the scaling runs' repeats, each repeat preceded by one round of
+the calibration microbenchmarks (calibration.rounds; rounds beyond the repeats run at the end).
 Each task reserves the cores of the largest run (HPCDL_SPATIAL_UNITS) and the main program
 waits for each timed task before submitting the next, so no two timed runs overlap.
 Writes raw/{exactness,calibration,runs,iterations,ranks}.csv (+ provenance). Every result is kept in
@@ -35,8 +36,8 @@ def exactness(block, layout, slot):
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_SPATIAL_UNITS")
 @task(returns=1)
-def calibrate(block, resources_dir, slot):
-    return slot.run(runs.calibrate_point, block, resources_dir)
+def calibrate(block, resources_dir, round_index, slot):
+    return slot.run(runs.calibrate_point, block, resources_dir, round_index)
 
 
 @on_failure(management="IGNORE", returns=None)
@@ -72,16 +73,28 @@ def main(argv=None) -> None:
     worst = max((r["err_grad_params"] for r in ex_rows), default=None)
     _log(f"exactness: {len(ex_rows)} rank rows, worst parameter-gradient error {worst}")
 
-    cal = study.one("calibration", res_dir, lambda rd, slot: calibrate(cal_block, rd, slot), compss_wait_on,
-                    failure_reason, inputs=lambda rd: {"block": cal_block, "resources_dir": rd})
-    if not cal.ok:
-        study.write_summary()
-        raise SystemExit(f"[spatial] calibration failed: {cal.error}")
-    write_table(pd.DataFrame(cal.result).assign(cores=available_cores()), out / "calibration.csv", cfg,
-                study.started)
+    cal_rows, done_rounds = [], set()
 
+    def calibration_round(r: int) -> None:
+        # round r runs just before repeat r of the scaling runs: calibration and measurement interleave
+        cal = study.one("calibration", r, lambda r, slot: calibrate(cal_block, res_dir, r, slot),
+                        compss_wait_on, failure_reason,
+                        inputs=lambda r: {"block": cal_block, "resources_dir": res_dir, "round": r})
+        done_rounds.add(r)
+        if cal.ok:
+            cal_rows.extend(cal.result)
+            _log(f"calibration round {r + 1}/{rounds} " + ("reused" if cal.reused else "done"))
+        elif not cal_rows and r == rounds - 1:
+            study.write_summary()
+            raise SystemExit(f"[spatial] calibration failed: {cal.error}")
+        else:
+            _log(f"calibration round {r + 1} FAILED: {cal.error.splitlines()[0] if cal.error else ''}")
+
+    rounds = block["calibration"]["rounds"]
     summaries, iters, ranks = [], [], []
     for i, p in enumerate(points):
+        if p["repeat"] < rounds and p["repeat"] not in done_rounds:
+            calibration_round(p["repeat"])
         # one at a time: a timing taken next to another run would measure the contention
         o = study.one("run", p, lambda p, slot: scaling_run(p, run_block, res_dir, slot), compss_wait_on,
                       failure_reason, inputs=lambda p: {"point": p, "block": run_block,
@@ -97,6 +110,14 @@ def main(argv=None) -> None:
         wall = o.result["summary"]["launch_wall_s"]
         how = f"reused from {study.root}" if o.reused else f"done in {wall:.1f} s"
         _log(f"run {i + 1}/{len(points)} {p['run']} {how}")
+    for r in range(rounds):
+        if r not in done_rounds:
+            calibration_round(r)
+    if not cal_rows:
+        study.write_summary()
+        raise SystemExit("[spatial] calibration failed in every round")
+    write_table(pd.DataFrame(cal_rows).assign(cores=available_cores()), out / "calibration.csv", cfg,
+                study.started)
     write_table(pd.DataFrame(summaries), out / "runs.csv", cfg, study.started)
     write_table(pd.DataFrame(iters), out / "iterations.csv", cfg, study.started)
     write_table(pd.DataFrame(ranks), out / "ranks.csv", cfg, study.started)

@@ -22,25 +22,49 @@ def test_spatial_app_end_to_end(tmp_path):
     app(["--config", str(path)])
     out = tmp_path / "results" / "spatial"
     runs = pd.read_csv(out / "raw" / "runs.csv")
-    assert list(runs["status"]) == ["ok"] * 4
-    assert set(runs["run"]) == {"strong-d1x1x1", "strong-d1x2x1", "hybrid-d2x1x1", "train-d1x1x1"}
+    assert list(runs["status"]) == ["ok"] * 5
+    assert set(runs["run"]) == {"strong-d1x1x1", "strong-d1x2x1", "hybrid-d2x1x1", "ceiling-d1x2x1",
+                                "train-d1x1x1"}
     iters = pd.read_csv(out / "raw" / "iterations.csv")
-    assert {"io_s", "compute_s", "halo_s", "allreduce_s", "total_s", "loss"} <= set(iters.columns)
+    assert {"io_s", "compute_s", "halo_s", "allreduce_s", "total_s", "loss", "cpu_s", "machine_busy_s",
+            "steal_s"} <= set(iters.columns)
+    # every iteration carries this rank's CPU seconds and the machine's busy seconds from /proc/stat
+    assert iters["cpu_s"].gt(0).all() and iters["machine_busy_s"].ge(0).all()
+    ceiling = iters[iters["run"] == "ceiling-d1x2x1"]
+    assert (ceiling[["halo_s", "gather_s", "allreduce_s"]] == 0).all(axis=None)  # no communication at all
+    cal = pd.read_csv(out / "raw" / "calibration.csv")
+    assert {"round", "other_cpu_s", "section_s"} <= set(cal.columns)
+    assert cal["other_cpu_s"].ge(0).all() and cal["section_s"].gt(0).all()
     assert (out / "raw" / "runs.provenance.json").exists()
     assert list((tmp_path / "resources" / "spatial").glob("grf-16x16x16-*/fields.npy"))
     for step in ("aggregate", "plot", "claims"):
         assert cli([step, "spatial", "--config", str(path)]) == 0
     table = pd.read_csv(out / "tables" / "runs.csv")
-    assert table["pred_time_per_iter_s"].gt(0).all() and table["time_per_iter_s"].gt(0).all()
-    for fig in ("strong_scaling", "weak_scaling", "oracle_parity", "extrapolation", "memory", "loss"):
+    trained = table[table["kind"] != "ceiling"]
+    assert trained["pred_time_per_iter_s"].gt(0).all() and table["time_per_iter_s"].gt(0).all()
+    assert {"phases", "phases_disturbed", "other_load_cores", "disturbed"} <= set(table.columns)
+    strong2 = table[table["run"] == "strong-d1x2x1"].iloc[0]
+    assert strong2["efficiency_vs_ceiling"] == pytest.approx(strong2["speedup"] / strong2["ceiling_speedup"])
+    papers = pd.read_csv(out / "tables" / "paper_predictions.csv")
+    assert [(r.network, r.gpus, r.spatial_split) for r in papers.itertuples()] == [
+        ("cosmoflow", 512, 8), ("cosmoflow", 1024, 16), ("cosmoflow", 2048, 32), ("unet3d", 256, 16),
+        ("unet3d", 512, 32)]
+    assert papers["time_per_iter_s"].gt(0).all()
+    assert (papers["depth"] * papers["height"] == papers["spatial_split"]).all()
+    for fig in ("strong_scaling", "weak_scaling", "efficiency", "oracle_parity", "extrapolation",
+                "paper_predictions", "memory", "loss"):
         assert (out / "figures" / f"{fig}.png").stat().st_size > 1000
     claims = {c["id"]: c for c in json.loads((out / "claims.json").read_text())["claims"]}
-    assert set(claims) == {"partitioned_exact", "strong_speedup_2", "oracle_error", "loss_falls",
+    assert set(claims) == {"partitioned_exact", "strong_efficiency_2", "oracle_error", "loss_falls",
                            "oracle_picks_spatial"}
+    eff = claims["strong_efficiency_2"]["measured"]
+    assert set(eff["speedup"]) == set(eff["ceiling_speedup"]) == {"strong-d1x2x1"}
+    assert "strong-d1x2x1" in eff["disturbed_phases_excluded"]
     assert claims["partitioned_exact"]["passed"]
     assert claims["partitioned_exact"]["measured"]["max_relative_error"]["1x2x1"] < 1e-10  # per layout
     oracle = claims["oracle_error"]["measured"]
     runs = pd.read_csv(out / "tables" / "runs.csv")
+    runs = runs[runs["kind"] != "ceiling"]  # not a training run: outside the oracle's claim
     within = runs["ranks"] <= oracle["cores"]
     assert oracle["mean_abs_error"] == pytest.approx(runs["oracle_error"].abs().mean())
     assert oracle["mean_abs_error_ranks_within_cores"] == pytest.approx(

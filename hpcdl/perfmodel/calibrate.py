@@ -49,7 +49,8 @@ def _compute_fits(rows: list[dict]) -> dict:
     return out
 
 
-def fit_machine(rows: list[dict], cores: int, threads_per_rank: int = 1) -> tuple[Machine, dict]:
+def fit_machine(rows: list[dict], cores: int, threads_per_rank: int = 1,
+                overlap: bool = False) -> tuple[Machine, dict]:
     """Machine for the laptop runs (every rank on this host: intra = inter) and the fitted constants."""
     by = {}
     for r in rows:
@@ -80,7 +81,7 @@ def fit_machine(rows: list[dict], cores: int, threads_per_rank: int = 1) -> tupl
                 io=(io_c / batch, io_k), alpha_intra=alpha, beta_intra=beta, alpha_inter=alpha,
                 beta_inter=beta, ranks_per_node=10 ** 6, cores=cores, threads_per_rank=threads_per_rank,
                 layers=solo["layers"], im2col=True, allreduce_ab=allreduce_ab, allgather_ab=allgather_ab,
-                exchange_ab=exchange_ab, busy=busy)
+                exchange_ab=exchange_ab, busy=busy, overlap=overlap)
     # The "fault" rows (map + first-touch + unmap of fresh pages) are fitted and reported, not
     # charged: ranks run with hpcdl.runtime.launch.RANK_MALLOC_ENV, so after the first step they
     # reuse their heap and take no fresh pages. They price what glibc's defaults would cost a step

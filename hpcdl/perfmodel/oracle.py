@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from hpcdl.layers import flops, layer_key, n_params, numel
 
 BYTES = 4  # fp32 activations and gradients
+_FIT_KIND = {"deconv": "conv"}  # a transposed conv runs at the rate of a conv (same GEMMs, transposed)
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,13 @@ class Machine:
     # fresh_bytes(); zero on GPUs (a caching allocator reuses device memory) and, for now, in the
     # laptop fit too (see hpcdl.perfmodel.calibrate.fit_machine)
     fault: tuple[float, float] = (0.0, 0.0)
+    # communication hidden as production codes do (hpcdl.spatial.overlap / buckets): a halo
+    # exchange overlaps its layer's interior compute, the gradient all-reduce the backward
+    overlap: bool = False
+    # fat-tree: groups spanning more than `rack_nodes` nodes cross the rack uplinks, which carry
+    # 1/`rack_oversubscription` of the nodes' injection bandwidth
+    rack_nodes: int = 0
+    rack_oversubscription: float = 1.0
 
     def fault_time(self, nbytes: float, busy: bool = False) -> float:
         c0, k = (self.busy.get("fault") if busy and self.busy else None) or self.fault
@@ -131,9 +139,11 @@ class Machine:
 
     def layer_time(self, layer: dict, units: float, busy: bool = False) -> float:
         if busy and self.busy:
-            c0, k = self.busy["layers"].get(layer_key(layer)) or self.busy[layer["kind"]]
+            c0, k = (self.busy["layers"].get(layer_key(layer))
+                     or self.busy[_FIT_KIND.get(layer["kind"], layer["kind"])])
         else:
-            c0, k = self.layers.get(layer_key(layer)) or getattr(self, layer["kind"])
+            kind = _FIT_KIND.get(layer["kind"], layer["kind"])
+            c0, k = self.layers.get(layer_key(layer)) or getattr(self, kind)
         return c0 + units * k
 
     def optimizer_time(self, n_params: float, busy: bool = False) -> float:
@@ -145,7 +155,9 @@ class Machine:
         """A GPU machine from paper-style numbers (peak TFLOP/s x efficiency, link GB/s)."""
         rate = m["peak_tflops"] * 1e12 * m.get("efficiency", 0.5)
         k = 3.0 / rate  # backward ~ 2x forward
-        return cls(conv=(m.get("kernel_overhead_s", 2e-5), k), pool=(m.get("kernel_overhead_s", 2e-5),
+        return cls(overlap=bool(m.get("overlap", False)), rack_nodes=int(m.get("rack_nodes", 0)),
+                   rack_oversubscription=float(m.get("rack_oversubscription", 1.0)),
+                   conv=(m.get("kernel_overhead_s", 2e-5), k), pool=(m.get("kernel_overhead_s", 2e-5),
                                                                      3 * BYTES / (m["memory_gbs"] * 1e9)),
                    dense=(m.get("kernel_overhead_s", 2e-5), k),
                    optimizer=(m.get("kernel_overhead_s", 2e-5), 16 * BYTES / (m["memory_gbs"] * 1e9)),
@@ -159,7 +171,9 @@ class Machine:
         if group <= 1 or group * stride <= self.ranks_per_node:
             return self.alpha_intra, self.beta_intra
         sharing = max(1, self.ranks_per_node // max(stride, 1)) if stride < self.ranks_per_node else 1
-        return self.alpha_inter, self.beta_inter * sharing
+        nodes = group * stride / self.ranks_per_node
+        taper = self.rack_oversubscription if self.rack_nodes and nodes > self.rack_nodes else 1.0
+        return self.alpha_inter, self.beta_inter * sharing * taper
 
 
 def fresh_bytes(spec: list[dict], batch: int, frac: float = 1.0, f: int = 1, c: int = 1) -> float:
@@ -204,6 +218,8 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
     t = dict.fromkeys(("compute", "halo", "gather", "allreduce", "io", "optimizer", "model_comm"), 0.0)
     act_elems = max_layer = workspace = 0.0
     conv_params = total_params = 0
+    hidden_halo = 0.0  # halo time the interior compute hides (overlap, depth-only partitions)
+    first_conv_params = None
     for L in spec:
         kind = L["kind"]
         if kind in ("conv", "pool"):
@@ -213,27 +229,50 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
             fl = flops(L) * b * frac
             if kind == "conv":
                 fl /= f * c
-                t["compute"] += machine.layer_time(L, fl, busy)
+                t_layer = machine.layer_time(L, fl, busy)
                 conv_params += n_params(L)
+                first_conv_params = n_params(L) if first_conv_params is None else first_conv_params
                 act_elems += 2 * numel(L["out"]) * frac / f  # pre- and post-activation kept for backward
                 max_layer = max(max_layer, numel(L["out"]) * frac / f)
                 # im2col (vol2col) columns of the local conv: in-channels x k^3 per output voxel
                 cols = L["cin"] / c * L["kernel"] ** 3 * numel(L["out"][1:]) * frac
                 workspace = max(workspace, cols) if machine.im2col else 0.0
             else:
-                t["compute"] += machine.layer_time(L, fl, busy)
+                t_layer = machine.layer_time(L, fl, busy)
                 act_elems += numel(L["out"]) * frac
+            t["compute"] += t_layer
             halo = (L["kernel"] - 1) // 2 if kind == "conv" else max(L["kernel"] - L["stride"], 0)
             # a middle rank trades `halo` planes with each neighbour, forward and again backward
+            t_halo = t_latency = 0.0
             for parts, plane in ((pd, ci * _local(hi, ph) * wi), (ph, ci * _local(di, pd) * wi)):
                 if parts > 1 and halo > 0:
-                    t["halo"] += 2 * t_exchange(halo * plane * b * BYTES, parts, a_s, b_s, machine)
+                    t_halo += 2 * t_exchange(halo * plane * b * BYTES, parts, a_s, b_s, machine)
+                    t_latency += 2 * t_exchange(1e-9, parts, a_s, b_s, machine)
+            t["halo"] += t_halo
+            if machine.overlap and kind == "conv" and ph == 1 and t_halo > 0:
+                # the transfer runs while the output planes that read no halo plane compute; the
+                # per-exchange latency (wake-up, the neighbour's skew) is not hidden by it
+                local_out = _local(d, pd)
+                interior = max(0.0, 1.0 - 2.0 * halo / local_out) if local_out else 0.0
+                hidden_halo += min(t_halo - t_latency, t_layer * interior)
             if kind == "conv" and (f > 1 or c > 1):
                 out_bytes = numel(L["out"]) * frac * b * BYTES
                 in_bytes = numel(L["in"]) * frac * b * BYTES
                 t["model_comm"] += (t_allgather(out_bytes, f, a_m, b_m) + t_allreduce(in_bytes, f, a_m, b_m)
                                     + t_allreduce(out_bytes, c, a_m, b_m)
                                     + t_allgather(in_bytes, c, a_m, b_m))
+        elif kind == "deconv":
+            # transposed conv (kernel = stride: no halo); the upsampled output is split like its input
+            _, d, h, w = L["out"]
+            frac = _local(d, pd) / d * _local(h, ph) / h
+            t["compute"] += machine.layer_time(L, flops(L) * b * frac / (f * c), busy)
+            conv_params += n_params(L)
+            act_elems += numel(L["out"]) * frac / f
+            max_layer = max(max_layer, numel(L["out"]) * frac / f)
+        elif kind == "concat":
+            # skip connection: the decoder's input = upsampled map + the encoder's map (stored, no compute)
+            _, d, h, w = L["out"]
+            act_elems += numel(L["out"]) * _local(d, pd) / d * _local(h, ph) / h
         elif kind == "gather":
             ag = machine.allgather_ab or (a_s, b_s)
             t["gather"] += t_allgather(numel(L["in"]) * b * BYTES, s, *ag)
@@ -242,6 +281,7 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
             t["compute"] += machine.layer_time(L, flops(L) * b, busy)
             act_elems += L["fout"] * 2
         total_params += n_params(L)
+    t["halo"] -= hidden_halo
     c_in = spec[0]["in"]
     in_elems = numel(c_in) / (pd * ph) if pd * ph > 1 else numel(c_in)
     in_bytes = in_elems * b * BYTES
@@ -250,6 +290,13 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
     ar_d = machine.allreduce_ab or (a_d, b_d)
     t["allreduce"] = (t_allreduce(conv_params * BYTES / (f * c), s, *ar_s)
                       + t_allreduce(total_params * BYTES / (f * c), strat.data, *ar_d))
+    if machine.overlap and t["allreduce"] > 0:
+        # buckets reduce during the backward (about 2/3 of the compute); the first layer's bucket is
+        # ready only at the end of the backward, so at least its all-reduce stays exposed
+        p_s, p_d = (s, strat.data)
+        last = (t_allreduce((first_conv_params or 0) * BYTES / (f * c), p_s, *ar_s)
+                + t_allreduce((first_conv_params or 0) * BYTES / (f * c), p_d, *ar_d))
+        t["allreduce"] = max(last, t["allreduce"] - 2.0 / 3.0 * t["compute"])
     t["optimizer"] = machine.optimizer_time(total_params / (f * c), busy)
     frac_s = _local(spec[0]["in"][1], pd) / spec[0]["in"][1] * _local(spec[0]["in"][2], ph) / spec[0]["in"][2]
     t["compute"] += machine.fault_time(fresh_bytes(spec, b, frac_s, f, c), busy)

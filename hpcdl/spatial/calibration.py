@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from hpcdl.layers import flops, layer_key, numel
 from hpcdl.perfmodel.oracle import fresh_bytes
 from hpcdl.spatial.data import SlabReader
+from hpcdl.spatial.load import PhaseLoad, other_load_cores
 from hpcdl.spatial.model import LEAK, partitioned_conv3d, single_layout, window
 from hpcdl.spatial.partition import plan_axis
 
@@ -154,7 +155,8 @@ def _layer_fn(L: dict, batch: int, frac_d: float, input_grad: bool = True):
     """The forward of layer L on a slab with frac_d of its depth, run as the model runs it.
 
     Conv: the halo window (the slab plus its halo planes, built by concatenation; its backward
-    scatters the gradient back), conv3d with bias and LeakyReLU; pool: window and max-pool;
+    scatters the gradient back), conv3d with bias and LeakyReLU; pool: window and max-pool; on the
+    whole volume (fraction 1: one rank, or data parallel) the plain padded conv / pool, as those run;
     dense: linear with bias (+ LeakyReLU). On one rank the halo planes are the zero padding of
     the slab's edges, the same planes a middle rank receives, so the copies are the same.
     `input_grad` is False for the network's first layer: training needs no gradient of the data.
@@ -181,8 +183,15 @@ def _layer_fn(L: dict, batch: int, frac_d: float, input_grad: bool = True):
         wt = torch.randn(L["cout"], c, k, k, k, requires_grad=True)
         bias = torch.randn(L["cout"], requires_grad=True)
 
+        if d_loc == d:  # the whole volume: a run with no spatial split runs the plain conv (no window)
+            def fwd():
+                return F.leaky_relu(F.conv3d(x, wt, bias, stride=s, padding=L["pad"]), LEAK)
+        else:
+            def fwd():
+                return F.leaky_relu(partitioned_conv3d(x, wt, bias, s, L["pad"], plans, layout, tag=0), LEAK)
+    elif d_loc == d:
         def fwd():
-            return F.leaky_relu(partitioned_conv3d(x, wt, bias, s, L["pad"], plans, layout, tag=0), LEAK)
+            return F.max_pool3d(x, k, s)
     else:
         def fwd():
             return F.max_pool3d(window(x, plans, layout, 0), k, s)
@@ -319,22 +328,44 @@ def io_timings(data_dir: str, batch: int, fractions: list[float], repeats: int) 
     return rows
 
 
+def _section(fn, world: int) -> tuple[list[dict], dict]:
+    """Run one calibration section on every rank; returns rank 0's rows and {"other_cpu_s",
+    "section_s"}: the CPU seconds other processes took meanwhile (machine busy + steal - every
+    rank's own CPU, hpcdl.spatial.load) and the section's wall seconds."""
+    if world > 1:
+        dist.barrier()
+    probe = PhaseLoad()
+    probe.start()
+    rows = fn()
+    if world > 1:
+        dist.barrier()
+    got = probe.stop()
+    own = torch.tensor([got["own_cpu_s"]], dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(own)
+    other = other_load_cores(got["machine_busy_s"], got["steal_s"], float(own), got["wall_s"]) * got["wall_s"]
+    return rows, {"other_cpu_s": other, "section_s": got["wall_s"]}
+
+
 def calibrate_rank(specs: list[tuple[list[dict], int]], data_dir: str, sizes_bytes: list[int],
                    fractions: list[float], repeats: int, comm_gap_s: float = 0.0) -> list[dict]:
     """Every rank joins the ping-pong and collectives; rank 0 alone times compute and I/O while the
     others wait (`concurrent` 1), then every rank times the same compute at once (`concurrent` =
-    ranks: the contended rate of runs that keep several cores busy)."""
+    ranks: the contended rate of runs that keep several cores busy). Each row carries its section's
+    `other_cpu_s` (CPU seconds taken from outside the run) and `section_s` (wall seconds)."""
     torch.set_default_dtype(torch.float32)
-    world = dist.get_world_size()
-    rows = (pingpong(sizes_bytes, repeats) + collectives(sizes_bytes, repeats, comm_gap_s)
-            if world > 1 else [])
-    if dist.get_rank() == 0:
-        rows += compute_timings(specs, fractions, repeats)
-        rows += io_timings(data_dir, max(b for _, b in specs), fractions, repeats)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    sections = []
     if world > 1:
-        dist.barrier()
-        busy = compute_timings(specs, fractions, repeats, together=True)
-        if dist.get_rank() == 0:
-            rows += busy
-        dist.barrier()
-    return rows
+        sections.append(lambda: (pingpong(sizes_bytes, repeats)
+                                 + collectives(sizes_bytes, repeats, comm_gap_s)))
+    sections.append(lambda: (compute_timings(specs, fractions, repeats)
+                             + io_timings(data_dir, max(b for _, b in specs), fractions, repeats))
+                    if rank == 0 else [])
+    if world > 1:
+        sections.append(lambda: compute_timings(specs, fractions, repeats, together=True))
+    rows = []
+    for fn in sections:
+        got, load = _section(fn, world)
+        rows += [{**r, **load} for r in got]
+    return rows if rank == 0 else []

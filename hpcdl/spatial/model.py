@@ -18,6 +18,7 @@ from torch import nn
 
 from hpcdl.layers import conv_out
 from hpcdl.spatial.halo import TIMERS, Line, halo_exchange
+from hpcdl.spatial.overlap import overlapped_conv3d
 from hpcdl.spatial.partition import AxisPlan, plan_axis, split_sizes
 
 LEAK = 0.2
@@ -94,11 +95,20 @@ def window(x: torch.Tensor, plans, layout: Layout, tag: int) -> torch.Tensor:
     return x
 
 
-def partitioned_conv3d(x, weight, bias, stride: int, pad: int, plans, layout: Layout, tag: int):
-    """Conv3d on a slab: halo window, then a local conv with padding only on unpartitioned axes."""
-    x = window(x, plans, layout, tag)
-    pad_h = 0 if plans[1] is not None else pad
-    return F.conv3d(x, weight, bias, stride=stride, padding=(0, pad_h, pad))
+def partitioned_conv3d(x, weight, bias, stride: int, pad: int, plans, layout: Layout, tag: int,
+                       overlap: bool = False):
+    """Conv3d on a slab: halo window, then a local conv with padding only on unpartitioned axes.
+
+    `overlap` (depth-only partitions): the exchange is hidden behind the interior's compute
+    (hpcdl.spatial.overlap); with height partitioned too the exchange blocks.
+    """
+    def blocking():
+        w = window(x, plans, layout, tag)
+        pad_h = 0 if plans[1] is not None else pad
+        return F.conv3d(w, weight, bias, stride=stride, padding=(0, pad_h, pad))
+    if overlap and plans[1] is None and len(layout.depth_line.ranks) > 1:
+        return overlapped_conv3d(x, weight, bias, stride, pad, plans[0], layout.depth_line, tag, blocking)
+    return blocking()
 
 
 class SpatialConv3d(nn.Module):
@@ -109,8 +119,9 @@ class SpatialConv3d(nn.Module):
     """
 
     def __init__(self, conv: nn.Conv3d, layout: Layout, in_sizes: tuple[tuple[int, ...], tuple[int, ...]],
-                 tag: int = 0):
+                 tag: int = 0, overlap: bool = True):
         super().__init__()
+        self.overlap = overlap
         k, s, p = conv.kernel_size[0], conv.stride[0], conv.padding[0]
         if len({*conv.kernel_size}) != 1 or len({*conv.stride}) != 1 or len({*conv.padding}) != 1:
             raise ValueError("SpatialConv3d supports cubic kernel, stride and padding only")
@@ -124,7 +135,7 @@ class SpatialConv3d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return partitioned_conv3d(x, self.conv.weight, self.conv.bias, self.s, self.p, self.plans,
-                                  self.layout, self.tag)
+                                  self.layout, self.tag, self.overlap)
 
 
 class _Gather(torch.autograd.Function):
@@ -165,9 +176,9 @@ class _Gather(torch.autograd.Function):
 class SpatialCosmoFlow(nn.Module):
     """Runs `net` on this rank's slab; plans every layer's exchange once from the global shape."""
 
-    def __init__(self, net: CosmoFlow, layout: Layout, allow_uneven: bool = True):
+    def __init__(self, net: CosmoFlow, layout: Layout, allow_uneven: bool = True, overlap: bool = True):
         super().__init__()
-        self.net, self.layout = net, layout
+        self.net, self.layout, self.overlap = net, layout, overlap
         first = net.spec[0]["in"]
         pd, ph = layout.grid
         d_sizes = split_sizes(first[1], pd, "depth", allow_uneven)
@@ -193,12 +204,14 @@ class SpatialCosmoFlow(nn.Module):
         return slice(d0, d0 + ds[cd]), slice(h0, h0 + hs[ch])
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
+        if self.layout.size == 1:  # one rank: the plain network (no window copies), the fair baseline
+            return self.net.features(x)
         convs = iter(self.net.convs)
         for i, (s, plans) in enumerate(zip(self.net.spec, self.plans, strict=False)):
             if s["kind"] == "conv":
                 conv = next(convs)
                 x = partitioned_conv3d(x, conv.weight, conv.bias, s["stride"], s["pad"], plans,
-                                       self.layout, tag=8 * i)
+                                       self.layout, tag=8 * i, overlap=self.overlap)
                 x = F.leaky_relu(x, LEAK)
             elif s["kind"] == "pool":
                 x = F.max_pool3d(window(x, plans, self.layout, 8 * i), s["kernel"], s["stride"])

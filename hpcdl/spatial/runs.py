@@ -18,7 +18,7 @@ TRAIN = "hpcdl.spatial.train:train_run"
 
 
 def run_shape(kind: str, grid: int, layout: list[int]) -> tuple[int, int, int]:
-    """Global grid of a run: fixed for strong/hybrid/train; weak grows depth/height with their ranks."""
+    """Global grid of a run: fixed for strong/ceiling/hybrid/train; weak grows depth/height with its ranks."""
     _, pd, ph = layout
     if kind == "weak":
         return (grid * pd, grid * ph, grid)
@@ -39,6 +39,11 @@ def expand(block: dict) -> list[dict]:
                            "ranks": d * pd * ph, "shape": list(run_shape(kind, block[kind]["grid"], layout)),
                            "batch_size": block["batch_size"] * (d if kind == "weak" else 1),
                            "iterations": block["iterations"]})
+    if block.get("ceiling", True):
+        # the machine's own ceiling for each multi-rank strong layout: the same per-rank compute as
+        # independent processes, all at once, with no communication (train_run(communicate=False))
+        for p in [p for p in points if p["kind"] == "strong" and p["ranks"] > 1 and p["layout"][0] == 1]:
+            points.append({**p, "run": p["run"].replace("strong", "ceiling"), "kind": "ceiling"})
     points = [{**p, "repeat": r} for r in range(block["repeats"]) for p in points]
     t = block["train"]
     d, pd, ph = t["layout"]
@@ -54,7 +59,8 @@ def expand(block: dict) -> list[dict]:
 # that starts reading another key fails with a KeyError instead of reusing a stale result.
 def run_block(block: dict) -> dict:
     return {k: block[k] for k in ("seed", "dtype", "n_samples", "grf", "model", "lr", "allow_uneven",
-                                  "threads_per_rank", "run_timeout_s", "halo_timeout_s")}
+                                  "threads_per_rank", "run_timeout_s", "halo_timeout_s", "overlap",
+                                  "bucket_kb")}
 
 
 def calibration_block(block: dict) -> dict:
@@ -87,7 +93,9 @@ def run_point(point: dict, block: dict, resources_dir: str) -> dict:
     results = run_ranks(TRAIN, point["ranks"], {
         "data_dir": str(data_dir), "n_data": d, "grid": (pd, ph), "model": block["model"],
         "batch_size": point["batch_size"], "iterations": point["iterations"], "lr": block["lr"],
-        "seed": block["seed"], "dtype": block["dtype"], "allow_uneven": block["allow_uneven"]},
+        "seed": block["seed"], "dtype": block["dtype"], "allow_uneven": block["allow_uneven"],
+        "overlap": block["overlap"], "bucket_kb": block["bucket_kb"],
+        "communicate": point["kind"] != "ceiling"},
         timeout_s=block["run_timeout_s"], threads_per_rank=block["threads_per_rank"])
     wall = time.time() - t0
     iters, ranks = [], []
@@ -112,14 +120,16 @@ def calibration_specs(block: dict) -> list[tuple[list[dict], int]]:
              block["batch_size"]) for k in ("strong", "weak")]
 
 
-def calibrate_point(block: dict, resources_dir: str) -> list[dict]:
-    """Microbenchmarks on 2 ranks (ping-pong) + rank-0 compute/IO timings, same machine, same study."""
+def calibrate_point(block: dict, resources_dir: str, round_index: int = 0) -> list[dict]:
+    """Microbenchmarks on 2 ranks (ping-pong) + rank-0 compute/IO timings, same machine, same study;
+    one round (rows tagged with it), each section with the machine's other load during it."""
     c = block["calibration"]
     data_dir = dataset_for(block, resources_dir, run_shape("strong", block["strong"]["grid"], [1, 1, 1]))
-    return run_ranks("hpcdl.spatial.calibration:calibrate_rank", 2, {
+    rows = run_ranks("hpcdl.spatial.calibration:calibrate_rank", 2, {
         "specs": calibration_specs(block), "data_dir": str(data_dir), "sizes_bytes": c["pingpong_bytes"],
         "fractions": c["fractions"], "repeats": c["repeats"], "comm_gap_s": c["comm_gap_ms"] / 1e3},
         timeout_s=block["run_timeout_s"], threads_per_rank=block["threads_per_rank"])[0]
+    return [{**r, "round": round_index} for r in rows]
 
 
 def exactness_point(block: dict, layout: list[int]) -> list[dict]:
