@@ -5,9 +5,13 @@
     equal         malleable: every running job gets the same share of the cores
     proportional  malleable: shares proportional to each job's remaining iterations
 
-Malleable shares are whole cores while there are no more jobs than cores (largest-remainder
-apportionment, at least one core each) and fractions of the cores, enforced by the quota alone,
-when jobs outnumber cores. A share's thread count is its nearest whole number of cores, >= 1.
+Malleable policies never time-slice a core between jobs: at most one running job per core, each
+with at least one whole core, the spare cores apportioned by largest remainder. An arrival that
+finds every core busy takes a core from a job holding more than one (the shrink that malleability
+makes possible); when every running job is down to one core it waits, first come, first served.
+Time-slicing more jobs than cores (shares below one core) would stretch every job and, for jobs
+of equal work, raise the mean turnaround above first-come-first-served: the fault of processor
+sharing, not a benefit of malleability. A share's thread count is its whole number of cores.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ import math
 from dataclasses import dataclass
 
 POLICIES = ("rigid", "equal", "proportional")
-MIN_FRACTION = 0.05  # of a core: a fractional share never starves a job completely
 
 
 @dataclass(frozen=True)
@@ -40,27 +43,6 @@ def _apportion_whole(weights: dict[str, float], cores: int) -> dict[str, float]:
     return {n: float(v) for n, v in got.items()}
 
 
-def _fractional(weights: dict[str, float], cores: int) -> dict[str, float]:
-    """Shares of a core each (jobs outnumber cores): proportional, capped at one core (one thread
-    cannot use more; the excess is handed on to the uncapped jobs), never below MIN_FRACTION."""
-    shares: dict[str, float] = {}
-    free, left = float(cores), dict(weights)
-    while left:
-        total = sum(left.values()) or 1.0
-        trial = {n: free * w / total for n, w in left.items()}
-        capped = {n for n, v in trial.items() if v >= 1.0}
-        if not capped:
-            shares.update(trial)
-            break
-        for n in capped:
-            shares[n] = 1.0
-            free -= 1.0
-            del left[n]
-    floor = {n: max(MIN_FRACTION, v) for n, v in shares.items()}
-    scale = cores / sum(floor.values())
-    return {n: v * scale for n, v in floor.items()}
-
-
 def decide(policy: str, cores: int, running: list[JobView], waiting: list[JobView]) -> tuple[list[str], dict]:
     """(jobs to admit now, {job: cores} for every job that runs after this event)."""
     if policy not in POLICIES:
@@ -76,13 +58,12 @@ def decide(policy: str, cores: int, running: list[JobView], waiting: list[JobVie
             free -= int(shares[j.name])
             admit.append(j.name)
         return admit, shares
-    jobs = [*running, *waiting]
-    admit = [j.name for j in waiting]
+    admit = [j.name for j in waiting[: max(0, cores - len(running))]]  # first come, first served
+    jobs = [*running, *(j for j in waiting if j.name in admit)]
     if not jobs:
         return admit, {}
     weights = {j.name: (1.0 if policy == "equal" else max(j.remaining, 1)) for j in jobs}
-    shares = _apportion_whole(weights, cores) if len(jobs) <= cores else _fractional(weights, cores)
-    return admit, shares
+    return admit, _apportion_whole(weights, cores)
 
 
 def threads_for_share(share: float, max_threads: int) -> int:

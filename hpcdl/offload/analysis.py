@@ -240,8 +240,8 @@ def _plot_timeline(plt, tl: pd.DataFrame, tr: pd.DataFrame, path: Path) -> None:
                 )
         r = tr[(tr["strategy"] == pick[0]) & (tr["depth"] == pick[1])].iloc[0]
         ax.set_title(
-            f"One step of '{pick[0]}' at {pick[1]} layers: {r['hidden_frac']:.0%} of transfer time hidden "
-            f"({_tier_label(tr)})",
+            f"One step of '{pick[0]}' at {pick[1]} layers; {r['hidden_frac']:.0%} of transfer time hidden "
+            f"over all measured steps ({_tier_label(tr)})",
             fontsize=9,
         )
     ax.set_yticks(range(len(lanes)), [lbl for _, lbl in lanes], fontsize=8)

@@ -8,7 +8,8 @@
                   activation offload, with torch.optim.Adam
 
 Per step the timeline (timeline.py) holds the forward / backward / optimizer phases, every
-transfer and every wait; the record gives their medians over the measured steps.
+transfer and every wait; the record gives the median step's phases, and the hidden fraction
+pooled over every measured step.
 """
 
 from __future__ import annotations
@@ -245,9 +246,19 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
         "peak_rss_bytes": rss.peak,
         "peak_extra_rss_bytes": rss.peak - rss0,
         **{k: v for k, v in med.items() if k != "step"},
+        "hidden_frac": _pooled_hidden_fraction([r for r, _ in per_step]),
         "weights_sha256": digest,
     }
     return (out, tl_rows, weights) if keep_weights else (out, tl_rows)
+
+
+def _pooled_hidden_fraction(records: list[dict]) -> float:
+    """1 - exposed / transfer time summed over every measured step: one step holds a few dozen
+    transfers, so its own fraction swings with one late copy; the pooled one is what a run hides."""
+    total = sum(r["transfer_s"] for r in records)
+    if not records or total <= 0:
+        return float("nan")
+    return min(1.0, max(0.0, 1.0 - sum(r["exposed_transfer_s"] for r in records) / total))
 
 
 def _one_step(model, opt, saved, tl: Timeline, x, y, strategy, cuda):
