@@ -228,6 +228,9 @@ class MalleableJob:
             pid=os.getpid(),
         )
         for it in range(spec["iterations"]):
+            # the iteration starts at its boundary: a request arriving after the quota and the
+            # requests were read here is for the next boundary, not a lag of this one
+            boundary_at = time.time()
             quota = self._quota()
             self._boundary(it, quota)
             if it == spec.get("crash_at"):
@@ -235,7 +238,7 @@ class MalleableJob:
             with self._progress:
                 self.started_iteration = it
                 self._progress.notify_all()
-            start, c0, t0 = time.time(), time.process_time(), time.perf_counter()
+            start, c0, t0 = boundary_at, time.process_time(), time.perf_counter()
             x, y = xs[it % len(xs)], ys[it % len(ys)]
             opt.zero_grad(set_to_none=True)
             loss = torch.nn.functional.cross_entropy(model(x), y)
