@@ -174,13 +174,3 @@ def prune(root: Path, keep: int) -> None:
     """Keep only the newest `keep` committed checkpoints."""
     for p in committed(root)[:-keep] if keep > 0 else []:
         shutil.rmtree(p, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

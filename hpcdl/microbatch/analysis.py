@@ -364,6 +364,20 @@ def _missing_networks(block: dict, have: set[str], fails: pd.DataFrame) -> dict[
     return out
 
 
+def _per_plan(ilp, block: dict, missing_nets: dict, column: str) -> tuple[dict, dict]:
+    """One value of `column` per configured network/policy ILP plan, and why each absent one is."""
+    values, missing = {}, {}
+    for net in block["networks"]:
+        for pol in block["policies"]:
+            key = f"{net}/{pol}"
+            d = ilp[(ilp["network"] == net) & (ilp["policy"] == pol)] if not ilp.empty else ilp
+            if d.empty:
+                missing[key] = missing_nets.get(net, f"{key} has no executed plan")
+                continue
+            values[key] = round(float(d[column].iloc[0]), 4)
+    return values, missing
+
+
 def claims(cfg: dict, study_dir: Path) -> list[dict]:
     block = cfg["microbatch"]
     tables = Path(study_dir) / "tables"
@@ -374,16 +388,8 @@ def claims(cfg: dict, study_dir: Path) -> list[dict]:
     have = set(ilp["network"]) if not ilp.empty else set()
     missing_nets = _missing_networks(block, have, fails)
 
-    holds, missing, speed = {}, {}, {}
-    for net in block["networks"]:
-        for pol in block["policies"]:
-            key = f"{net}/{pol}"
-            d = ilp[(ilp["network"] == net) & (ilp["policy"] == pol)] if not ilp.empty else ilp
-            if d.empty:
-                missing[key] = missing_nets.get(net, f"{key} has no executed plan")
-                continue
-            speed[key] = round(float(d["measured_speedup"].iloc[0]), 4)
-            holds[key] = speed[key] >= block["min_speedup"]
+    speed, missing = _per_plan(ilp, block, missing_nets, "measured_speedup")
+    holds = {k: v >= block["min_speedup"] for k, v in speed.items()}
     c1 = every(
         "plan_not_slower",
         f"the executed ILP plan (budget = the default's workspace) runs at >= {block['min_speedup']}x the "
@@ -395,16 +401,8 @@ def claims(cfg: dict, study_dir: Path) -> list[dict]:
         seed_reference=SEED_NOTE,
     )
 
-    holds, missing, errs = {}, {}, {}
-    for net in block["networks"]:
-        for pol in block["policies"]:
-            key = f"{net}/{pol}"
-            d = ilp[(ilp["network"] == net) & (ilp["policy"] == pol)] if not ilp.empty else ilp
-            if d.empty:
-                missing[key] = missing_nets.get(net, f"{key} has no executed plan")
-                continue
-            errs[key] = round(float(d["prediction_error_frac"].iloc[0]), 4)
-            holds[key] = abs(errs[key]) <= block["prediction_tolerance"]
+    errs, missing = _per_plan(ilp, block, missing_nets, "prediction_error_frac")
+    holds = {k: abs(v) <= block["prediction_tolerance"] for k, v in errs.items()}
     c2 = every(
         "prediction_within_tolerance",
         f"the DP/ILP's predicted network conv time is within {block['prediction_tolerance']:.0%} of the "

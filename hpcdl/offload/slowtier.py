@@ -30,22 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcdl.procs import pid_alive
+
 IO_MODES = ("page_cache", "dontneed")
 RUN_PREFIX = "run-"
 
 
 class SlowTierError(OSError):
     """The slow-tier directory cannot be used: missing, not writable or full (the message names the path)."""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_stale_runs(root: Path) -> list[Path]:
@@ -57,7 +49,7 @@ def remove_stale_runs(root: Path) -> list[Path]:
             owner_host, pid = (d / "owner").read_text().split()
         except (OSError, ValueError):
             owner_host, pid = host, "-1"  # no readable owner: a run killed while creating its directory
-        if owner_host == host and not _alive(int(pid)):
+        if owner_host == host and not pid_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
     return removed
