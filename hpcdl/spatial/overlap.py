@@ -77,7 +77,7 @@ class _Post(torch.autograd.Function):
             st.post_backward({}, grad)
         wait(st.bwd)  # the gradients of the planes this rank sent, posted by _Wait.backward
         if st.back:
-            grad = grad.clone()
+            # in place: this gradient is the conv's fresh input gradient alone (_Wait gives x none)
             n = grad.shape[st.dim]
             if "l" in st.back:
                 grad.narrow(st.dim, 0, st.ex["send_l"]).add_(st.back["l"])
@@ -122,12 +122,70 @@ def interior_split(ex: dict, n_keep: int, kernel: int, stride: int) -> tuple[int
     return a, j_lo, j_hi, n_out
 
 
+def _corrects(ex: dict, n: int, kernel: int, stride: int, pad: int) -> bool:
+    """A stride-1 'same' conv whose window is [pad halo/zero planes | the whole slab | pad planes]."""
+    return (stride == 1 and 2 * pad == kernel - 1 and ex["keep"] == (0, n)
+            and ex["zeros_l"] + ex["recv_l"] == pad and ex["zeros_r"] + ex["recv_r"] == pad)
+
+
+def _edge_conv(halo: torch.Tensor, taps: torch.Tensor, depth_pad: tuple[int, int], pad: int) -> torch.Tensor:
+    """The halo planes' share of the `pad` edge output planes: a conv of the halo, zero-padded in
+    depth to 2 * pad - 1 planes, with the kernel taps that reach it."""
+    return F.conv3d(F.pad(halo, (0, 0, 0, 0, *depth_pad)), taps, None, padding=(0, pad, pad))
+
+
+def corrected_conv3d(x: torch.Tensor, weight, bias, pad: int, plan: AxisPlan, line: Line,
+                     tag: int) -> torch.Tensor:
+    """Stride-1 'same' conv3d of a depth slab, its halo exchange hidden behind the whole slab's conv.
+
+    The conv is linear in its input, so conv(window) = conv(slab zero-padded, as on one rank or in
+    the ceiling run) + conv(halo planes alone). The first term is one full-size call, made while
+    the halo travels; the second touches only the `pad` edge planes of the output and costs a thin
+    conv per side. No interior/boundary split, no concatenation of partial outputs."""
+    dim = 2
+    ex = plan.exchange(line.index)
+    st = _Halo(plan, line, dim, tag)
+    xp = _Post.apply(x, st)
+    out = F.conv3d(xp, weight, bias, padding=pad)
+    halo_l, halo_r = _Wait.apply(xp, st)
+    # output plane j < pad reads left halo planes j..pad-1 through kernel taps 0..pad-1; output
+    # plane n-pad+j reads right halo planes 0..j through taps 2*pad-j..2*pad
+    left = _edge_conv(halo_l, weight.narrow(dim, 0, pad), (0, pad - 1), pad) if ex["recv_l"] else None
+    right = _edge_conv(halo_r, weight.narrow(dim, pad + 1, pad), (pad - 1, 0), pad) if ex["recv_r"] else None
+    return _AddEdges.apply(out, left, right)
+
+
+class _AddEdges(torch.autograd.Function):
+    """out's first/last planes += left/right, in place; the backward hands the gradient on uncopied
+    (autograd's own in-place add would clone the whole output's gradient) and runs before the
+    conv's, so the halo gradients leave early."""
+
+    @staticmethod
+    def forward(ctx, out, left, right):
+        ctx.mark_dirty(out)
+        ctx.sizes = (0 if left is None else left.shape[2], 0 if right is None else right.shape[2])
+        if left is not None:
+            out.narrow(2, 0, left.shape[2]).add_(left)
+        if right is not None:
+            out.narrow(2, out.shape[2] - right.shape[2], right.shape[2]).add_(right)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        nl, nr = ctx.sizes
+        return (grad, grad.narrow(2, 0, nl) if nl else None,
+                grad.narrow(2, grad.shape[2] - nr, nr) if nr else None)
+
+
 def overlapped_conv3d(x: torch.Tensor, weight, bias, stride: int, pad: int, plan: AxisPlan, line: Line,
                       tag: int, blocking) -> torch.Tensor:
     """Conv3d of a depth slab (dim 2; height and width unpartitioned, padded by the conv) with its halo
-    exchange hidden behind the interior's compute; `blocking()` is the fallback for thin slabs."""
+    exchange hidden behind compute: by a halo correction for stride-1 'same' convs, else by an
+    interior/boundary split; `blocking()` is the fallback for thin slabs."""
     dim, k = 2, weight.shape[2]
     ex = plan.exchange(line.index)
+    if _corrects(ex, x.shape[dim], k, stride, pad):
+        return corrected_conv3d(x, weight, bias, pad, plan, line, tag)
     lo, hi = ex["keep"]
     split = interior_split(ex, hi - lo, k, stride)
     if split is None:
