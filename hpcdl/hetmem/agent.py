@@ -153,6 +153,7 @@ def train_ppo(env, timesteps: int, seed: int):
     """PPO (stable-baselines3) on the placement env; small rollouts so seconds of training learn."""
     import torch
     from stable_baselines3 import PPO
+    from stable_baselines3.common.logger import Logger
 
     torch.set_num_threads(1)  # the same arithmetic under every task backend
     model = PPO(
@@ -168,6 +169,8 @@ def train_ppo(env, timesteps: int, seed: int):
         verbose=0,
         policy_kwargs={"net_arch": [64, 64]},
     )
+    # a logger with no outputs: SB3's default makes an empty SB3-<date> folder in /tmp every time
+    model.set_logger(Logger(folder=None, output_formats=[]))
     model.learn(total_timesteps=timesteps)
     return model
 

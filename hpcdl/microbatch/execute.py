@@ -93,14 +93,14 @@ class _MicroBatchedConv(torch.autograd.Function):
 class MicroBatchedConv2d(nn.Module):
     """A Conv2d that runs its forward, backward-data and backward-filter kernels as planned."""
 
-    def __init__(self, conv: nn.Conv2d, plan: LayerPlan, name: str = "conv"):
+    def __init__(self, conv: nn.Conv2d, plan: LayerPlan, name: str = "conv", passthrough: bool = True):
         super().__init__()
         backward = [FUSED] if plan.get(FUSED) else ["backward_data", "backward_filter"]
         missing = [k for k in ["forward", *backward] if not plan.get(k)]
         if missing:
             raise ValueError(f"layer {name}: the plan has no division for {missing}")
         self.weight, self.bias = conv.weight, conv.bias
-        self.conv, self.plan, self.name = conv, plan, name
+        self.conv, self.plan, self.name, self.passthrough = conv, plan, name, passthrough
         self._weights: dict = {}  # the filter per memory format, kept while the weight is unchanged
 
     def is_default(self, batch: int, device: str) -> bool:
@@ -108,7 +108,7 @@ class MicroBatchedConv2d(nn.Module):
         return all(self.plan.get(k) == [(DEFAULT[device], batch)] for k in ("forward", FUSED))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.is_default(x.shape[0], x.device.type):
+        if self.passthrough and self.is_default(x.shape[0], x.device.type):
             return self.conv(x)  # transparent where the plan keeps the default, as μ-cuDNN passes through
         layer = layer_of(self.conv, self.name, x.shape[2], x.shape[3])
         return _MicroBatchedConv.apply(x, self.weight, self.bias, layer, self.plan, self._weights)

@@ -32,6 +32,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--exec-repeats", type=int, default=10)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu", "auto"])
+    ap.add_argument("--switch-margin", type=float, default=0.05,
+                    help="predicted gain a kernel needs to leave the default (microbatch.switch_margin)")
     args = ap.parse_args(argv)
     from hpcdl.microbatch.analysis import SEED_SPEEDUP, layer_speedup, network_speedup
     from hpcdl.microbatch.measure import run_network
@@ -58,6 +60,7 @@ def main(argv=None) -> int:
             [0.25, 0.5, 1, 2, 4],
             None,
             0,
+            switch_margin=args.switch_margin,
         )
         meta = res.pop("meta")
         for name, rows in res.items():

@@ -21,6 +21,7 @@ def network_points(cfg: dict) -> list[dict]:
             "kernel_limit_mib": b["kernel_limit_mib"],
             "seed": b["seed"],
             "backward_forms": b["backward_forms"],
+            "switch_margin": b["switch_margin"],
         }
         for net in b["networks"]
     ]

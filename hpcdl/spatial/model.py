@@ -99,7 +99,7 @@ def partitioned_conv3d(x, weight, bias, stride: int, pad: int, plans, layout: La
                        overlap: bool = False):
     """Conv3d on a slab: halo window, then a local conv with padding only on unpartitioned axes.
 
-    `overlap` (depth-only partitions): the exchange is hidden behind the interior's compute
+    `overlap` (depth-only partitions): the exchange is hidden behind the slab's compute
     (hpcdl.spatial.overlap); with height partitioned too the exchange blocks.
     """
     def blocking():

@@ -1,16 +1,18 @@
-"""A depth-partitioned conv3d whose halo exchange is hidden behind the interior's compute.
+"""A depth-partitioned conv3d whose halo exchange is hidden behind compute.
 
-As production spatial-parallel codes do: post the halo exchange (non-blocking), compute the
-output planes that read no halo plane while it is in flight, wait, then compute the few
-boundary planes. In the backward the same holds in reverse: the boundary convs' backward runs
-first (autograd runs the most recently created node first), their halo gradients are posted to
-the owners at once, the interior's backward runs while they travel, and only then does this
-rank wait for the gradients of the planes it sent.
+Stride-1 'same' convs (the study's) use a halo correction: post the exchange, run the whole
+slab's conv zero-padded (one full-size call, exactly the ceiling run's work) while it is in
+flight, wait, then add a thin conv of the halo planes to the edge output planes. Other convs
+split: the output planes that read no halo plane compute while the exchange is in flight, then
+the boundary planes. In the backward the same holds in reverse: the thin (boundary) convs'
+backward runs first (autograd runs the most recently created node first), their halo gradients
+are posted to the owners at once, the big conv's backward runs while they travel, and only then
+does this rank wait for the gradients of the planes it sent.
 
 Two autograd Functions share one `_Halo` state per call: `_Post` (identity on x; forward posts,
 backward waits for the returned gradients and adds them) and `_Wait` (forward waits for the
-halo planes; backward posts their gradients). Exactly the same arithmetic as the blocking path,
-so the float64 exactness checks hold.
+halo planes; backward posts their gradients). The same sums as the blocking path up to the
+order of additions, so the float64 exactness checks hold.
 """
 
 from __future__ import annotations

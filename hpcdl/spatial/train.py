@@ -43,7 +43,7 @@ def train_run(data_dir: str, n_data: int, grid: tuple[int, int], model: dict, ba
               communicate: bool = True) -> dict:
     """Train for `iterations` steps; returns this rank's per-iteration records and memory.
 
-    `overlap`: halo exchanges hidden behind the interior convs, gradient all-reduce in buckets
+    `overlap`: halo exchanges hidden behind the slab's convs, gradient all-reduce in buckets
     of `bucket_kb` during the backward (hpcdl.spatial.overlap, hpcdl.spatial.buckets); False
     runs every exchange and the all-reduce blocking, after the backward.
     `communicate` False is the ceiling run: every rank does its share of the spatial run's
