@@ -13,6 +13,7 @@ import time
 import torch
 from torch import nn
 
+from hpcdl.heap import fix_heap_thresholds
 from hpcdl.microbatch import ilp
 from hpcdl.microbatch.algorithms import (
     ALGORITHMS,
@@ -180,6 +181,7 @@ def run_network(
     seed: int,
     backward_forms: tuple[str, ...] | list[str] = ("fused", "separate"),
     switch_margin: float = 0.0,
+    threads: int | None = None,
 ) -> dict:
     """`backward_forms`: how a layer's backward may run: "separate" (backward-data and
     backward-filter kernels, μ-cuDNN's setting), "fused" (PyTorch's one call), or either.
@@ -188,6 +190,11 @@ def run_network(
     per-layer overhead, so a layer leaves the default only for a predicted gain above the
     benchmark's noise and what the executor costs; predictions are the benchmarked times plus that
     overhead once per layer that leaves the default (no margin)."""
+    if threads:  # fewer torch threads than the task's reserved cores: the rest stay idle
+        torch.set_num_threads(threads)
+    # identical plans timed one after another differed by 1.7x when glibc's moving mmap threshold
+    # gave one of them fresh pages for its gradients on every call
+    fix_heap_thresholds()
     unknown = set(backward_forms) - {"fused", "separate"}
     if unknown or not backward_forms:
         raise ValueError(f"backward_forms {list(backward_forms)}: use 'fused', 'separate' or both")

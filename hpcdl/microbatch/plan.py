@@ -22,6 +22,7 @@ def network_points(cfg: dict) -> list[dict]:
             "seed": b["seed"],
             "backward_forms": b["backward_forms"],
             "switch_margin": b["switch_margin"],
+            "threads": b["threads"],
         }
         for net in b["networks"]
     ]
