@@ -26,4 +26,5 @@ def fix_heap_thresholds(mmap_bytes: int = MMAP_THRESHOLD_MAX, trim_bytes: int = 
     libc = ctypes.CDLL(name) if name else None
     if libc is None or not hasattr(libc, "mallopt"):
         return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_bytes)) and bool(libc.mallopt(M_TRIM_THRESHOLD, trim_bytes))
+    mmap_ok = bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_bytes))
+    return mmap_ok and bool(libc.mallopt(M_TRIM_THRESHOLD, trim_bytes))

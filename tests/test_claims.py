@@ -367,6 +367,7 @@ def _microbatch() -> tuple[dict, dict]:
     rows = [{"network": n, "policy": p, "planner": pl, "device": "cpu", "measured_plan_s": 1.0,
              "measured_default_s": 1.1, "predicted_plan_s": 1.02, "predicted_default_s": 1.1,
              "measured_speedup": 1.1, "predicted_speedup": 1.08, "prediction_error_frac": 0.02,
+             "prediction_error_scaled_frac": 0.02,
              "max_rel_err": 1e-6, "seed_speedup_v100": 1.6}
             for n in ("alexnet", "resnet18") for p in ("undivided", "all") for pl in ("dp", "ilp")]
     exact = [{"network": n, "what": "candidate onednn-nchw", "kernel": k, "max_rel_err": 2e-6, "layers": 5}
@@ -788,7 +789,8 @@ CASES = [
      ["resnet18/all", "network resnet18 failed", "WorkspaceError: layer conv1"]),
     ("microbatch", "prediction_within_tolerance", "passed", None, None),
     ("microbatch", "prediction_within_tolerance", "failed",
-     lambda c, t: _mb_set(t, "prediction_error_frac", -0.25, network="alexnet", policy="undivided"), None),
+     lambda c, t: _mb_set(t, "prediction_error_scaled_frac", -0.25, network="alexnet", policy="undivided"),
+     None),
     ("microbatch", "prediction_within_tolerance", "not_measured", lambda c, t: _mb_failed(t),
      ["resnet18/undivided", "network resnet18 failed"]),
     ("microbatch", "outputs_exact", "passed", None, None),

@@ -96,6 +96,7 @@ def main(argv=None) -> int:
                 "measured_speedup",
                 "predicted_speedup",
                 "prediction_error_frac",
+                "prediction_error_scaled_frac",
                 "max_rel_err",
             ]
         ].to_string(index=False)

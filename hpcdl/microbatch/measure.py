@@ -117,7 +117,8 @@ def executor_overhead(call: KernelCall, device: str, repeats: int) -> float:
     of interleaved rounds (the autograd Function, the kernel calls' set-up, the backend contexts)."""
     conv = _conv_module(call.layer, call.weight)
     plan = {"forward": [(DEFAULT[device], call.batch)], FUSED: [(DEFAULT[device], call.batch)]}
-    wrapped = MicroBatchedConv2d(_conv_module(call.layer, call.weight), plan, call.layer.name, passthrough=False)
+    wrapped = MicroBatchedConv2d(_conv_module(call.layer, call.weight), plan, call.layer.name,
+                                 passthrough=False)
     x = call.x.clone().requires_grad_(True)
     times: dict[str, list[float]] = {"plain": [], "wrapped": []}
     with ALGORITHMS[DEFAULT[device]].context():
@@ -350,7 +351,8 @@ def run_network(
             predicted[(policy, planner)] = total
         # speedup vs workspace budget (ILP), as fractions of the default's total workspace
         t2 = time.perf_counter()
-        sweep = ilp.network_front(sweep_fronts, counts, [f * default_total_ws for f in budget_fractions], groups)
+        budgets = [f * default_total_ws for f in budget_fractions]
+        sweep = ilp.network_front(sweep_fronts, counts, budgets, groups)
         sweep_s = time.perf_counter() - t2
         for f, row in zip(sorted(budget_fractions), sweep, strict=True):
             budget_rows.append(
