@@ -181,7 +181,7 @@ def run_network(
     kernel_limit_mib: float | None,
     seed: int,
     backward_forms: tuple[str, ...] | list[str] = ("fused", "separate"),
-    switch_margin: float = 0.0,
+    switch_margin: float = 0.05,  # microbatch.switch_margin's default
     threads: int | None = None,
 ) -> dict:
     """`backward_forms`: how a layer's backward may run: "separate" (backward-data and

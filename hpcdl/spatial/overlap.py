@@ -79,7 +79,7 @@ class _Post(torch.autograd.Function):
             st.post_backward({}, grad)
         wait(st.bwd)  # the gradients of the planes this rank sent, posted by _Wait.backward
         if st.back:
-            # in place: this gradient is the conv's fresh input gradient alone (_Wait gives x none)
+            # in place: autograd's own fresh buffer of the convs' input gradients (_Wait gives x none)
             n = grad.shape[st.dim]
             if "l" in st.back:
                 grad.narrow(st.dim, 0, st.ex["send_l"]).add_(st.back["l"])
