@@ -119,15 +119,23 @@ def executor_overhead(call: KernelCall, device: str, repeats: int) -> float:
     plan = {"forward": [(DEFAULT[device], call.batch)], FUSED: [(DEFAULT[device], call.batch)]}
     wrapped = MicroBatchedConv2d(_conv_module(call.layer, call.weight), plan, call.layer.name,
                                  passthrough=False)
-    x = call.x.clone().requires_grad_(True)
-    times: dict[str, list[float]] = {"plain": [], "wrapped": []}
-    with ALGORITHMS[DEFAULT[device]].context():
-        for r in range(repeats + 1):
-            for name, m in (("plain", conv), ("wrapped", wrapped))[:: 1 if r % 2 else -1]:
-                dt, *_ = _fwd_bwd(m, x, call.grad_out, device)
-                if r:
-                    times[name].append(dt)
+    times = _interleaved(call, {"plain": conv, "wrapped": wrapped}, device, repeats)
     return max(0.0, min(times["wrapped"]) - min(times["plain"]))
+
+
+def _interleaved(call: KernelCall, modules: dict[str, nn.Module], device: str, repeats: int) -> dict:
+    """Seconds of every module's forward+backward on the layer's input, `repeats` rounds after one
+    warm-up round, the order rotated each round so no module always runs first."""
+    x = call.x.clone().requires_grad_(True)
+    times = {v: [] for v in modules}
+    names = list(modules)
+    for r in range(repeats + 1):
+        for v in names[r % len(names) :] + names[: r % len(names)]:
+            with ALGORITHMS[DEFAULT[device]].context():  # the default runs as the framework does
+                dt, *_ = _fwd_bwd(modules[v], x, call.grad_out, device)
+            if r:
+                times[v].append(dt)
+    return times
 
 
 def execute_layer(call: KernelCall, plans: dict[str, dict], device: str, repeats: int) -> dict[str, dict]:
@@ -154,15 +162,7 @@ def execute_layer(call: KernelCall, plans: dict[str, dict], device: str, repeats
     with ALGORITHMS[DEFAULT[device]].context():  # the default runs as the framework does by default
         _, y0, gx0, gw0 = _fwd_bwd(conv, x, call.grad_out, device)
         ref = (y0.clone(), gx0.clone(), gw0.clone())
-    times = {v: [] for v in modules}
-    names = list(modules)
-    for r in range(repeats + 1):  # round 0 warms every variant up
-        order = names[r % len(names) :] + names[: r % len(names)]  # rotate: no variant always runs first
-        for v in order:
-            with ALGORITHMS[DEFAULT[device]].context():
-                dt, *_ = _fwd_bwd(modules[v], x, call.grad_out, device)
-            if r:
-                times[v].append(dt)
+    times = _interleaved(call, modules, device, repeats)
     measured = {}
     for v, m in modules.items():
         with ALGORITHMS[DEFAULT[device]].context():
@@ -282,7 +282,6 @@ def run_network(
 
     plans_rows, budget_rows, planning_rows = [], [], []
     exec_plans: dict[str, dict[str, dict]] = {ly.name: {} for ly in layers}
-    predicted: dict[tuple[str, str], float] = {}
     for policy in policies:
         t1 = time.perf_counter()
         dps = {
@@ -323,13 +322,11 @@ def run_network(
         # ILP over the network under the default's total workspace ("the same memory footprint")
         headline = ilp.solve(fronts, counts, default_total_ws, groups)
         for planner, choice in (("dp", dp_choice), ("ilp", headline.choice)):
-            total = 0.0
             for lab, idx in choice.items():
                 layer_name, kernel = lab.split("/")
                 steps = dps[lab].division(idx)
                 sizes_text, algs_text = _division_text(steps)
                 t, ws = benchmarked(lab, steps), float(fronts[lab].workspace[idx])
-                total += counts[lab] * t
                 exec_plans[layer_name].setdefault(f"{policy}/{planner}", {})[kernel] = steps
                 plans_rows.append(
                     {
@@ -358,8 +355,6 @@ def run_network(
                            == (policy, planner, ly.name, "forward"))
                 row["executor_overhead_s"] = 0.0 if keeps else overhead[ly.name]
                 row["predicted_time_s"] += row["executor_overhead_s"]
-                total += counts[_label(ly.name, "forward")] * row["executor_overhead_s"]
-            predicted[(policy, planner)] = total
         # speedup vs workspace budget (ILP), as fractions of the default's total workspace
         t2 = time.perf_counter()
         budgets = [f * default_total_ws for f in budget_fractions]
