@@ -21,7 +21,7 @@ from hpcdl.config import ConfigError, load_config
 from hpcdl.microbatch import ilp
 from hpcdl.microbatch.algorithms import ALGORITHMS, ALL_KERNELS, FUSED, KERNELS, KernelCall, verify
 from hpcdl.microbatch.bench import benchmark_layer
-from hpcdl.microbatch.dp import KernelDP, WorkspaceError, policy_sizes
+from hpcdl.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
 from hpcdl.microbatch.execute import MicroBatchedConv2d, microbatch_network
 from hpcdl.microbatch.measure import rel_err
 from hpcdl.microbatch.workloads import ConvLayer, alexnet, deepbench, resnet18
@@ -110,6 +110,28 @@ def test_policy_sizes_and_uneven_last_micro_batch():
     assert sorted(b for _, b in steps) == [2, 8]
     with pytest.raises(ValueError, match="policy"):
         policy_sizes("fibonacci", 4)
+
+
+def test_a_challenger_leaves_the_default_only_when_its_typical_time_beats_the_defaults_best():
+    default = ("onednn-nchw", 4)
+    # fastest repeats: the native path 20 % faster than the default, but its median repeat is not
+    table = {default: (10.0, 0.0), ("native-nchw", 4): (8.0, 0.0), ("native-nchw", 2): (4.5, 0.0),
+             ("native-nchw", 1): (3.0, 0.0)}
+    noisy = {default: 13.0, ("native-nchw", 4): 10.5, ("native-nchw", 2): 5.5, ("native-nchw", 1): 3.5}
+    priced = challenger_prices(table, noisy, default, margin=0.05, extra_s=0.25)
+    assert priced[default] == (10.0, 0.0)
+    assert priced[("native-nchw", 4)] == (10.75, 0.0)  # its median plus the executor's cost
+    assert priced[("native-nchw", 2)] == (5.75, 0.0)  # 2 + 2: 11.5, slower than the default too
+    dp = KernelDP(priced, 4, "powerOfTwo")
+    assert dp.division(dp.best()[0]) == [default]
+    # a steady challenger (median within the margin of its fastest) wins on its fastest + margin
+    steady = {**noisy, ("native-nchw", 4): 8.1}
+    priced = challenger_prices(table, steady, default, margin=0.05, extra_s=0.25)
+    assert priced[("native-nchw", 4)][0] == pytest.approx(8.0 * 1.05 + 0.25)
+    dp = KernelDP(priced, 4, "powerOfTwo")
+    assert dp.division(dp.best()[0]) == [("native-nchw", 4)]
+    # a kernel the default does not run (the separate pair beside a fused default): no incumbent
+    assert challenger_prices(table, noisy, None, 0.05, 0.25)[default] == (13.25, 0.0)
 
 
 def test_workspace_limit_below_every_need_names_the_layer():

@@ -1,7 +1,8 @@
 """Benchmark every candidate algorithm per kernel and micro-batch size: time and workspace.
 
-Time: the minimum (and, recorded too, the median) of `repeats` calls after `warmup` calls (CUDA:
-synchronised around each call; CPU on one thread: the thread's CPU time, see `clock`).
+Time: the minimum (and, recorded too, the median) of `repeats` calls after `warmup` calls, a layer's
+configurations called in interleaved rounds (CUDA: synchronised around each call; CPU on one
+thread: the thread's CPU time, see `clock`).
 Workspace: the extra peak memory of one call beyond what existed before it (the result buffer is
 preallocated outside the call, so what is counted is the algorithm's scratch: oneDNN's reordered
 tensors and scratchpad, the native path's im2col columns, channels-last copies of the micro-batch,
@@ -46,23 +47,37 @@ def clock(device: str):
     return time.perf_counter, "wall"
 
 
-def time_call(fn, device: str, repeats: int, warmup: int) -> tuple[float, float]:
-    """(minimum, median) seconds of fn(i) over `repeats` calls (i counts the calls, warm-up included).
+def time_rounds(fns: list, device: str, repeats: int, warmup: int) -> list[tuple[float, float, float]]:
+    """(minimum, median, wall seconds spent) of each fns[j](i) over `repeats` rounds (i counts
+    fns[j]'s calls, warm-up included; the wall time counts them all). Each round calls every
+    function once, the order rotated each round.
 
     The minimum is the estimate the planner uses: on a shared machine noise only adds time
     (preemption, another process's cache traffic), so the fastest repeat is the undisturbed one.
+    Rounds, not one function's repeats back to back, because a disturbance lasting as long as a
+    function's repeats (a slow patch of ~0.1 s) then inflates one repeat of every function instead
+    of every repeat of one: ResNet-18's last layer once benchmarked its default at 1.8x its executed
+    time that way, and the planner left the default for a configuration that ran slower.
     """
-    for i in range(warmup):
-        fn(i)
-    _sync(device)
-    times = []
-    now = clock(device)[0]
-    for i in range(repeats):
-        t0 = now()
-        fn(warmup + i)
+    n = len(fns)
+    wall = [0.0] * n
+    for j, fn in enumerate(fns):
+        w0 = time.perf_counter()
+        for i in range(warmup):
+            fn(i)
         _sync(device)
-        times.append(now() - t0)
-    return min(times), statistics.median(times)
+        wall[j] += time.perf_counter() - w0
+    times: list[list[float]] = [[] for _ in fns]
+    now = clock(device)[0]
+    for r in range(repeats):
+        for j in [*range(r % n, n), *range(r % n)]:
+            w0 = time.perf_counter()
+            t0 = now()
+            fns[j](warmup + r)
+            _sync(device)
+            times[j].append(now() - t0)
+            wall[j] += time.perf_counter() - w0
+    return [(min(t), statistics.median(t), w) for t, w in zip(times, wall, strict=True)]
 
 
 def cpu_peak_extra_bytes(events) -> int:
@@ -118,7 +133,8 @@ def benchmark_layer(
     progress=None,
     kernels: tuple[str, ...] = ALL_KERNELS,
 ) -> list[dict]:
-    """One row per (kernel, algorithm, micro-batch size).
+    """One row per (kernel, algorithm, micro-batch size); the layer's configurations are timed
+    together, in rounds (`time_rounds`).
 
     Every row records which backend really ran (`backend_ran`) and whether it is the forced one
     (`forced_ok`): PyTorch's CPU dispatcher may run the native path although oneDNN is enabled
@@ -127,6 +143,7 @@ def benchmark_layer(
     """
     rows = []
     base = {"layer": call.layer.name, "count": call.layer.count}
+    configs = []  # (kernel, algorithm, micro-batch, its call, what ran, workspace, wall seconds so far)
     for kernel in kernels:
         out = call.output(kernel)
         for name in algorithms:
@@ -145,30 +162,34 @@ def benchmark_layer(
                     return call.run(kernel, alg, starts[i % len(starts)], b, None if b == call.batch else out)
 
                 t0 = time.perf_counter()
-                try:
-                    t, t_med = time_call(once, device, repeats, warmup)
+                try:  # the instrumented call is also the probe: a backend may refuse a shape
+                    if device == "cuda":  # cudnn.benchmark's first call tries every algorithm: not recorded
+                        once()
                     backend, ran, events = instrumented(call, kernel, alg, b)
                 except RuntimeError as exc:  # the backend refused this shape: not a candidate here
                     rows += _skipped(base, kernel, name, [b], f"{type(exc).__name__}: {exc}")
                     continue
                 ws = cuda_peak_extra_bytes(once) if device == "cuda" else cpu_peak_extra_bytes(events)
-                rows.append(
-                    {
-                        **base,
-                        "kernel": kernel,
-                        "algorithm": name,
-                        "micro_batch": b,
-                        "status": "ok",
-                        "reason": "",
-                        "backend_ran": backend,
-                        "forced_ok": backend == alg.backend,
-                        "ran": ran,
-                        "time_s": t,
-                        "time_median_s": t_med,
-                        "workspace_bytes": ws,
-                        "bench_wall_s": time.perf_counter() - t0,
-                    }
-                )
-                if progress is not None:
-                    progress.update(1)
+                configs.append((kernel, alg, b, once, backend, ran, ws, time.perf_counter() - t0))
+    timed = time_rounds([c[3] for c in configs], device, repeats, warmup)
+    for (kernel, alg, b, _, backend, ran, ws, wall), (t, t_med, t_wall) in zip(configs, timed, strict=True):
+        rows.append(
+            {
+                **base,
+                "kernel": kernel,
+                "algorithm": alg.name,
+                "micro_batch": b,
+                "status": "ok",
+                "reason": "",
+                "backend_ran": backend,
+                "forced_ok": backend == alg.backend,
+                "ran": ran,
+                "time_s": t,
+                "time_median_s": t_med,
+                "workspace_bytes": ws,
+                "bench_wall_s": wall + t_wall,
+            }
+        )
+        if progress is not None:
+            progress.update(1)
     return rows

@@ -60,6 +60,28 @@ def _pareto(t: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.asarray(keep, dtype=int)
 
 
+def challenger_prices(
+    table: dict[tuple[str, int], tuple[float, float]],
+    typical: dict[tuple[str, int], float],
+    incumbent: tuple[str, int] | None,
+    margin: float,
+    extra_s: float,
+) -> dict[tuple[str, int], tuple[float, float]]:
+    """A kernel's table as the planners see it when it should leave the framework's default
+    (`incumbent`, None where this kernel is not one the default runs) only for a real gain.
+
+    The incumbent keeps its fastest repeat; every challenger is priced at its median repeat
+    (`typical`), at least its fastest times (1 + margin), plus `extra_s` (what running a layer
+    through the planned executor costs). A challenger then wins only where its typical time beats
+    the default's best: on a shared CPU a memory-bound layer varies by +-30 % call to call, and
+    gains inside that flipped between benchmark and execution.
+    """
+    return {
+        key: (t if key == incumbent else max(typical[key], t * (1 + margin)) + extra_s, w)
+        for key, (t, w) in table.items()
+    }
+
+
 class KernelDP:
     """Fronts of every b = 1..B for one kernel, from its benchmarked table."""
 

@@ -25,7 +25,7 @@ from hpcdl.microbatch.algorithms import (
     resolve_device,
 )
 from hpcdl.microbatch.bench import benchmark_layer, clock
-from hpcdl.microbatch.dp import KernelDP, WorkspaceError, policy_sizes
+from hpcdl.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
 from hpcdl.microbatch.execute import MicroBatchedConv2d
 from hpcdl.microbatch.workloads import ConvLayer, network
 
@@ -198,10 +198,10 @@ def run_network(
     """`backward_forms`: how a layer's backward may run: "separate" (backward-data and
     backward-filter kernels, μ-cuDNN's setting), "fused" (PyTorch's one call), or either.
     `switch_margin`: the planners see every configuration but the framework's own (default
-    algorithm, undivided, fused backward) as that much slower, plus the executor's measured
-    per-layer overhead, so a layer leaves the default only for a predicted gain above the
-    benchmark's noise and what the executor costs; predictions are the benchmarked times plus that
-    overhead once per layer that leaves the default (no margin)."""
+    algorithm, undivided, fused backward) at its median benchmarked time, at least that much above
+    its fastest, plus the executor's measured per-layer overhead, so a layer leaves the default
+    only for a predicted gain above the benchmark's noise and what the executor costs; predictions
+    are the fastest benchmarked times plus that overhead once per layer that leaves the default."""
     if threads:  # fewer torch threads than the task's reserved cores: the rest stay idle
         torch.set_num_threads(threads)
     # identical plans timed one after another differed by 1.7x when glibc's moving mmap threshold
@@ -244,12 +244,12 @@ def run_network(
             f"{network_name}: the default algorithm {default} did not run: "
             f"{[r['reason'] for r in bench if r['algorithm'] == default][:1]}"
         )
-    table = {}
+    table, typical = {}, {}  # (fastest repeat, workspace); the median repeat
     for r in ok:
-        table.setdefault(_label(r["layer"], r["kernel"]), {})[(r["algorithm"], r["micro_batch"])] = (
-            r["time_s"],
-            float(r["workspace_bytes"]),
-        )
+        key = (r["algorithm"], r["micro_batch"])
+        lab = _label(r["layer"], r["kernel"])
+        table.setdefault(lab, {})[key] = (r["time_s"], float(r["workspace_bytes"]))
+        typical.setdefault(lab, {})[key] = r["time_median_s"]
     counts = {_label(ly.name, k): ly.count for ly in layers for k in kernels}
     default_cfg = {lab: tab[(default, batch_size)] for lab, tab in table.items()}
     # the framework's default layer: forward, then the fused backward (autograd's one call); priced
@@ -260,14 +260,12 @@ def run_network(
     # plan keeps the default: the executor passes through to nn.Conv2d)
     overhead = {ly.name: executor_overhead(calls[ly.name], device, exec_repeats) for ly in layers}
 
-    def biased(lab: str, tab: dict) -> dict:
+    def priced(lab: str) -> dict:
         layer_name, kernel = lab.split("/")
-        own = kernel in default_kernels
-        return {key: (t if own and key == (default, batch_size)
-                      else t * (1 + switch_margin) + overhead[layer_name], w)
-                for key, (t, w) in tab.items()}
+        incumbent = (default, batch_size) if kernel in default_kernels else None
+        return challenger_prices(table[lab], typical[lab], incumbent, switch_margin, overhead[layer_name])
 
-    plan_table = {lab: biased(lab, tab) for lab, tab in table.items()}
+    plan_table = {lab: priced(lab) for lab in table}
 
     def benchmarked(lab: str, steps: list[tuple[str, int]]) -> float:
         return sum(table[lab][step][0] for step in steps)
