@@ -25,8 +25,9 @@ import pytest
 import yaml
 from raw_tables import assert_same_raw_tables
 
+from hpcdl.config import STUDIES  # the registry's: a new study is checked here or fails below
+
 REPO = Path(__file__).resolve().parent.parent
-STUDIES = ("checkpoint", "hpo", "shuffle", "spatial", "hetmem", "microbatch", "malleable", "offload")
 
 
 def _find_binding() -> Path | None:
@@ -63,6 +64,12 @@ INTENDED = {
 # largest run's ranks x threads).
 CONFIGURED_UNITS = {"checkpoint": 2, "hpo": 1, "shuffle": 2, "spatial": 2, "hetmem": 1, "microbatch": 1,
                     "malleable": 2, "offload": 1}
+
+
+def test_every_registered_study_has_its_intended_tasks_and_units():
+    missing = {name: [s for s in STUDIES if s not in table]
+               for name, table in (("INTENDED", INTENDED), ("CONFIGURED_UNITS", CONFIGURED_UNITS))}
+    assert not any(missing.values()), f"registered studies with no conformance entry: {missing}"
 
 
 def _env(**extra) -> dict:

@@ -4,6 +4,7 @@ its declaration, and a new study needs only its own files."""
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import shutil
@@ -225,3 +226,19 @@ def test_a_new_study_needs_only_its_own_files(tmp_path):
     cli = subprocess.run([sys.executable, "-m", "hpcdl.cli", "plot", "toy", "--config", str(config)],
                          cwd=copy, env=env, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_caption_is_clean_restructuredtext(name):
+    """Snakemake renders captions with docutils: a stray |word| is a substitution reference, and the
+    report then prints an error in place of the sentence."""
+    from docutils import nodes
+    from docutils.core import publish_doctree
+
+    for path in sorted((REPO / "workflows" / "report" / name).glob("*.rst")):
+        tree = publish_doctree(path.read_text(), settings_overrides={
+            "report_level": 2, "halt_level": 5, "warning_stream": io.StringIO()})
+        # parse and transform messages (an undefined substitution is found by a transform)
+        messages = [*tree.findall(nodes.system_message), *tree.transform_messages]
+        problems = [m.astext() for m in messages if m["level"] >= 2]
+        assert not problems, f"{path.relative_to(REPO)}: {problems}"
