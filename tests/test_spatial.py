@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from hpcdl.config import ConfigError, validate_config
-from hpcdl.layers import build_spec, cosmoflow_spec, n_params, padding_for
-from hpcdl.perfmodel.calibrate import fit_line, fit_machine
+from hpcdl.layers import build_spec, cosmoflow_spec, layer_key, n_params, padding_for
+from hpcdl.perfmodel.calibrate import fit_layer, fit_line, fit_machine
 from hpcdl.perfmodel.oracle import Machine, Strategy, extrapolate, fresh_bytes, predict, t_allreduce
 from hpcdl.spatial.calibration import compute_timings
 from hpcdl.spatial.data import SlabReader, ensure_dataset, grf
@@ -173,6 +173,25 @@ def test_fit_line_recovers_alpha_beta():
     x = np.array([1e3, 1e4, 1e5, 1e6])
     c0, k = fit_line(x, 2e-5 + x * 1e-9)
     assert c0 == pytest.approx(2e-5, rel=1e-6) and k == pytest.approx(1e-9, rel=1e-6)
+
+
+def test_a_layer_slower_than_linear_in_size_is_fitted_through_its_points():
+    # half the slab in 96 ms, the whole in 256 ms (2.7x): the whole slab spills out of the caches
+    x, y = np.array([1e9, 2e9, 1e9, 2e9]), np.array([0.096, 0.256, 0.098, 0.254])
+    c0, k, floor = fit_layer(x, y)
+    assert c0 < 0 and k > 0
+    layer = {"kind": "conv", "in": (8, 48, 48, 48), "out": (16, 48, 48, 48), "cin": 8, "cout": 16,
+             "kernel": 3, "stride": 1, "pad": 1, "name": "c"}
+    m = Machine(conv=(0.0, 1e-10), pool=(0.0, 1e-10), dense=(0.0, 1e-10), optimizer=(0.0, 1e-9),
+                io=(0.0, 0.0), alpha_intra=0.0, beta_intra=0.0, alpha_inter=0.0, beta_inter=0.0,
+                ranks_per_node=1, layers={layer_key(layer): (c0, k, floor)})
+    assert m.layer_time(layer, 2e9) == pytest.approx(0.255, rel=1e-9)  # the measured points
+    assert m.layer_time(layer, 1e9) == pytest.approx(0.097, rel=1e-9)
+    # below the smallest measured slab: proportional to it, never the line's negative values
+    assert m.layer_time(layer, 1e8) == pytest.approx(0.0097, rel=1e-9)
+    assert m.layer_time(layer, 0) == 0
+    # a line with a positive intercept stays the plain (c0, k) fit
+    assert fit_layer([1.0, 2.0], [3.0, 5.0]) == pytest.approx((1.0, 2.0))
 
 
 def _laptop_machine():

@@ -111,7 +111,8 @@ class Machine:
     memory_bytes: float = math.inf
     cores: int = 0                   # 0: one device per rank, no oversubscription
     threads_per_rank: int = 1
-    layers: dict = field(default_factory=dict)  # layer_key -> (c0, k): per-layer fits where measured
+    # layer_key -> (c0, k), or (c0, k, floor) where time grows faster than size: per-layer fits
+    layers: dict = field(default_factory=dict)
     im2col: bool = False  # CPU conv3d materialises vol2col columns; cuDNN's implicit GEMM does not
     # measured on 2 ranks: (alpha, beta) of ring all-reduce / all-gather steps and of a two-sided
     # halo exchange; None = derive from the point-to-point alpha, beta of the group's link
@@ -139,11 +140,15 @@ class Machine:
 
     def layer_time(self, layer: dict, units: float, busy: bool = False) -> float:
         if busy and self.busy:
-            c0, k = (self.busy["layers"].get(layer_key(layer))
-                     or self.busy[_FIT_KIND.get(layer["kind"], layer["kind"])])
+            fit = (self.busy["layers"].get(layer_key(layer))
+                   or self.busy[_FIT_KIND.get(layer["kind"], layer["kind"])])
         else:
             kind = _FIT_KIND.get(layer["kind"], layer["kind"])
-            c0, k = self.layers.get(layer_key(layer)) or getattr(self, kind)
+            fit = self.layers.get(layer_key(layer)) or getattr(self, kind)
+        if len(fit) == 3:  # superlinear in size (hpcdl.perfmodel.calibrate.fit_layer)
+            c0, k, floor = fit
+            return max(c0 + units * k, units * floor)
+        c0, k = fit
         return c0 + units * k
 
     def optimizer_time(self, n_params: float, busy: bool = False) -> float:
