@@ -292,6 +292,8 @@ def test_benchmark_rows_record_backend_workspace_and_skip_an_unavailable_backend
             warmup=1,
         )
     )
+    only_unavailable = benchmark_layer(call, ["cudnn-benchmark-nchw"], [4], "cpu", repeats=2, warmup=1)
+    assert [r["status"] for r in only_unavailable] == ["skipped"] * len(ALL_KERNELS)
     skipped = rows[rows["algorithm"] == "cudnn-benchmark-nchw"]
     assert len(skipped) == 12 and (skipped["status"] == "skipped").all()
     assert skipped["reason"].str.contains("cuda algorithm and this run is on cpu").all()
