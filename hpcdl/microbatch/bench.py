@@ -47,6 +47,11 @@ def clock(device: str):
     return time.perf_counter, "wall"
 
 
+def round_order(n: int, r: int) -> list[int]:
+    """Indices 0..n-1 rotated by round r: in interleaved timing no candidate always runs first."""
+    return [*range(r % n, n), *range(r % n)]
+
+
 def time_rounds(fns: list, device: str, repeats: int, warmup: int) -> list[tuple[float, float, float]]:
     """(minimum, median, wall seconds spent) of each fns[j](i) over `repeats` rounds (i counts
     fns[j]'s calls, warm-up included; the wall time counts them all). Each round calls every
@@ -72,7 +77,7 @@ def time_rounds(fns: list, device: str, repeats: int, warmup: int) -> list[tuple
     times: list[list[float]] = [[] for _ in fns]
     now = clock(device)[0]
     for r in range(repeats):
-        for j in [*range(r % n, n), *range(r % n)]:
+        for j in round_order(n, r):
             w0 = time.perf_counter()
             t0 = now()
             fns[j](warmup + r)

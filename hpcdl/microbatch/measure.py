@@ -24,7 +24,7 @@ from hpcdl.microbatch.algorithms import (
     candidates,
     resolve_device,
 )
-from hpcdl.microbatch.bench import benchmark_layer, clock
+from hpcdl.microbatch.bench import benchmark_layer, clock, round_order
 from hpcdl.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
 from hpcdl.microbatch.execute import MicroBatchedConv2d
 from hpcdl.microbatch.workloads import ConvLayer, network
@@ -130,7 +130,7 @@ def _interleaved(call: KernelCall, modules: dict[str, nn.Module], device: str, r
     times = {v: [] for v in modules}
     names = list(modules)
     for r in range(repeats + 1):
-        for v in names[r % len(names) :] + names[: r % len(names)]:
+        for v in (names[j] for j in round_order(len(names), r)):
             with ALGORITHMS[DEFAULT[device]].context():  # the default runs as the framework does
                 dt, *_ = _fwd_bwd(modules[v], x, call.grad_out, device)
             if r:
