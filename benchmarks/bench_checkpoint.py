@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._common import emit, parser  # noqa: E402
-from hpcdl.checkpoint import measure  # noqa: E402
-from hpcdl.checkpoint.formats import FORMATS  # noqa: E402
+from hpcdl.studies.checkpoint import measure  # noqa: E402
+from hpcdl.studies.checkpoint.formats import FORMATS  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -22,11 +22,11 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import emit, parser  # noqa: E402
-from hpcdl.config import validate_config  # noqa: E402
-from hpcdl.hetmem import agent, reference  # noqa: E402
-from hpcdl.hetmem.layout import Layout, range_pages_for  # noqa: E402
-from hpcdl.hetmem.run import build_estimator  # noqa: E402
-from hpcdl.hetmem.trace import trace_app  # noqa: E402
+from hpcdl.platform.config import validate_config  # noqa: E402
+from hpcdl.studies.hetmem import agent, reference  # noqa: E402
+from hpcdl.studies.hetmem.layout import Layout, range_pages_for  # noqa: E402
+from hpcdl.studies.hetmem.run import build_estimator  # noqa: E402
+from hpcdl.studies.hetmem.trace import trace_app  # noqa: E402
 
 
 def bench_app(app: dict, block: dict, work: Path) -> dict:

@@ -21,14 +21,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpcdl.config import load_config  # noqa: E402
-from hpcdl.hpo import driver, plan, storage, train  # noqa: E402
-from hpcdl.results import atomic_write_text  # noqa: E402
+from hpcdl.platform.config import load_config  # noqa: E402
+from hpcdl.studies.hpo import driver, plan, storage, train  # noqa: E402
+from hpcdl.platform.results import atomic_write_text  # noqa: E402
 
 
 def grid_throughput(cfg: dict, results: Path) -> list[dict]:
     import tasks.hpo as app
-    from hpcdl.runtime import BACKEND, compss_wait_on, failure_reason, set_local_cores
+    from hpcdl.platform.task_runtime import BACKEND, compss_wait_on, failure_reason, set_local_cores
 
     hpo = cfg["hpo"]
     import os

@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._common import emit, parser  # noqa: E402
-from hpcdl.malleable import cgroups, measure, policies, response  # noqa: E402
-from hpcdl.malleable.scheduler import CoScheduler  # noqa: E402
+from hpcdl.studies.malleable import cgroups, measure, policies, response  # noqa: E402
+from hpcdl.studies.malleable.scheduler import CoScheduler  # noqa: E402
 
 DATA = "/usr/share/datasets/fashion-mnist"
 

@@ -26,9 +26,9 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from benchmarks._common import emit, parser  # noqa: E402
-from hpcdl.offload.slowtier import FileTier, PinnedTier  # noqa: E402
-from hpcdl.offload.timeline import CudaClock, Timeline  # noqa: E402
-from hpcdl.offload.train import RunSpec, train  # noqa: E402
+from hpcdl.studies.offload.slowtier import FileTier, PinnedTier  # noqa: E402
+from hpcdl.studies.offload.timeline import CudaClock, Timeline  # noqa: E402
+from hpcdl.studies.offload.train import RunSpec, train  # noqa: E402
 
 
 def _tier_bw(tier, tl, t: torch.Tensor, region="acts") -> tuple[float, float]:
@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     if a.csv:
         import pandas as pd
 
-        from hpcdl.results import atomic_write_text
+        from hpcdl.platform.results import atomic_write_text
 
         atomic_write_text(a.csv, pd.concat([pd.DataFrame(rows), pd.DataFrame(opt_rows)]).to_csv(index=False))
     print(

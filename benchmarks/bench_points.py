@@ -6,7 +6,7 @@ Per record size (rows of 20 numeric columns, as the studies' records are): the k
 point's inputs), the task body's store work (start marker + JSON + temp file, fsync, rename +
 read-back) and the main program's lookup of a stored record, in DIR (default: a temporary
 directory under ./results, the file system results live on). Then the cheapest real point of the
-project, a 4096-parameter torch checkpoint save/load (hpcdl.checkpoint.measure.run_point), run
+project, a 4096-parameter torch checkpoint save/load (hpcdl.studies.checkpoint.measure.run_point), run
 bare and through the store: the ratio is the store's share of a point's time at its worst.
 """
 
@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import emit, parser  # noqa: E402
 
-from hpcdl.checkpoint import measure  # noqa: E402
-from hpcdl.points import StudyRun, point_key, read_record  # noqa: E402
+from hpcdl.studies.checkpoint import measure  # noqa: E402
+from hpcdl.platform.points import StudyRun, point_key, read_record  # noqa: E402
 
 
 def _record(rows: int) -> list[dict]:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -19,13 +20,15 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# the ranks import the rank target "spatial_conv:conv_fwd_bwd" from this directory
+BENCH_DIR = str(Path(__file__).resolve().parent)
 
-from hpcdl.layers import build_spec  # noqa: E402
-from hpcdl.perfmodel.calibrate import fit_machine  # noqa: E402
-from hpcdl.perfmodel.oracle import Strategy, predict  # noqa: E402
-from hpcdl.results import available_cores  # noqa: E402
-from hpcdl.runtime.launch import run_ranks  # noqa: E402
-from hpcdl.spatial.data import ensure_dataset  # noqa: E402
+from hpcdl.common.layers import build_spec  # noqa: E402
+from hpcdl.platform.rank_runtime.launch import run_ranks  # noqa: E402
+from hpcdl.platform.results import available_cores  # noqa: E402
+from hpcdl.studies.spatial.data import ensure_dataset  # noqa: E402
+from hpcdl.studies.spatial.perfmodel.calibrate import fit_machine  # noqa: E402
+from hpcdl.studies.spatial.perfmodel.oracle import Strategy, predict  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -38,12 +41,14 @@ def main(argv=None) -> int:
                     help="compute before each timed collective in the calibration (0: back to back)")
     ap.add_argument("--csv", help="also write the table here")
     args = ap.parse_args(argv)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (BENCH_DIR, os.environ.get("PYTHONPATH", "")) if p)  # inherited by the ranks
     g = args.grid
     rows = []
 
     conv = {}
     for n in (1, 2):
-        res = run_ranks("hpcdl.spatial.bench:conv_fwd_bwd", n, {
+        res = run_ranks("spatial_conv:conv_fwd_bwd", n, {
             "shape": (g, g, g), "cin": args.channels, "cout": args.channels, "kernel": 3, "batch": args.batch,
             "repeats": 7}, timeout_s=600)
         conv[n] = (max(r["time_s"] for r in res), max(r["halo_s"] for r in res))
@@ -57,13 +62,13 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = ensure_dataset(tmp, (g, g, g), 16, 0, (0.5, 2.0), (-3.0, -1.0))
         spec = build_spec((g, g, g), model)
-        cal = run_ranks("hpcdl.spatial.calibration:calibrate_rank", 2, {
+        cal = run_ranks("hpcdl.studies.spatial.calibration:calibrate_rank", 2, {
             "specs": [(spec, args.batch)], "data_dir": str(data),
             "sizes_bytes": [1024, 65536, 1048576, 4194304],
             "fractions": [1.0, 0.5, 0.25], "repeats": 5, "comm_gap_s": args.comm_gap_ms / 1e3},
             timeout_s=600)[0]
         def train(n, **kw):
-            res = run_ranks("hpcdl.spatial.train:train_run", n, {
+            res = run_ranks("hpcdl.studies.spatial.train:train_run", n, {
                 "data_dir": str(data), "n_data": 1, "grid": (n, 1), "model": model, "batch_size": args.batch,
                 "iterations": args.iterations, "lr": 1e-3, "seed": 0, **kw}, timeout_s=600)
             it = pd.DataFrame([{**rec, "rank": r["rank"]} for r in res for rec in r["records"]])

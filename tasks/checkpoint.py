@@ -1,12 +1,12 @@
 """Checkpoint-cost study as a PyCOMPSs application: every sweep point is one task.
 
     python -m tasks.checkpoint --config configs/default.yaml     # local backend
-    python -m hpcdl.runtime.compss command checkpoint --config FILE    # prints the runcompss command line
+    python -m hpcdl compss command checkpoint --config FILE    # prints the runcompss command line
 
 Writes raw/io.csv (save/load cost per format, mode, size, ranks), raw/resume.csv
 (bit-identical resume per format) and raw/overhead.csv (throughput vs checkpoint
 interval). A failing point becomes a row with status=failed and its error; the rest runs.
-Every point's record is kept in <results>/checkpoint/points/ as it finishes (hpcdl.points): a
+Every point's record is kept in <results>/checkpoint/points/ as it finishes (hpcdl.platform.points): a
 rerun after a kill runs only the points not finished yet.
 """
 
@@ -18,11 +18,11 @@ import time
 
 import pandas as pd
 
-from hpcdl.checkpoint import distributed, measure, plan, training
-from hpcdl.points import StudyRun, failed_row
-from hpcdl.results import write_table
-from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
-from hpcdl.runtime.app import start_app
+from hpcdl.studies.checkpoint import distributed, measure, plan, training
+from hpcdl.platform.points import StudyRun, failed_row
+from hpcdl.platform.results import write_table
+from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
+from hpcdl.platform.task_runtime.app import start_app
 
 
 @on_failure(management="IGNORE", returns=None)

@@ -1,7 +1,7 @@
 """Heterogeneous-memory study as a PyCOMPSs application: every mini-app kernel is one task.
 
     python -m tasks.hetmem --config configs/default.yaml          # local backend
-    python -m hpcdl.runtime.compss command hetmem --config FILE    # prints the runcompss command line
+    python -m hpcdl compss command hetmem --config FILE    # prints the runcompss command line
 
 A task compiles the kernels, traces its app under valgrind lackey, simulates the two-tier
 reference (simulated: this machine has one memory tier), validates the differential estimator
@@ -18,11 +18,11 @@ import time
 
 import pandas as pd
 
-from hpcdl.hetmem import run
-from hpcdl.points import StudyRun, failed_row
-from hpcdl.results import write_table
-from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
-from hpcdl.runtime.app import start_app
+from hpcdl.studies.hetmem import run
+from hpcdl.platform.points import StudyRun, failed_row
+from hpcdl.platform.results import write_table
+from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
+from hpcdl.platform.task_runtime.app import start_app
 
 # keys of the block only the analysis reads, or that only say where/how tasks run
 _NOT_COMPUTED = ("runtime", "computing_units", "apps", "error_ceiling", "speedup_floor", "bound_tolerance")

@@ -1,7 +1,7 @@
 """HPO study as a PyCOMPSs application: Optuna ask-and-tell here, each trial's epoch chunk a task.
 
     python -m tasks.hpo --config configs/default.yaml     # local backend
-    python -m hpcdl.runtime.compss command hpo --config FILE    # prints the runcompss command line
+    python -m hpcdl compss command hpo --config FILE    # prints the runcompss command line
 
 Re-running continues the studies in the journal (results/hpo/journal/): finished trials are kept,
 trials in flight when a previous driver died are marked FAIL and replaced.
@@ -14,12 +14,12 @@ import sys
 
 import pandas as pd
 
-from hpcdl.data.fashion_mnist import load_split
-from hpcdl.hpo import driver, records, storage, train
-from hpcdl.hpo.plan import plan_studies
-from hpcdl.points import StudyRun
-from hpcdl.results import write_table
-from hpcdl.runtime import (
+from hpcdl.common.fashion_mnist import load_split
+from hpcdl.studies.hpo import driver, records, storage, train
+from hpcdl.studies.hpo.plan import plan_studies
+from hpcdl.platform.points import StudyRun
+from hpcdl.platform.results import write_table
+from hpcdl.platform.task_runtime import (
     BACKEND,
     compss_wait_on,
     constraint,
@@ -28,8 +28,8 @@ from hpcdl.runtime import (
     set_local_cores,
     task,
 )
-from hpcdl.runtime.app import start_app
-from hpcdl.runtime.units import units_var
+from hpcdl.platform.task_runtime.app import start_app
+from hpcdl.platform.task_runtime.units import units_var
 
 
 @on_failure(management="IGNORE", returns=None)

@@ -1,9 +1,9 @@
 """Malleability study as a PyCOMPSs application: every experiment point is one task.
 
     python -m tasks.malleable --config configs/default.yaml        # local backend
-    python -m hpcdl.runtime.compss command malleable --config FILE   # prints the runcompss command line
+    python -m hpcdl compss command malleable --config FILE   # prints the runcompss command line
 
-Each task runs its point in a driver process group (hpcdl.malleable.driver): (a) a thread-count
+Each task runs its point in a driver process group (hpcdl.studies.malleable.driver): (a) a thread-count
 change by API, signal or quota; (b) a quota cut with threads kept or followed; (c) a job workload
 under one co-scheduling policy. Writes raw/points.csv (one row per point: status ok / failed /
 skipped with the reason), raw/series.csv (every iteration of every job), raw/changes.csv (every
@@ -16,11 +16,11 @@ from __future__ import annotations
 import sys
 import time
 
-from hpcdl.malleable import measure, plan
-from hpcdl.points import StudyRun, failed_row
-from hpcdl.results import write_table
-from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
-from hpcdl.runtime.app import start_app
+from hpcdl.studies.malleable import measure, plan
+from hpcdl.platform.points import StudyRun, failed_row
+from hpcdl.platform.results import write_table
+from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
+from hpcdl.platform.task_runtime.app import start_app
 
 TABLES = ("points", "series", "changes", "decisions", "jobs")
 

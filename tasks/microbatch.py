@@ -1,14 +1,14 @@
 """Micro-batched convolution study as a PyCOMPSs application: every network is one task.
 
     python -m tasks.microbatch --config configs/default.yaml     # local backend
-    python -m hpcdl.runtime.compss command microbatch --config FILE    # prints the runcompss command line
+    python -m hpcdl compss command microbatch --config FILE    # prints the runcompss command line
 
 A task benchmarks every candidate algorithm per kernel and micro-batch size of one network's conv
 layers, plans with the DP per kernel and the ILP over the network, executes the plans against the
 framework's default layer, and checks exactness. Writes raw/bench.csv, plans.csv, budget.csv,
 execution.csv, exactness.csv and planning.csv. A failing network becomes a row with status=failed
 and its error in every table; the rest runs. Every network's record is kept in
-<results>/microbatch/points/ as it finishes (hpcdl.points): a rerun runs only what is not finished.
+<results>/microbatch/points/ as it finishes (hpcdl.platform.points): a rerun runs only what is not finished.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import time
 
 import pandas as pd
 
-from hpcdl.microbatch import measure, plan
-from hpcdl.points import StudyRun, failed_row
-from hpcdl.results import write_table
-from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
-from hpcdl.runtime.app import start_app
+from hpcdl.studies.microbatch import measure, plan
+from hpcdl.platform.points import StudyRun, failed_row
+from hpcdl.platform.results import write_table
+from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
+from hpcdl.platform.task_runtime.app import start_app
 
 RAW = ("bench", "plans", "budget", "execution", "exactness", "planning")
 

@@ -2,14 +2,14 @@
 strategy's capacity search is one task.
 
     python -m tasks.offload --config configs/default.yaml     # local backend
-    python -m hpcdl.runtime.compss command offload --config FILE    # prints the runcompss command line
+    python -m hpcdl compss command offload --config FILE    # prints the runcompss command line
 
 Writes raw/steps.csv (per strategy and depth: peak fast-tier bytes, peak RSS, step time split into
 forward / backward / optimizer / exposed transfer, bytes moved each way, hidden fraction, final
 weights' sha256), raw/timeline.csv (every span of the last measured step of each point) and
 raw/capacity.csv (largest depth under the fast-tier budget, per strategy). A failing point becomes
 a row with status=failed and its error; the rest runs. Every point's record is kept in
-<results>/offload/points/ as it finishes (hpcdl.points).
+<results>/offload/points/ as it finishes (hpcdl.platform.points).
 """
 
 from __future__ import annotations
@@ -20,18 +20,18 @@ import time
 
 import pandas as pd
 
-from hpcdl.offload import plan
-from hpcdl.points import StudyRun, failed_row
-from hpcdl.results import write_table
-from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
-from hpcdl.runtime.app import start_app
+from hpcdl.studies.offload import plan
+from hpcdl.platform.points import StudyRun, failed_row
+from hpcdl.platform.results import write_table
+from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
+from hpcdl.platform.task_runtime.app import start_app
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_OFFLOAD_UNITS")
 @task(returns=1)
 def run_point(point: dict, slot) -> dict:
-    from hpcdl.offload.train import measure_point
+    from hpcdl.studies.offload.train import measure_point
 
     return slot.run(measure_point, point)
 
@@ -40,7 +40,7 @@ def run_point(point: dict, slot) -> dict:
 @constraint(computing_units="$HPCDL_OFFLOAD_UNITS")
 @task(returns=1)
 def capacity_point(point: dict, slot) -> dict:
-    from hpcdl.offload.capacity import search_point
+    from hpcdl.studies.offload.capacity import search_point
 
     return slot.run(search_point, point)
 
@@ -58,7 +58,7 @@ def main(argv=None) -> None:
     cfg = start_app("offload", argv, __doc__.splitlines()[0])
     run = StudyRun(cfg, "offload")
     slow, owned = plan.slow_dir(cfg)
-    from hpcdl.offload.slowtier import SlowTierError, check_slow_dir, remove_stale_runs
+    from hpcdl.studies.offload.slowtier import SlowTierError, check_slow_dir, remove_stale_runs
 
     if owned:
         slow.mkdir(parents=True, exist_ok=True)

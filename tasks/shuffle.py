@@ -1,13 +1,13 @@
 """Shuffle-fraction study as a PyCOMPSs application: each sweep point is one task launching its M ranks.
 
     python -m tasks.shuffle --config configs/default.yaml          # local backend
-    python -m hpcdl.runtime.compss command shuffle --config FILE    # prints the runcompss command line
+    python -m hpcdl compss command shuffle --config FILE    # prints the runcompss command line
 
 Writes raw/epochs.csv (one row per point, epoch and rank) and raw/points.csv (one row per
 point with its status; a failed point keeps its error). HPCDL_SHUFFLE_KILL="POINT:RANK:EPOCH"
 makes RANK of sweep point POINT ("*" = every partial point) die inside its exchange of
 EPOCH (fault-injection for tests). Every point's record is kept in <results>/shuffle/points/ as
-it finishes (hpcdl.points): a rerun after a kill runs only the points not finished yet.
+it finishes (hpcdl.platform.points): a rerun after a kill runs only the points not finished yet.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import sys
 
 import pandas as pd
 
-from hpcdl.points import StudyRun, failed_row
-from hpcdl.results import write_table
-from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
-from hpcdl.runtime.app import start_app
-from hpcdl.shuffle import data as shuffle_data
-from hpcdl.shuffle import run, sweep
+from hpcdl.platform.points import StudyRun, failed_row
+from hpcdl.platform.results import write_table
+from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
+from hpcdl.platform.task_runtime.app import start_app
+from hpcdl.studies.shuffle import data as shuffle_data
+from hpcdl.studies.shuffle import run, sweep
 
 KILL_ENV = "HPCDL_SHUFFLE_KILL"
 

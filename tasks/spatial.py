@@ -1,14 +1,14 @@
 """Spatial scaling study as a PyCOMPSs application: every scaling run is one task launching its ranks.
 
     python -m tasks.spatial --config configs/default.yaml          # local backend
-    python -m hpcdl.runtime.compss command spatial --config FILE    # prints the runcompss command line
+    python -m hpcdl compss command spatial --config FILE    # prints the runcompss command line
 
 Order: the float64 exactness check, then the scaling runs' repeats, each repeat preceded by one round of
 the calibration microbenchmarks (calibration.rounds; rounds beyond the repeats run at the end).
 Each task reserves the cores of the largest run (HPCDL_SPATIAL_UNITS) and the main program
 waits for each timed task before submitting the next, so no two timed runs overlap.
 Writes raw/{exactness,calibration,runs,iterations,ranks}.csv (+ provenance). Every result is kept in
-<results>/spatial/points/ as it finishes (hpcdl.points): a rerun after a kill keeps the order and
+<results>/spatial/points/ as it finishes (hpcdl.platform.points): a rerun after a kill keeps the order and
 reuses the exactness checks, calibration and runs already done whose parameters are unchanged.
 """
 
@@ -19,32 +19,32 @@ import sys
 
 import pandas as pd
 
-from hpcdl.points import StudyRun, failed_row
-from hpcdl.results import available_cores, write_table
-from hpcdl.runtime import compss_wait_on, constraint, failure_reason, on_failure, task
-from hpcdl.runtime.app import start_app
-from hpcdl.spatial import runs
+from hpcdl.platform.points import StudyRun, failed_row
+from hpcdl.platform.results import available_cores, write_table
+from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
+from hpcdl.platform.task_runtime.app import start_app
+from hpcdl.studies.spatial import compute, sweep
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_SPATIAL_UNITS")
 @task(returns=1)
 def exactness(block, layout, slot):
-    return slot.run(runs.exactness_point, block, layout)
+    return slot.run(compute.exactness_point, block, layout)
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_SPATIAL_UNITS")
 @task(returns=1)
 def calibrate(block, resources_dir, round_index, slot):
-    return slot.run(runs.calibrate_point, block, resources_dir, round_index)
+    return slot.run(compute.calibrate_point, block, resources_dir, round_index)
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_SPATIAL_UNITS")
 @task(returns=1)
 def scaling_run(point, block, resources_dir, slot):
-    return slot.run(runs.run_point, point, block, resources_dir)
+    return slot.run(compute.run_point, point, block, resources_dir)
 
 
 def _log(msg: str) -> None:
@@ -57,12 +57,12 @@ def main(argv=None) -> None:
     block, res_dir = cfg["spatial"], os.path.abspath(cfg["data"]["resources_dir"])
     study = StudyRun(cfg, "spatial")
     out = study.dir / "raw"
-    points = runs.expand(block)
+    points = sweep.expand(block)
     for p in points:  # generate every field cache once, before any task reads it
-        runs.dataset_for(block, res_dir, p["shape"])
+        compute.dataset_for(block, res_dir, p["shape"])
     # Each task gets (and each stored result is keyed by) only the part of the block it reads.
-    ex_block, cal_block, run_block = runs.exactness_block(block), runs.calibration_block(block), \
-        runs.run_block(block)
+    ex_block, cal_block, run_block = sweep.exactness_block(block), sweep.calibration_block(block), \
+        sweep.run_block(block)
 
     (ex,) = study.gather([study.submit("exactness", block["exactness"]["layouts"],
                                        lambda lay, slot: exactness(ex_block, lay, slot),

@@ -51,16 +51,16 @@ def main(binding: str, study: str, config: str, out_json: str) -> None:
     recorder = Recorder(tempfile.mkdtemp(prefix="pycompss-master-"))
     COMPSs.compss = recorder
 
-    from hpcdl.config import load_config
-    from hpcdl.runtime.compss import units_assignments
+    from hpcdl.platform.config import load_config
+    from hpcdl.platform.task_runtime.compss import units_assignments
 
     for word in units_assignments(study, load_config(config), resolve_now=True):
         name, value = word.split("=", 1)
         os.environ[name] = value
 
-    import hpcdl.runtime
+    import hpcdl.platform.task_runtime
 
-    assert hpcdl.runtime.BACKEND == "compss", hpcdl.runtime.BACKEND_INFO
+    assert hpcdl.platform.task_runtime.BACKEND == "compss", hpcdl.platform.task_runtime.BACKEND_INFO
     app = importlib.import_module(f"tasks.{study}")
     tasks = {name: obj for name, obj in vars(app).items()
              if inspect.isfunction(obj) and obj.__module__ == app.__name__ and hasattr(obj, "__wrapped__")}

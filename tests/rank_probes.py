@@ -1,4 +1,4 @@
-"""Rank functions only the tests launch (hpcdl.runtime.launch.run_ranks("rank_probes:<name>", ...)):
+"""Rank functions only the tests launch (hpcdl.platform.rank_runtime.launch.run_ranks("rank_probes:<name>", ...)):
 fault probes and the layer-level exactness check. conftest.py puts tests/ on the ranks' PYTHONPATH."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpcdl.layers import padding_for
-from hpcdl.spatial.exactness import rel_err, sum_over_layout, world_layout
-from hpcdl.spatial.model import SpatialConv3d
-from hpcdl.spatial.partition import split_sizes
+from hpcdl.common.layers import padding_for
+from hpcdl.studies.spatial.exactness import rel_err, sum_over_layout, world_layout
+from hpcdl.studies.spatial.model import SpatialConv3d
+from hpcdl.studies.spatial.partition import split_sizes
 
 
 def environment(names: list[str]) -> dict:

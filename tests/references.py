@@ -6,10 +6,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpcdl.layers import build_spec
-from hpcdl.shuffle.plan import rank_plan
-from hpcdl.spatial.data import SlabReader
-from hpcdl.spatial.model import CosmoFlow
+from hpcdl.common.layers import build_spec
+from hpcdl.studies.shuffle.plan import rank_plan
+from hpcdl.studies.spatial.data import SlabReader
+from hpcdl.studies.spatial.model import CosmoFlow
 
 
 def reference_losses(data_dir: str, model: dict, batch_size: int, iterations: int, lr: float, seed: int,

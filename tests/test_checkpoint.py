@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from hpcdl.checkpoint import analysis, integrity, measure, plan, saver, state, training
-from hpcdl.checkpoint.formats import FORMATS
+from hpcdl.studies.checkpoint import analysis, integrity, measure, plan, saver, state, training
+from hpcdl.studies.checkpoint.formats import FORMATS
 
 ALL = list(FORMATS)
 
@@ -122,7 +122,7 @@ def test_torch_format_loads_weights_only(tmp_path):
     t = saver.save(small_state(), tmp_path, "ck", "torch")
     evil = t.path / "state.pt"
     torch.save({"x": torch.zeros(1), "f": training.Loader(4, 2, 0)}, evil)
-    from hpcdl.checkpoint import formats
+    from hpcdl.studies.checkpoint import formats
 
     with pytest.raises(Exception, match="[Ww]eights only load failed"):
         formats.get("torch").read(t.path)

@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 import torch
 
-from hpcdl.checkpoint import integrity, saver
-from hpcdl.checkpoint.formats import FORMATS
-from hpcdl.config import ConfigError, load_config
+from hpcdl.studies.checkpoint import integrity, saver
+from hpcdl.studies.checkpoint.formats import FORMATS
+from hpcdl.platform.config import ConfigError, load_config
 
 # Saves a small checkpoint, then a 64 MiB one that stops at a known point of the commit and
 # says so; the parent kills it there. "payload": every payload file written, nothing fsync'd,
@@ -23,7 +23,7 @@ from hpcdl.config import ConfigError, load_config
 KILLED_CHILD = """
 import os, signal, sys, torch
 from pathlib import Path
-from hpcdl.checkpoint import integrity, saver
+from hpcdl.studies.checkpoint import integrity, saver
 root, fmt, stop = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 
 def halt(where):
@@ -116,7 +116,7 @@ def test_task_app_end_to_end_with_a_failing_point(tmp_path, write_config, test_c
     block = _block(test_config, sizes={"min_params": 4096, "max_params": 262144, "points": 2},
                    scratch_limit_mb=2, dcp_ranks=[2])
     path = write_config(studies=["checkpoint"], checkpoint=block)
-    from hpcdl.cli import main as cli
+    from hpcdl.platform.cli import main as cli
     from tasks import checkpoint as app
 
     app.main(["--config", str(path)])

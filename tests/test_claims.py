@@ -3,7 +3,7 @@
 Each study's baseline tables below pass all its claims; a case mutates them and names the
 status the claim must then have (and, for a missing input, words the reason must contain).
 `test_every_declared_claim_has_a_pass_fail_and_missing_case` fails when a study declares a
-claim (its analysis module's CLAIMS) that has no case of each kind here.
+claim (its claims stage's CLAIMS) that has no case of each kind here.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hpcdl.claims import claim, declared, every, not_measured, write_claims
-from hpcdl.config import STUDIES
-from hpcdl.shuffle.run import SAMPLE_BYTES
+from hpcdl.platform.claims import claim, declared, every, not_measured, write_claims
+from hpcdl.platform.config import STUDIES
+from hpcdl.studies.shuffle.run import SAMPLE_BYTES
 
 OUTCOMES = ("passed", "failed", "not_measured")
 
@@ -880,9 +880,9 @@ def _run(study, mutate, tmp_path):
     cfg, tables = BUILDERS[study]()
     if mutate is not None:
         mutate(cfg, tables)
-    analysis = importlib.import_module(f"hpcdl.{study}.analysis")
-    claims = analysis.claims(cfg, _write(tmp_path / study, tables))
-    write_claims(tmp_path / study, study, claims, analysis.CLAIMS)  # every id declared, every field sound
+    stage = importlib.import_module(f"hpcdl.studies.{study}.claims")
+    claims = stage.judge(cfg, _write(tmp_path / study, tables))
+    write_claims(tmp_path / study, study, claims, stage.CLAIMS)  # every id declared, every field sound
     return claims
 
 
@@ -916,11 +916,11 @@ def test_claim_outcome(study, cid, outcome, mutate, words, tmp_path):
 @pytest.mark.parametrize("study", STUDIES)
 def test_baseline_passes_every_claim_and_emits_only_declared_ids(study, tmp_path):
     claims = _run(study, None, tmp_path)
-    analysis = importlib.import_module(f"hpcdl.{study}.analysis")
+    declared_ids = importlib.import_module(f"hpcdl.studies.{study}.claims").CLAIMS
     assert {c["status"] for c in claims} == {"passed"}, [c for c in claims if not c["passed"]]
-    ids = {d for d in analysis.CLAIMS if any(declared(c["id"], [d]) for c in claims)}
-    assert ids == set(analysis.CLAIMS), (
-        f"{study} declares claims it never emits: {set(analysis.CLAIMS) - ids}"
+    ids = {d for d in declared_ids if any(declared(c["id"], [d]) for c in claims)}
+    assert ids == set(declared_ids), (
+        f"{study} declares claims it never emits: {set(declared_ids) - ids}"
     )
 
 
@@ -929,7 +929,7 @@ def test_every_declared_claim_has_a_pass_fail_and_missing_case():
     absent = [
         (study, cid, o)
         for study in STUDIES
-        for cid in importlib.import_module(f"hpcdl.{study}.analysis").CLAIMS
+        for cid in importlib.import_module(f"hpcdl.studies.{study}.claims").CLAIMS
         for o in OUTCOMES
         if (study, cid, o) not in covered
     ]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcdl.config import ConfigError
-from hpcdl.runtime import compss
+from hpcdl.platform.config import ConfigError
+from hpcdl.platform.task_runtime import compss
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,7 +54,7 @@ def test_compss_task_app_writes_xml_then_runs(tmp_path, monkeypatch):
     cmd = compss.task_app_command("checkpoint", "results/checkpoint/config.json", cfg_for(tmp_path))
     rdir = tmp_path / "results" / "checkpoint" / "compss" / "checkpoint_run"
     xml_part, run_part = cmd.removeprefix("(").removesuffix(")").split(" && ")
-    assert xml_part == (f"python -m hpcdl.runtime.compss xml --out {rdir} --working-dir {rdir}/worker "
+    assert xml_part == (f"python -m hpcdl compss xml --out {rdir} --working-dir {rdir}/worker "
                         '--cpus "${SLURM_CPUS_PER_TASK:-$(nproc)}"')
     run = shlex.split(run_part)
     assert run[:2] == ["HPCDL_CHECKPOINT_UNITS=2", "runcompss"]  # set where COMPSs reads it
@@ -76,7 +76,7 @@ def test_fixed_computing_units_and_extra_flags(tmp_path):
 def test_site_xml_skips_generation(tmp_path):
     cfg = cfg_for(tmp_path, project_xml="/site/project.xml", resources_xml="/site/resources.xml")
     cmd = compss.task_app_command("checkpoint", "/c.json", cfg)
-    assert "hpcdl.runtime.compss xml" not in cmd
+    assert "hpcdl compss xml" not in cmd
     argv = shlex.split(cmd)
     assert "--project=/site/project.xml" in argv and "--resources=/site/resources.xml" in argv
 
@@ -129,7 +129,7 @@ def test_bad_compss_block_names_the_key(tmp_path, block, key):
 
 def test_xml_subcommand_writes_parseable_files(tmp_path):
     out = tmp_path / "rule"
-    subprocess.run([sys.executable, "-m", "hpcdl.runtime.compss", "xml", "--out", str(out), "--cpus", "3",
+    subprocess.run([sys.executable, "-m", "hpcdl", "compss", "xml", "--out", str(out), "--cpus", "3",
                     "--working-dir", str(out / "worker")], check=True, cwd=REPO, capture_output=True)
     res = ET.parse(out / "resources.xml").getroot()
     assert res.find("./ComputeNode/Processor/ComputingUnits").text == "3"
@@ -157,7 +157,7 @@ def test_runtime_cpus_expand_in_a_shell(tmp_path):
 def test_enqueue_cli_prints_the_command_with_an_absolute_config(tmp_path):
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(f"results_dir: {tmp_path / 'results'}\nstudies: [checkpoint]\ncheckpoint: {{}}\n")
-    out = subprocess.run([sys.executable, "-m", "hpcdl.runtime.compss", "enqueue", "checkpoint",
+    out = subprocess.run([sys.executable, "-m", "hpcdl", "compss", "enqueue", "checkpoint",
                           "--config", "c.yaml"], cwd=tmp_path, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     argv = shlex.split(out.stdout)
@@ -166,7 +166,7 @@ def test_enqueue_cli_prints_the_command_with_an_absolute_config(tmp_path):
 
 
 def test_schema_fills_compss_defaults_and_names_bad_keys(test_config):
-    from hpcdl.config import validate_config
+    from hpcdl.platform.config import validate_config
 
     cfg = validate_config({**test_config, "compss": {"queue": "gp"}})
     assert cfg["compss"]["python_interpreter"] == "python3" and cfg["compss"]["computing_units"] is None
@@ -178,7 +178,7 @@ def test_schema_fills_compss_defaults_and_names_bad_keys(test_config):
 
 
 def _compss_cfg(test_config, tmp_path):
-    from hpcdl.config import validate_config
+    from hpcdl.platform.config import validate_config
 
     cfg = {**test_config, "results_dir": str(tmp_path / "results")}
     for study in cfg["studies"]:
@@ -214,7 +214,7 @@ def test_a_var_setting_is_expanded_by_the_shell_that_runs_the_rule(test_config, 
 
 
 def test_enqueue_resolves_a_var_setting_now_or_names_it(test_config, tmp_path, monkeypatch):
-    from hpcdl.runtime.units import UnitsError
+    from hpcdl.platform.task_runtime.units import UnitsError
 
     cfg = _compss_cfg(test_config, tmp_path)
     cfg["hpo"]["computing_units"] = "$HPCDL_TEST_CORES"
@@ -230,7 +230,7 @@ def test_command_cli_prints_the_rule_command(tmp_path):
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(f"results_dir: {tmp_path / 'results'}\nstudies: [checkpoint]\n"
                         "checkpoint: {runtime: compss, computing_units: '3'}\n")
-    out = subprocess.run([sys.executable, "-m", "hpcdl.runtime.compss", "command", "checkpoint",
+    out = subprocess.run([sys.executable, "-m", "hpcdl", "compss", "command", "checkpoint",
                           "--config", "c.yaml"], cwd=tmp_path, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert "HPCDL_CHECKPOINT_UNITS=3 runcompss --lang=python" in out.stdout

@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from hpcdl.config import STUDIES, ConfigError, check_inside, load_config, study_config, validate_config
+from hpcdl.platform.config import STUDIES, ConfigError, check_inside, load_config, study_config, validate_config
 
 REPO_CONFIGS = ["default.yaml", "paper.yaml", "test.yaml"]
 
@@ -65,7 +65,7 @@ def test_study_config_keeps_only_its_block(repo):
 
 
 def test_task_app_command_line_exits_2_with_the_key(tmp_path, capsys):
-    from hpcdl.config import config_from_args
+    from hpcdl.platform.config import config_from_args
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("studies: [nope]\n")

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import yaml
 
-from hpcdl.config import ConfigError, validate_config
-from hpcdl.hetmem import agent, reference
-from hpcdl.hetmem.estimator import DifferentialEstimator, sample_misses
-from hpcdl.hetmem.layout import PAGE, Layout, PlacementError
-from hpcdl.hetmem.run import build_estimator, run_app
-from hpcdl.hetmem.trace import (
+from hpcdl.platform.config import ConfigError, validate_config
+from hpcdl.studies.hetmem import agent, reference
+from hpcdl.studies.hetmem.estimator import DifferentialEstimator, sample_misses
+from hpcdl.studies.hetmem.layout import PAGE, Layout, PlacementError
+from hpcdl.studies.hetmem.run import build_estimator, run_app
+from hpcdl.studies.hetmem.trace import (
     KIND_LOAD,
     KIND_STORE,
     Obj,
@@ -278,7 +278,7 @@ def test_one_app_end_to_end_gives_rows_for_every_placement_and_policy(tmp_path, 
 def test_gpu_probe_without_cuda_says_so_and_its_kernels_run_on_cpu_tensors(tmp_path, capsys):
     import torch
 
-    from hpcdl.hetmem import gpu_probe
+    from hpcdl.studies.hetmem import gpu_probe
 
     if torch.cuda.is_available():
         pytest.skip("CUDA present: the probe itself is the GPU command")

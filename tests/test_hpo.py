@@ -1,4 +1,4 @@
-"""Unit tests of hpcdl.hpo: chunked training, search space, driver loop, resume, config checks."""
+"""Unit tests of hpcdl.studies.hpo: chunked training, search space, driver loop, resume, config checks."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 import yaml
 from optuna.trial import TrialState
 
-from hpcdl.config import ConfigError, validate_config
-from hpcdl.hpo import driver, plan, space, storage, train
-from hpcdl.hpo.train import DataSpec
+from hpcdl.platform.config import ConfigError, validate_config
+from hpcdl.studies.hpo import driver, plan, space, storage, train
+from hpcdl.studies.hpo.train import DataSpec
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
 TINY = DataSpec(FMNIST, val_fraction=0.25, seed=0, train_limit=400, test_limit=200)
@@ -265,7 +265,7 @@ def test_rdb_storage_url_is_used_instead_of_the_journal(cfg, tmp_path):
 
 
 def test_grid_scaling_splits_speedup_into_busy_workers_and_trial_speed():
-    from hpcdl.hpo.analysis import grid_scaling
+    from hpcdl.studies.hpo.analysis import grid_scaling
 
     studies = pd.DataFrame({"study": ["grid-2w", "grid-1w", "random"], "kind": ["grid", "grid", "search"],
                             "pruner": ["none"] * 3, "workers": [2, 1, 2], "n_finished": [4, 4, 4],

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from hpcdl.config import load_config
-from hpcdl.hpo.storage import INTERRUPTED, journal_path, open_storage
+from hpcdl.platform.config import load_config
+from hpcdl.studies.hpo.storage import INTERRUPTED, journal_path, open_storage
 
 
 def _env():
@@ -70,7 +70,7 @@ def test_app_end_to_end_with_a_failing_trial(repo, tmp_path, write_config, test_
 
     for step in ("aggregate", "plot", "claims"):
         r = subprocess.run(
-            [sys.executable, "-m", "hpcdl.cli", step, "hpo", "--config", str(config)],
+            [sys.executable, "-m", "hpcdl.platform.cli", step, "hpo", "--config", str(config)],
             cwd=repo,
             env=_env(),
             capture_output=True,

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from hpcdl.config import ConfigError, validate_config
-from hpcdl.malleable import cgroups, measure, policies, response
-from hpcdl.malleable.driver import Driver
-from hpcdl.malleable.job import read_log
-from hpcdl.malleable.scheduler import CoScheduler
+from hpcdl.platform.config import ConfigError, validate_config
+from hpcdl.studies.malleable import cgroups, measure, policies, response
+from hpcdl.studies.malleable.driver import Driver
+from hpcdl.studies.malleable.job import read_log
+from hpcdl.studies.malleable.scheduler import CoScheduler
 
 DATA = "/usr/share/datasets/fashion-mnist"
 TINY = {"batch_size": 32, "model": {"width": 8, "depth": 1}, "data_dir": DATA, "seed": 0}
@@ -158,7 +158,7 @@ def test_garbage_in_the_control_file_is_ignored_with_a_line_naming_the_file(tmp_
 
 
 def test_set_threads_refuses_a_non_integer(tmp_path):
-    from hpcdl.malleable.job import JobLog, MalleableJob
+    from hpcdl.studies.malleable.job import JobLog, MalleableJob
 
     job = MalleableJob(_job_spec(tmp_path, "t", 1), JobLog(str(tmp_path / "t.jsonl"), "t"))
     with pytest.raises(TypeError, match="integer thread count"):
@@ -296,7 +296,7 @@ def test_bad_config_names_the_key(test_config, block, key):
 
 
 def test_points_cover_every_experiment(test_config):
-    from hpcdl.malleable import plan
+    from hpcdl.studies.malleable import plan
 
     cfg = validate_config(_cfg(test_config))
     pts = plan.response_points(cfg) + plan.oversub_points(cfg) + plan.cosched_points(cfg)
@@ -314,7 +314,7 @@ def test_points_cover_every_experiment(test_config):
 
 _READONLY_PROBE = """
 import json, sys
-from hpcdl.malleable import measure
+from hpcdl.studies.malleable import measure
 base = dict(cores=2, timeout_s=120, batch_size=32, model={"width": 8, "depth": 1}, data_dir=sys.argv[1],
             seed=0)
 over = measure.run({**base, "experiment": "oversub", "mode": "keep", "quotas": [2, 1],

@@ -17,14 +17,14 @@ import torch
 import yaml
 from torch import nn
 
-from hpcdl.config import ConfigError, load_config
-from hpcdl.microbatch import ilp
-from hpcdl.microbatch.algorithms import ALGORITHMS, ALL_KERNELS, FUSED, KERNELS, KernelCall, verify
-from hpcdl.microbatch.bench import benchmark_layer
-from hpcdl.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
-from hpcdl.microbatch.execute import MicroBatchedConv2d, microbatch_network
-from hpcdl.microbatch.measure import rel_err
-from hpcdl.microbatch.workloads import ConvLayer, alexnet, deepbench, resnet18
+from hpcdl.platform.config import ConfigError, load_config
+from hpcdl.studies.microbatch import ilp
+from hpcdl.studies.microbatch.algorithms import ALGORITHMS, ALL_KERNELS, FUSED, KERNELS, KernelCall, verify
+from hpcdl.studies.microbatch.bench import benchmark_layer
+from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
+from hpcdl.studies.microbatch.execute import MicroBatchedConv2d, microbatch_network
+from hpcdl.studies.microbatch.measure import rel_err
+from hpcdl.studies.microbatch.workloads import ConvLayer, alexnet, deepbench, resnet18
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_ALGS = [n for n, a in ALGORITHMS.items() if a.device == "cpu"]
@@ -406,7 +406,7 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
     assert (ex[["err_output", "err_grad_input", "err_grad_weight"]].max() <= 1e-5).all()
     for step in ("aggregate", "plot", "claims"):
         p = subprocess.run(
-            [sys.executable, "-m", "hpcdl.cli", step, "microbatch", "--config", str(path)],
+            [sys.executable, "-m", "hpcdl.platform.cli", step, "microbatch", "--config", str(path)],
             cwd=REPO,
             env=env,
             capture_output=True,

@@ -16,14 +16,14 @@ import pytest
 import torch
 import yaml
 
-from hpcdl.claims import write_claims
-from hpcdl.config import ConfigError, validate_config
-from hpcdl.offload import analysis
-from hpcdl.offload.accounting import BudgetExceeded, TensorTooLarge
-from hpcdl.offload.capacity import largest_depth
-from hpcdl.offload.slowtier import FileTier, SlowTierError
-from hpcdl.offload.timeline import Timeline
-from hpcdl.offload.train import RunSpec, train
+from hpcdl.platform.claims import write_claims
+from hpcdl.platform.config import ConfigError, validate_config
+from hpcdl.studies.offload import analysis
+from hpcdl.studies.offload.accounting import BudgetExceeded, TensorTooLarge
+from hpcdl.studies.offload.capacity import largest_depth
+from hpcdl.studies.offload.slowtier import FileTier, SlowTierError
+from hpcdl.studies.offload.timeline import Timeline
+from hpcdl.studies.offload.train import RunSpec, train
 
 OFFLOADS = ("optimizer", "activations", "both")
 W, B = 32, 48
@@ -54,7 +54,7 @@ def test_every_offload_strategy_trains_to_bit_identical_weights(tmp_path, foreac
         assert rec["weights_sha256"] == runs["none"][0]["weights_sha256"]
     # and training moved the weights (the equality is not of untouched initial values)
     init = torch.nn.Sequential(
-        *[m for m in __import__("hpcdl.offload.model", fromlist=["x"]).build_mlp(W, 3, 0)]
+        *[m for m in __import__("hpcdl.studies.offload.model", fromlist=["x"]).build_mlp(W, 3, 0)]
     )
     assert not torch.equal(next(init.parameters()), ref[0])
     assert not list(tmp_path.iterdir()), "offload files left behind"
@@ -161,8 +161,8 @@ def _unshare_ok() -> bool:
 
 IN_NAMESPACE = """
 import sys
-from hpcdl.offload.train import RunSpec, train
-from hpcdl.offload.slowtier import SlowTierError
+from hpcdl.studies.offload.train import RunSpec, train
+from hpcdl.studies.offload.slowtier import SlowTierError
 try:
     train(RunSpec(sys.argv[2], 64, 4, 256, 2, slow_dir=sys.argv[1], bucket_mb=0.05, trim_heap=False))
 except SlowTierError as exc:
@@ -201,8 +201,8 @@ def test_full_or_read_only_slow_tier_names_the_path_and_leaves_nothing(tmp_path,
 
 KILLED = """
 import os, signal, sys, torch
-from hpcdl.offload.slowtier import FileTier
-from hpcdl.offload.timeline import Timeline
+from hpcdl.studies.offload.slowtier import FileTier
+from hpcdl.studies.offload.timeline import Timeline
 tier = FileTier(sys.argv[1], Timeline())
 off = tier.reserve("acts", 1 << 20)
 tier.put(torch.ones(1 << 18), "acts", off, "activation").wait()

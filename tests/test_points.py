@@ -1,4 +1,4 @@
-"""The point store (hpcdl.points): keys, records written by the task body, reuse, retries, summary.
+"""The point store (hpcdl.platform.points): keys, records written by the task body, reuse, retries, summary.
 
 The main program here is a StudyRun whose "tasks" run inline (submit calls the body, wait returns
 the values), so every test exercises the real store on real files; tests/test_points_resume.py
@@ -12,10 +12,10 @@ import json
 import numpy as np
 import pytest
 
-from hpcdl import points
-from hpcdl.config import load_config
-from hpcdl.points import StudyRun, failed_row, point_key, read_record
-from hpcdl.spatial import runs as spatial_runs
+from hpcdl.platform import points
+from hpcdl.platform.config import load_config
+from hpcdl.platform.points import StudyRun, failed_row, point_key, read_record
+from hpcdl.studies.spatial import sweep as spatial_sweep
 
 
 class Future:
@@ -185,8 +185,8 @@ def test_spatial_units_are_keyed_by_what_they_read_only(write_config):
     block = load_config(write_config())["spatial"]  # with the schema's defaults
     changed = {**block, "strong": {**block["strong"], "layouts": [[1, 1, 1]]}, "repeats": 3, "warmup": 2,
                "extrapolate": {}, "exactness": {**block["exactness"], "layouts": []}}
-    for unit in (spatial_runs.run_block, spatial_runs.calibration_block, spatial_runs.exactness_block):
+    for unit in (spatial_sweep.run_block, spatial_sweep.calibration_block, spatial_sweep.exactness_block):
         assert unit(changed) == unit(block), unit.__name__
-    assert spatial_runs.run_block({**block, "lr": 0.5}) != spatial_runs.run_block(block)
-    assert spatial_runs.calibration_block({**block, "weak": {"grid": 4, "layouts": []}}) != \
-        spatial_runs.calibration_block(block)
+    assert spatial_sweep.run_block({**block, "lr": 0.5}) != spatial_sweep.run_block(block)
+    assert spatial_sweep.calibration_block({**block, "weak": {"grid": 4, "layouts": []}}) != \
+        spatial_sweep.calibration_block(block)

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from raw_tables import assert_same_raw_tables
 
-from hpcdl.config import STUDIES  # the registry's: a new study is checked here or fails below
+from hpcdl.platform.config import STUDIES  # the registry's: a new study is checked here or fails below
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -170,7 +170,7 @@ def test_master_context_registers_every_task_with_its_constraints(study, tmp_pat
 
 def _detect_in_subprocess(setup: str, env: dict | None = None) -> dict:
     code = (f"import sys; sys.path[:0] = [{str(BINDING)!r}, {str(REPO)!r}]\n{setup}\n"
-            "import json, hpcdl.runtime as r\n"
+            "import json, hpcdl.platform.task_runtime as r\n"
             "print(json.dumps({**r.BACKEND_INFO.as_dict(), 'task': r.task.__module__}))")
     proc = subprocess.run([sys.executable, "-c", code], env=env or _env(), capture_output=True, text=True,
                           timeout=120)
@@ -193,7 +193,7 @@ def test_detection_picks_local_outside_the_runtime_even_with_the_binding_importa
     info = _detect_in_subprocess("")
     assert info["name"] == "local" and info["pycompss_importable"] is True
     assert "not running under the COMPSs runtime" in info["why"]
-    assert info["task"] == "hpcdl.runtime.local"
+    assert info["task"] == "hpcdl.platform.task_runtime.local"
 
 
 def test_forced_pycompss_outside_the_runtime_is_the_sequential_binding():

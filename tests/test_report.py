@@ -1,6 +1,6 @@
-"""The report's front page (DESIGN.md §4 "The report opens on the verdict").
+"""The report's front page (docs/architecture.md, "Report").
 
-- hpcdl.verdict on synthetic results: claims passed / total, failing claims with their measured
+- hpcdl.platform.verdict on synthetic results: claims passed / total, failing claims with their measured
   values, not-measured claims with their reason, a study without claims.json as "not run", what ran
   from run_summary.json or (without one) from the raw tables' status column, provenance.
 - The real report of the test-scale workflow rendered in headless Chromium (slow).
@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 from chromium import Chromium, chromium_or_skip
 
-from hpcdl.claims import STATUSES, claim, not_measured, write_claims
-from hpcdl.verdict import EVIDENCE_CHARS, RUN_SUMMARY, main, render_html, verdict
+from hpcdl.platform.claims import STATUSES, claim, not_measured, write_claims
+from hpcdl.platform.verdict import EVIDENCE_CHARS, RUN_SUMMARY, main, render_html, verdict
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -11,7 +11,7 @@ from datetime import datetime
 import pandas as pd
 import pytest
 
-from hpcdl.results import (
+from hpcdl.platform.results import (
     atomic_write_text,
     config_hash,
     git_commit,

@@ -3,8 +3,9 @@
 import pytest
 import runtime_tasks as rt
 
-from hpcdl.runtime import compss_barrier, compss_wait_on, failure_reason, set_local_cores
-from hpcdl.runtime.local import LocalFuture, TaskFailedError, resolve_units
+from hpcdl.platform.task_runtime import compss_barrier, compss_wait_on, failure_reason, set_local_cores
+from hpcdl.platform.task_runtime.local import LocalFuture, TaskFailedError
+from hpcdl.platform.task_runtime.units import resolve
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +72,7 @@ def test_default_on_failure_is_retry_as_in_pycompss(tmp_path):
 
 
 def test_on_failure_management_is_mandatory_as_in_pycompss():
-    from hpcdl.runtime.local import on_failure
+    from hpcdl.platform.task_runtime.local import on_failure
 
     with pytest.raises(TypeError, match="management"):
         on_failure(returns=None)
@@ -89,13 +90,13 @@ def test_barrier_waits_for_everything():
 
 
 def test_bad_units_are_clear_errors(monkeypatch):
-    with pytest.raises(ValueError, match="integer string"):
-        resolve_units("two", "t")
-    with pytest.raises(ValueError, match=">= 1"):
-        resolve_units("0", "t")
+    with pytest.raises(ValueError, match="'two' is not a core count"):
+        resolve("two", "task t")
+    with pytest.raises(ValueError, match="'0' is not a core count"):
+        resolve("0", "task t")
     monkeypatch.delenv("HPCDL_NOT_SET", raising=False)
-    with pytest.raises(ValueError, match="HPCDL_NOT_SET"):
-        resolve_units("${HPCDL_NOT_SET}", "t")
+    with pytest.raises(ValueError, match="HPCDL_NOT_SET, which is not set"):
+        resolve("${HPCDL_NOT_SET}", "task t")
 
 
 def test_returns_a_future_not_a_value():

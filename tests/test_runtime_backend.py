@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hpcdl.runtime.app import RuntimeSelectionError, check_backend
-from hpcdl.runtime.backend import BackendInfo, detect
-from hpcdl.runtime.units import UnitsError, apply_units, resolve
+from hpcdl.platform.task_runtime.app import RuntimeSelectionError, check_backend
+from hpcdl.platform.task_runtime.backend import BackendInfo, detect
+from hpcdl.platform.task_runtime.units import UnitsError, apply_units, resolve
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -92,7 +92,7 @@ def test_bad_units_settings_name_the_key(value, message):
 
 
 def test_provenance_records_the_backend_and_derived_tables_their_tasks_backend(tmp_path):
-    from hpcdl.results import write_table
+    from hpcdl.platform.results import write_table
 
     started = time.time()
     raw = write_table(pd.DataFrame({"x": [1]}), tmp_path / "s" / "raw" / "points.csv", {"a": 1}, started)

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from references import apply_exchange
 
-from hpcdl.config import ConfigError, validate_config
-from hpcdl.shuffle import kakurenbo, partition, plan, sweep
+from hpcdl.platform.config import ConfigError, validate_config
+from hpcdl.studies.shuffle import kakurenbo, partition, plan, sweep
 
 
 def _labels(n: int, seed: int = 0) -> np.ndarray:
@@ -136,7 +136,7 @@ def test_kakurenbo_fraction_outside_0_1_is_rejected(bad):
 
 
 def test_repo_configs_expand_to_the_documented_sweeps(repo):
-    from hpcdl.config import load_config
+    from hpcdl.platform.config import load_config
 
     default = sweep.expand(load_config(repo / "configs" / "default.yaml")["shuffle"])
     labels = {(p["strategy"], p["q"], p["partitioning"], p["world_size"], p["kakurenbo_fraction"])

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 from references import apply_exchange
 
-from hpcdl.runtime.launch import RankFailure, run_ranks
-from hpcdl.shuffle import data as shuffle_data
-from hpcdl.shuffle import partition, plan
-from hpcdl.shuffle.run import SAMPLE_BYTES
+from hpcdl.platform.rank_runtime.launch import RankFailure, run_ranks
+from hpcdl.studies.shuffle import data as shuffle_data
+from hpcdl.studies.shuffle import partition, plan
+from hpcdl.studies.shuffle.run import SAMPLE_BYTES
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
 TRAIN = dict(epochs=3, batch_size=40, lr=0.1, momentum=0.9, model={"kind": "mlp_bn", "width": 8, "depth": 1})
@@ -30,7 +30,7 @@ def tiny_data(tmp_path_factory):
 
 def test_distributed_exchange_matches_the_plan_and_keeps_every_sample(tiny_data):
     m, q, seed = 3, 0.3, 5
-    res = run_ranks("hpcdl.shuffle.train:train_rank", m,
+    res = run_ranks("hpcdl.studies.shuffle.train:train_rank", m,
                     dict(data=tiny_data, strategy="partial", q=q, partitioning="skewed", alpha=0.2, seed=seed,
                          return_ids=True, **TRAIN), timeout_s=180)
     y = np.load(tiny_data["y_train"])
@@ -58,7 +58,7 @@ def test_distributed_exchange_matches_the_plan_and_keeps_every_sample(tiny_data)
 def test_rank_dying_mid_exchange_fails_fast_with_a_clear_error(tiny_data, monkeypatch):
     monkeypatch.setenv("HPCDL_COLLECTIVE_TIMEOUT_S", "15")
     with pytest.raises(RankFailure) as info:
-        run_ranks("hpcdl.shuffle.train:train_rank", 3,
+        run_ranks("hpcdl.studies.shuffle.train:train_rank", 3,
                   dict(data=tiny_data, strategy="partial", q=0.5, partitioning="random", alpha=0.1, seed=0,
                        exchange_timeout_s=15, kill={"rank": 1, "epoch": 1}, **TRAIN), timeout_s=120)
     assert not info.value.timed_out and info.value.group_formed  # failed, not the launcher's limit
@@ -83,7 +83,7 @@ def _tiny_config(write_config, **shuffle):
 
 @pytest.mark.slow
 def test_task_app_end_to_end(write_config, tmp_path):
-    from hpcdl.cli import main as cli
+    from hpcdl.platform.cli import main as cli
     from tasks.shuffle import main
 
     cfg_path = _tiny_config(write_config)

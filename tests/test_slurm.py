@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 from slurm_cluster import slurm_cluster, unavailable  # noqa: F401  (session fixture: Slurm up/down)
 
-from hpcdl.runtime.cluster import SLURM_CLIENTS, SlurmUnavailable, require_slurm, require_slurm_for
+from hpcdl.platform.slurm import SLURM_CLIENTS, SlurmUnavailable, require_slurm, require_slurm_for
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "slurm" / "Snakefile"

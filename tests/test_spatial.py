@@ -7,13 +7,20 @@ import math
 import numpy as np
 import pytest
 
-from hpcdl.config import ConfigError, validate_config
-from hpcdl.layers import build_spec, cosmoflow_spec, layer_key, n_params, padding_for
-from hpcdl.perfmodel.calibrate import fit_layer, fit_line, fit_machine
-from hpcdl.perfmodel.oracle import Machine, Strategy, extrapolate, fresh_bytes, predict, t_allreduce
-from hpcdl.spatial.calibration import compute_timings
-from hpcdl.spatial.data import SlabReader, ensure_dataset, grf
-from hpcdl.spatial.partition import plan_axis, split_sizes
+from hpcdl.common.layers import build_spec, cosmoflow_spec, layer_key, n_params, padding_for
+from hpcdl.platform.config import ConfigError, validate_config
+from hpcdl.studies.spatial.calibration import compute_timings
+from hpcdl.studies.spatial.data import SlabReader, ensure_dataset, grf
+from hpcdl.studies.spatial.partition import plan_axis, split_sizes
+from hpcdl.studies.spatial.perfmodel.calibrate import fit_layer, fit_line, fit_machine
+from hpcdl.studies.spatial.perfmodel.oracle import (
+    Machine,
+    Strategy,
+    extrapolate,
+    fresh_bytes,
+    predict,
+    t_allreduce,
+)
 
 # ---- partition plans ------------------------------------------------------------------------
 
@@ -72,7 +79,7 @@ def test_split_thinner_than_halo_yields_no_output():
 
 
 def test_model_construction_rejects_thin_split():
-    from hpcdl.spatial.model import CosmoFlow, SpatialCosmoFlow, make_layout
+    from hpcdl.studies.spatial.model import CosmoFlow, SpatialCosmoFlow, make_layout
 
     net = CosmoFlow(build_spec((8, 8, 8), {"channels": [2, 2, 2], "kernel": 5, "dense": [4]}))
     layout = make_layout((8, 1), tuple(range(8)), None, 3)
@@ -274,7 +281,7 @@ def test_extrapolation_picks_spatial_for_cosmoflow():
 
 
 def test_interquartile_mean_drops_both_tails():
-    from hpcdl.spatial.calibration import interquartile_mean
+    from hpcdl.studies.spatial.calibration import interquartile_mean
 
     assert interquartile_mean([100, 1, 2, 200, 3, 4, 5, 6]) == pytest.approx(4.5)
     assert interquartile_mean([7.0]) == 7.0

@@ -1,4 +1,4 @@
-"""The spatial task app end to end on the tiny test config, then aggregate, plot and claims."""
+"""The spatial task app end to end on the tiny test config, then its tables, figures and claims stages."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from hpcdl.cli import main as cli
+from hpcdl.platform.cli import main as cli
 from tasks.spatial import main as app
 
 
@@ -37,8 +37,8 @@ def test_spatial_app_end_to_end(tmp_path):
     assert cal["other_cpu_s"].ge(0).all() and cal["section_s"].gt(0).all()
     assert (out / "raw" / "runs.provenance.json").exists()
     assert list((tmp_path / "resources" / "spatial").glob("grf-16x16x16-*/fields.npy"))
-    for step in ("aggregate", "plot", "claims"):
-        assert cli([step, "spatial", "--config", str(path)]) == 0
+    for stage in ("tables", "figures", "claims"):
+        assert cli(["spatial", stage, "--config", str(path)]) == 0
     table = pd.read_csv(out / "tables" / "runs.csv")
     trained = table[table["kind"] != "ceiling"]
     assert trained["pred_time_per_iter_s"].gt(0).all() and table["time_per_iter_s"].gt(0).all()

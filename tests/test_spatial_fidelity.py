@@ -11,14 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hpcdl.layers import n_params, unet3d_spec
-from hpcdl.perfmodel.calibrate import fit_machine
-from hpcdl.perfmodel.oracle import Machine, Strategy, predict
-from hpcdl.runtime.launch import run_ranks
-from hpcdl.spatial.analysis import _summaries, calibration_rows, phase_loads
-from hpcdl.spatial.data import ensure_dataset
-from hpcdl.spatial.load import PhaseLoad, other_load_cores
-from hpcdl.spatial.papers import paper_predictions
+from hpcdl.common.layers import n_params, unet3d_spec
+from hpcdl.platform.rank_runtime.launch import run_ranks
+from hpcdl.studies.spatial.data import ensure_dataset
+from hpcdl.studies.spatial.load import PhaseLoad, other_load_cores
+from hpcdl.studies.spatial.papers import paper_predictions
+from hpcdl.studies.spatial.perfmodel.calibrate import fit_machine
+from hpcdl.studies.spatial.perfmodel.oracle import Machine, Strategy, predict
+from hpcdl.studies.spatial.tables import _summaries, calibration_rows, phase_loads
 
 
 def test_other_load_of_a_busy_process_outside_the_run_is_seen_in_proc_stat():
@@ -102,7 +102,7 @@ def _machine(overlap):
 
 
 def test_overlap_hides_halo_behind_interior_and_allreduce_behind_backward():
-    from hpcdl.layers import build_spec
+    from hpcdl.common.layers import build_spec
 
     spec = build_spec((64, 64, 64), {"channels": [8, 16], "dense": [16]})
     blocking = predict(spec, 4, Strategy(depth=2), _machine(False))
@@ -126,7 +126,7 @@ def test_fat_tree_taper_beyond_a_rack():
 
 
 def test_paper_predictions_at_exactly_the_papers_settings(test_config):
-    from hpcdl.config import validate_config
+    from hpcdl.platform.config import validate_config
 
     block = validate_config(test_config)["spatial"]
     rows = pd.DataFrame(paper_predictions(block))
@@ -149,8 +149,8 @@ def test_hidden_communication_trains_exactly_like_blocking(tmp_path):
     data = ensure_dataset(tmp_path, (16, 8, 8), 8, 0, (0.5, 2.0), (-3.0, -1.0))
     kw = dict(data_dir=str(data), n_data=1, grid=(2, 1), model={"channels": [3, 4], "dense": [8]},
               batch_size=2, iterations=3, lr=1e-2, seed=0, dtype="float64", bucket_kb=0.5)
-    hidden = run_ranks("hpcdl.spatial.train:train_run", 2, {**kw, "overlap": True}, timeout_s=180)
-    blocking = run_ranks("hpcdl.spatial.train:train_run", 2, {**kw, "overlap": False}, timeout_s=180)
+    hidden = run_ranks("hpcdl.studies.spatial.train:train_run", 2, {**kw, "overlap": True}, timeout_s=180)
+    blocking = run_ranks("hpcdl.studies.spatial.train:train_run", 2, {**kw, "overlap": False}, timeout_s=180)
     for h, b in zip(hidden, blocking, strict=True):
         np.testing.assert_allclose([r["loss"] for r in h["records"]], [r["loss"] for r in b["records"]],
                                    rtol=1e-12)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from references import reference_losses
 
-from hpcdl.runtime.launch import RankFailure, run_ranks
-from hpcdl.spatial.data import ensure_dataset
+from hpcdl.platform.rank_runtime.launch import RankFailure, run_ranks
+from hpcdl.studies.spatial.data import ensure_dataset
 
 TOL = 1e-10
 # kernel 1/3/5, stride 1/2, same/valid padding, an even and an uneven depth
@@ -22,7 +22,7 @@ MODEL = {"channels": [3, 4], "dense": [8]}
 def _suite(nprocs, grid):
     conv = run_ranks("rank_probes:conv_cases", nprocs, {"cases": CASES, "grid": grid},
                      timeout_s=240)
-    model = run_ranks("hpcdl.spatial.exactness:model_case", nprocs,
+    model = run_ranks("hpcdl.studies.spatial.exactness:model_case", nprocs,
                       {"shape": (16, 12, 10), "model": MODEL, "grid": grid}, timeout_s=240)
     return conv, model
 
@@ -58,7 +58,7 @@ def test_halo_larger_than_slab_fails_on_every_rank_without_hang():
 def test_dead_neighbour_is_a_halo_exchange_error_naming_the_peer(monkeypatch):
     monkeypatch.setenv("HPCDL_HALO_TIMEOUT_S", "60")
     with pytest.raises(RankFailure) as info:
-        run_ranks("hpcdl.spatial.exactness:model_case", 2,
+        run_ranks("hpcdl.studies.spatial.exactness:model_case", 2,
                   {"shape": (16, 8, 8), "model": MODEL, "die_rank": 1, "die_status": 0}, timeout_s=90)
     assert not info.value.timed_out and info.value.group_formed
     msg = str(info.value)
@@ -71,7 +71,7 @@ def test_dead_neighbour_is_a_halo_exchange_error_naming_the_peer(monkeypatch):
 def test_stalled_neighbour_times_out_with_clear_error(monkeypatch):
     monkeypatch.setenv("HPCDL_HALO_TIMEOUT_S", "3")
     with pytest.raises(RankFailure) as info:
-        run_ranks("hpcdl.spatial.exactness:model_case", 2,
+        run_ranks("hpcdl.studies.spatial.exactness:model_case", 2,
                   {"shape": (16, 8, 8), "model": MODEL, "stall_rank": 1, "stall_s": 60}, timeout_s=90)
     assert not info.value.timed_out
     # the survivor's deadline fired (the stalled rank would only wake after 60 s)
@@ -85,7 +85,7 @@ def test_hybrid_training_equals_whole_batch_training(tmp_path):
     data = ensure_dataset(tmp_path, (16, 12, 8), 8, 0, (0.5, 2.0), (-3.0, -1.0))
     kw = dict(data_dir=str(data), model=MODEL, batch_size=4, iterations=3, lr=1e-2, seed=0)
     ref = reference_losses(**kw, dtype="float64")
-    res = run_ranks("hpcdl.spatial.train:train_run", 4,
+    res = run_ranks("hpcdl.studies.spatial.train:train_run", 4,
                     {**kw, "n_data": 2, "grid": (2, 1), "dtype": "float64"}, timeout_s=240)
     assert {r["data_index"] for r in res} == {0, 1}
     losses = np.array([[rec["loss"] for rec in r["records"]] for r in res])
@@ -102,7 +102,7 @@ def test_hybrid_training_equals_whole_batch_training(tmp_path):
 
 def test_collectives_calibrate_after_the_same_compute_gap_on_both_ranks():
     sizes = [1024, 65536]
-    per_rank = run_ranks("hpcdl.spatial.calibration:collectives", 2,
+    per_rank = run_ranks("hpcdl.studies.spatial.calibration:collectives", 2,
                          {"sizes_bytes": sizes, "repeats": 2, "gap_s": 0.002}, timeout_s=120)
     for rows in per_rank:
         kinds = ("allreduce", "allgather", "exchange")
@@ -112,7 +112,7 @@ def test_collectives_calibrate_after_the_same_compute_gap_on_both_ranks():
 
 
 def test_calibration_gap_is_a_config_key_with_a_default(test_config):
-    from hpcdl.config import validate_config
+    from hpcdl.platform.config import validate_config
 
     cfg = validate_config(test_config)
     assert cfg["spatial"]["calibration"]["comm_gap_ms"] == 2.0

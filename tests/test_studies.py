@@ -1,4 +1,4 @@
-"""Study declarations (hpcdl/study.py): every registered study is complete, nothing drifts from
+"""Study declarations (hpcdl/platform/study.py): every registered study is complete, nothing drifts from
 its declaration, and a new study needs only its own files."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcdl.config import STUDIES, load_config, load_schema
-from hpcdl.study import StudySpec, registered
+from hpcdl.platform.config import STUDIES, load_config, load_schema
+from hpcdl.platform.study import StudySpec, registered
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = registered()
@@ -24,7 +24,7 @@ SPECS = registered()
 
 def test_the_studies_are_the_declared_ones():
     # Every package that declares a study is registered (a new study adds itself; no list to edit here).
-    declaring = sorted(p.parent.name for p in (REPO / "hpcdl").glob("*/__init__.py")
+    declaring = sorted(p.parent.name for p in (REPO / "hpcdl" / "studies").glob("*/__init__.py")
                        if "StudySpec(" in p.read_text())
     assert list(STUDIES) == list(SPECS) == declaring
     assert {"checkpoint", "hpo", "shuffle", "spatial"} <= set(STUDIES)  # none of today's lost
@@ -41,9 +41,9 @@ def test_a_registered_study_has_all_its_files(name):
     assert (REPO / "configs" / "schema" / f"{name}.yaml").is_file()
     assert (REPO / "tasks" / f"{name}.py").is_file()
     assert (REPO / "tests" / f"test_{name}.py").is_file(), "every study has a test module"
-    tree = ast.parse((REPO / "hpcdl" / name / "analysis.py").read_text())
-    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    assert {"aggregate", "plot", "claims"} <= defined
+    for stage, entry in (("tables", "write"), ("figures", "draw"), ("claims", "judge")):
+        tree = ast.parse((REPO / "hpcdl" / "studies" / name / f"{stage}.py").read_text())
+        assert entry in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, (stage, entry)
     for kind in ("raw_tables", "tables", "figures"):
         names = getattr(spec, kind)
         assert names and len(set(names)) == len(names), (kind, names)
@@ -62,10 +62,10 @@ def test_every_figure_has_a_caption_and_no_caption_is_orphaned(name):
     assert on_disk == {*spec.figures, "claims"}, f"captions without a figure: {on_disk - set(spec.figures)}"
 
 
-def test_plot_names_no_figure_the_spec_does_not_declare():
-    """Static check on the figure file names each plot() writes (the workflow test checks the files)."""
+def test_the_figures_stage_names_no_figure_the_spec_does_not_declare():
+    """Static check on the figure file names each figures stage writes (the workflow test checks the files)."""
     for name, spec in SPECS.items():
-        tree = ast.parse((REPO / "hpcdl" / name / "analysis.py").read_text())
+        tree = ast.parse((REPO / "hpcdl" / "studies" / name / "figures.py").read_text())
         # literal names only: a formatted name (f"{kind}_scaling.png") is checked by the workflow test
         in_fstrings = {id(c) for j in ast.walk(tree) if isinstance(j, ast.JoinedStr) for c in j.values}
         written = {node.value.removesuffix(".png") for node in ast.walk(tree)
@@ -97,52 +97,59 @@ def test_a_bad_declaration_is_refused(tmp_path, monkeypatch):
     pkg = tmp_path / "hpcdl_fake"
     (pkg / "wrong").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "wrong" / "__init__.py").write_text("from hpcdl.study import StudySpec\nSPEC = StudySpec(\n"
+    (pkg / "wrong" / "__init__.py").write_text("from hpcdl.platform.study import StudySpec\nSPEC = StudySpec(\n"
                                                "    'other', 't', ('r',), ('t',), ('f',), lambda c: 1,"
                                                " lambda c: {})\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    import hpcdl
-    import hpcdl.study as study
+    import hpcdl.platform.study as study
+    import hpcdl.studies
 
-    monkeypatch.setattr(hpcdl, "__path__", [str(pkg)])
-    monkeypatch.setitem(sys.modules, "hpcdl.wrong", None)
-    monkeypatch.delitem(sys.modules, "hpcdl.wrong")
-    with pytest.raises(TypeError, match=r"hpcdl/wrong/__init__.py: SPEC must be a StudySpec named 'wrong'"):
+    monkeypatch.setattr(hpcdl.studies, "__path__", [str(pkg)])
+    monkeypatch.setitem(sys.modules, "hpcdl.studies.wrong", None)
+    monkeypatch.delitem(sys.modules, "hpcdl.studies.wrong")
+    with pytest.raises(TypeError, match=r"hpcdl/studies/wrong/__init__.py: SPEC must be a StudySpec named 'wrong'"):
         study._discover()
 
 
 # A toy study written only into its own files, in a copy of the repository.
 TOY_FILES = {
-    "hpcdl/toy/__init__.py": '''"""Toy study: squares of the configured numbers."""
-from hpcdl.study import StudySpec
+    "hpcdl/studies/toy/__init__.py": '''"""Toy study: squares of the configured numbers."""
+from hpcdl.platform.study import StudySpec
 
 SPEC = StudySpec(name="toy", title="Toy study", raw_tables=("points",), tables=("squares",),
                  figures=("squares",), task_units=lambda cfg: 1,
                  run_resources=lambda cfg: {"mem_mb": 500, "runtime": 5})
 ''',
-    "hpcdl/toy/analysis.py": '''from pathlib import Path
+    "hpcdl/studies/toy/tables.py": '''from pathlib import Path
 
-from hpcdl.claims import claim
-from hpcdl.results import read_table, save_figure, write_table
+from hpcdl.platform.results import read_table, write_table
+
+
+def write(cfg, study_dir):
+    df = read_table(Path(study_dir) / "raw" / "points.csv")
+    write_table(df.sort_values("x"), Path(study_dir) / "tables" / "squares.csv", cfg, 0.0)
+''',
+    "hpcdl/studies/toy/figures.py": '''from pathlib import Path
+
+from hpcdl.platform.results import read_table, save_figure
+from hpcdl.platform.stages import pyplot
+
+
+def draw(cfg, study_dir):
+    df = read_table(Path(study_dir) / "tables" / "squares.csv")
+    fig, ax = pyplot().subplots()
+    ax.plot(df["x"], df["y"], "o-")
+    save_figure(fig, Path(study_dir) / "figures" / "squares.png")
+''',
+    "hpcdl/studies/toy/claims.py": '''from pathlib import Path
+
+from hpcdl.platform.claims import claim
+from hpcdl.platform.results import read_table
 
 CLAIMS = ("squares_grow",)
 
 
-def aggregate(cfg, study_dir):
-    df = read_table(Path(study_dir) / "raw" / "points.csv")
-    write_table(df.sort_values("x"), Path(study_dir) / "tables" / "squares.csv", cfg, 0.0)
-
-
-def plot(cfg, study_dir):
-    import matplotlib.pyplot as plt
-
-    df = read_table(Path(study_dir) / "tables" / "squares.csv")
-    fig, ax = plt.subplots()
-    ax.plot(df["x"], df["y"], "o-")
-    save_figure(fig, Path(study_dir) / "figures" / "squares.png")
-
-
-def claims(cfg, study_dir):
+def judge(cfg, study_dir):
     df = read_table(Path(study_dir) / "tables" / "squares.csv")
     grows = bool(df["y"].is_monotonic_increasing)
     return [claim("squares_grow", "y = x^2 grows with x", grows, y=df["y"].tolist())]
@@ -152,10 +159,11 @@ import time
 
 import pandas as pd
 
-from hpcdl.config import study_dir
-from hpcdl.results import write_table
-from hpcdl.runtime import compss_wait_on, constraint, task
-from hpcdl.runtime.app import start_app
+from hpcdl.platform.config import study_dir
+from hpcdl.platform.points import StudyRun
+from hpcdl.platform.results import write_table
+from hpcdl.platform.task_runtime import compss_wait_on, constraint, task
+from hpcdl.platform.task_runtime.app import start_app
 
 
 @constraint(computing_units="$HPCDL_TOY_UNITS")
@@ -169,6 +177,7 @@ def main(argv=None):
     started = time.time()
     rows = compss_wait_on([square(x) for x in cfg["toy"]["xs"]])
     write_table(pd.DataFrame(rows), study_dir(cfg, "toy") / "raw" / "points.csv", cfg, started)
+    StudyRun(cfg, "toy").write_summary({"ok": len(rows), "failed": 0, "skipped": 0, "total": len(rows)})
 
 
 if __name__ == "__main__":
@@ -223,7 +232,7 @@ def test_a_new_study_needs_only_its_own_files(tmp_path):
     toy2 = tmp_path / "results" / "toy2"
     assert (toy2 / "tables" / "squares.csv").read_text().split() == ["x,y", "4,16", "5,25"]
     assert json.loads((toy2 / "claims.json").read_text())["study"] == "toy2"
-    cli = subprocess.run([sys.executable, "-m", "hpcdl.cli", "plot", "toy", "--config", str(config)],
+    cli = subprocess.run([sys.executable, "-m", "hpcdl", "toy", "figures", "--config", str(config)],
                          cwd=copy, env=env, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
 

@@ -3,13 +3,14 @@
 import base64
 import html
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 from workflow_run import REPO, snakemake
 
-from hpcdl.study import registered
+from hpcdl.platform.study import registered
 
 
 @pytest.mark.slow
@@ -22,7 +23,7 @@ def test_whole_workflow_and_report(test_scale_workflow):
         claims = json.loads((study_dir / "claims.json").read_text())
         assert claims["study"] == study and claims["total"] >= 1, claims
         tables = list((study_dir / "tables").glob("*.csv"))
-        # Exactly what the study declares (hpcdl/<study>/__init__.py SPEC): nothing more, nothing less.
+        # Exactly what the study declares (hpcdl/studies/<study>/__init__.py SPEC): nothing more, nothing less.
         spec = registered()[study]
         assert sorted(p.stem for p in (study_dir / "raw").glob("*.csv")) == sorted(spec.raw_tables), study
         assert sorted(p.stem for p in tables) == sorted(spec.tables), study
@@ -55,6 +56,38 @@ def test_whole_workflow_and_report(test_scale_workflow):
         for c in doc["claims"]:
             row = re.search(f"<tr class='{c['status']}'><td>{re.escape(c['id'])}</td>(.*?)</tr>", table)
             assert row and f"<b>{word[c['status']]}</b>" in row.group(1), (c["id"], c["status"])
+
+
+def _planned_jobs(dry_run_output: str) -> dict[str, int]:
+    """Rule -> job count from a dry run's job stats table."""
+    stats = dry_run_output.split("Job stats:", 1)[-1]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", stats, re.M)
+            if m.group(1) != "total"}
+
+
+@pytest.mark.slow
+def test_a_changed_raw_file_reruns_the_stages_that_read_it_and_the_verdict(test_scale_workflow):
+    """Every file a rule reads is its input: a newer raw table (or run summary, or provenance sidecar)
+    makes Snakemake rerun that study's tables, figures and claims and the verdict, and nothing else."""
+    run = test_scale_workflow.run
+    assert run.returncode == 0, run.stderr[-4000:]
+    study = test_scale_workflow.studies[0]
+    raw = test_scale_workflow.results / study / "raw"
+    spec = registered()[study]
+    for touched in (raw / f"{spec.raw_tables[0]}.csv", raw / "run_summary.json",
+                    raw / f"{spec.raw_tables[-1]}.provenance.json"):
+        before = touched.stat()
+        os.utime(touched)  # now: newer than everything derived from it
+        try:
+            dry = snakemake(test_scale_workflow.workdir, "--cores", "2", "-n")
+        finally:
+            os.utime(touched, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert dry.returncode == 0, dry.stderr[-3000:]
+        jobs = _planned_jobs(dry.stdout + dry.stderr)
+        expected = {f"{study}_tables", f"{study}_figures", f"{study}_claims", "verdict", "all"}
+        assert set(jobs) == expected, (touched.name, jobs)
+    again = snakemake(test_scale_workflow.workdir, "--cores", "2", "-n")
+    assert "Nothing to be done" in again.stdout + again.stderr
 
 
 def _report_results(page: str) -> dict:

@@ -1,12 +1,13 @@
-# The rules of every study, generated from its declaration (hpcdl/<study>/__init__.py: SPEC, see
-# hpcdl/study.py): run (the PyCOMPSs task app) -> aggregate (tables) -> plot (figures, each with
-# its caption in report/<study>/<figure>.rst) -> claims (claims.json / claims.html). Adding a study
-# edits nothing here. Snakemake evaluates a `shell:` expression when the job runs, after this loop
-# has moved on, so everything study-specific a command needs goes in through `params` (evaluated
-# here, per rule).
-for _spec in (STUDY_SPECS[_name] for _name in CONFIG["studies"]):
-    _dir = f"{RESULTS}/{_spec.name}"
-    _cfg = study_cfg_path(_spec.name)
+# The rules of every study, generated from its declaration (hpcdl/studies/<study>/__init__.py: SPEC,
+# see hpcdl/platform/study.py): run (the PyCOMPSs task app) -> tables -> figures (each with its
+# caption in report/<study>/<figure>.rst) -> claims (claims.json / claims.html). The files and
+# commands come from hpcdl.platform.wiring; adding a study edits nothing here. Snakemake evaluates a
+# `shell:` expression when the job runs, after this loop has moved on, so everything study-specific
+# a command needs goes in through `params` (evaluated here, per rule).
+# Uses (from the Snakefile): CONFIG, RESULTS, STUDY_SPECS, CONDA_ENV, wiring; all_cores (common.smk).
+for _spec in STUDY_SPECS.values():
+    _dir = wiring.study_dir(RESULTS, _spec.name)
+    _cfg = wiring.study_config_path(RESULTS, _spec.name)
 
     rule:
         name:
@@ -14,11 +15,11 @@ for _spec in (STUDY_SPECS[_name] for _name in CONFIG["studies"]):
         input:
             _cfg,
         output:
-            expand(f"{_dir}/raw/{{table}}.csv", table=_spec.raw_tables),
+            wiring.raw_files(RESULTS, _spec, CONFIG),
         log:
             f"{_dir}/logs/run.log",
         params:
-            app=task_app(_spec.name),
+            app=wiring.task_app(_spec.name, _cfg, CONFIG),
         threads: _spec.run_threads(CONFIG) or all_cores()
         resources:
             **_spec.run_resources(CONFIG),
@@ -29,14 +30,13 @@ for _spec in (STUDY_SPECS[_name] for _name in CONFIG["studies"]):
 
     rule:
         name:
-            f"{_spec.name}_aggregate"
+            f"{_spec.name}_tables"
         input:
-            cfg=_cfg,
-            raw=getattr(rules, f"{_spec.name}_run").output,
+            wiring.stage_inputs(RESULTS, _spec, CONFIG, "tables"),
         output:
-            expand(f"{_dir}/tables/{{table}}.csv", table=_spec.tables),
+            wiring.table_files(RESULTS, _spec),
         log:
-            f"{_dir}/logs/aggregate.log",
+            f"{_dir}/logs/tables.log",
         threads: 1
         resources:
             mem_mb=1000,
@@ -44,27 +44,22 @@ for _spec in (STUDY_SPECS[_name] for _name in CONFIG["studies"]):
         conda:
             CONDA_ENV
         params:
-            cmd=cli_step("aggregate", _spec.name),
+            cmd=wiring.stage_command(_spec.name, "tables", _cfg),
         shell:
             "{params.cmd} > {log} 2>&1"
 
     rule:
         name:
-            f"{_spec.name}_plot"
+            f"{_spec.name}_figures"
         input:
-            cfg=_cfg,
-            tables=getattr(rules, f"{_spec.name}_aggregate").output,
+            wiring.stage_inputs(RESULTS, _spec, CONFIG, "figures"),
         output:
             [
-                report(
-                    f"{_dir}/figures/{figure}.png",
-                    category=_spec.title,
-                    caption=f"report/{_spec.name}/{figure}.rst",
-                )
-                for figure in _spec.figures
+                report(path, category=_spec.title, caption=f"report/{_spec.name}/{figure}.rst")
+                for figure, path in zip(_spec.figures, wiring.figure_files(RESULTS, _spec))
             ],
         log:
-            f"{_dir}/logs/plot.log",
+            f"{_dir}/logs/figures.log",
         threads: 1
         resources:
             mem_mb=1000,
@@ -72,7 +67,7 @@ for _spec in (STUDY_SPECS[_name] for _name in CONFIG["studies"]):
         conda:
             CONDA_ENV
         params:
-            cmd=cli_step("plot", _spec.name),
+            cmd=wiring.stage_command(_spec.name, "figures", _cfg),
         shell:
             "{params.cmd} > {log} 2>&1"
 
@@ -80,8 +75,7 @@ for _spec in (STUDY_SPECS[_name] for _name in CONFIG["studies"]):
         name:
             f"{_spec.name}_claims"
         input:
-            cfg=_cfg,
-            tables=getattr(rules, f"{_spec.name}_aggregate").output,
+            wiring.stage_inputs(RESULTS, _spec, CONFIG, "claims"),
         output:
             json=f"{_dir}/claims.json",
             html=report(
@@ -98,6 +92,6 @@ for _spec in (STUDY_SPECS[_name] for _name in CONFIG["studies"]):
         conda:
             CONDA_ENV
         params:
-            cmd=cli_step("claims", _spec.name),
+            cmd=wiring.stage_command(_spec.name, "claims", _cfg),
         shell:
             "{params.cmd} > {log} 2>&1"

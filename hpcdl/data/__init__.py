@@ -1,1 +1,0 @@
-"""Data sets used by the studies."""

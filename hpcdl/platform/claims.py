@@ -1,0 +1,112 @@
+"""Claims: each study's headline restated as a check on this run's numbers (docs/architecture.md, "Results").
+
+One rule for every study: a claim is always present, with one of three statuses.
+
+    passed        measured, and the measured values meet the threshold
+    failed        measured, and they do not (a finding of this run, not a crash)
+    not_measured  an input is missing, failed or incomplete: the claim is present, NOT passed,
+                  and its `reason` says which input ("not measured: point partial-0.1 M=8 failed")
+
+A claim over "every X" lists each X in its evidence; a measured X that misses the threshold
+fails it, and otherwise a missing X leaves it not measured (see `every`).
+
+Each study's analysis module declares the claim ids it can emit in `CLAIMS` (a `{M}` in an id
+stands for a number); `write_claims` refuses an undeclared id, and tests/test_claims.py
+refuses a declared id without a passing, a failing and a missing-input test.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from hpcdl.platform.results import _json_default, atomic_write_json, atomic_write_text
+
+STATUSES = ("passed", "failed", "not_measured")
+_SHOWN = {"passed": ("green", "PASS"), "failed": ("firebrick", "FAIL"),
+          "not_measured": ("dimgray", "NOT MEASURED")}
+
+
+def claim(claim_id: str, statement: str, passed: bool, **measured) -> dict:
+    """A measured claim: `measured` holds the values it was decided on and the threshold."""
+    status = "passed" if passed else "failed"
+    return {"id": claim_id, "statement": statement, "status": status, "passed": status == "passed",
+            "measured": measured}
+
+
+def not_measured(claim_id: str, statement: str, reason: str | Iterable[str], **measured) -> dict:
+    """A claim whose inputs are missing, failed or incomplete: present, not passed, with the reason."""
+    reasons = [reason] if isinstance(reason, str) else list(reason)
+    if not reasons:
+        raise ValueError(f"claim {claim_id}: not_measured needs a reason")
+    return {"id": claim_id, "statement": statement, "status": "not_measured", "passed": False,
+            "reason": "not measured: " + "; ".join(reasons), "measured": measured}
+
+
+def every(claim_id: str, statement: str, holds: Mapping[str, bool], missing: Mapping[str, str],
+          **measured) -> dict:
+    """A claim over every X. `holds[x]`: the check on a measured x; `missing[x]`: why x has no value.
+
+    Failed if any measured x misses the threshold (that is a finding whatever else is missing);
+    otherwise not measured if any x is missing; passed only when every x was measured and holds.
+    """
+    measured = {"holds": {str(k): bool(v) for k, v in holds.items()}, "missing": dict(missing), **measured}
+    if not holds and not missing:
+        return not_measured(claim_id, statement, "the run defines nothing to check", **measured)
+    if not all(holds.values()):
+        return claim(claim_id, statement, False, **measured)
+    if missing:
+        return not_measured(claim_id, statement, [f"{x}: {why}" for x, why in missing.items()], **measured)
+    return claim(claim_id, statement, True, **measured)
+
+
+def declared(claim_id: str, ids: Iterable[str]) -> bool:
+    """Whether `claim_id` matches one of a study's declared ids (`{M}` matches a number)."""
+    return any(re.fullmatch(re.escape(d).replace(re.escape("{M}"), r"\d+"), claim_id) for d in ids)
+
+
+def check(claims: list[dict], ids: Iterable[str] | None = None) -> None:
+    ids = list(ids) if ids is not None else None
+    for c in claims:
+        missing = {"id", "statement", "status", "passed", "measured"} - set(c)
+        if missing:
+            raise ValueError(f"claim {c!r} lacks {sorted(missing)}; build claims with hpcdl.platform.claims")
+        if c["status"] not in STATUSES or c["passed"] != (c["status"] == "passed"):
+            raise ValueError(f"claim {c['id']}: status {c['status']!r} with passed={c['passed']!r}")
+        if c["status"] == "not_measured" and not c.get("reason"):
+            raise ValueError(f"claim {c['id']} is not measured but gives no reason")
+        if ids is not None and not declared(c["id"], ids):
+            raise ValueError(f"claim {c['id']} is not declared in the study's CLAIMS {ids}")
+
+
+def counts(claims: list[dict]) -> dict[str, int]:
+    return {s: sum(c["status"] == s for c in claims) for s in STATUSES}
+
+
+def write_claims(study_dir: str | Path, study: str, claims: list[dict],
+                 ids: Iterable[str] | None = None) -> tuple[Path, Path]:
+    """claims.json (machine-readable) and claims.html (shown in the Snakemake report)."""
+    study_dir = Path(study_dir)
+    check(claims, ids)
+    n = counts(claims)
+    doc = {"study": study, "claims": claims, **n, "total": len(claims)}
+    json_path = atomic_write_json(study_dir / "claims.json", doc)
+    rows = []
+    for c in claims:
+        color, word = _SHOWN[c["status"]]
+        why = f"<br><i>{html.escape(c['reason'])}</i>" if c.get("reason") else ""
+        evidence = html.escape(json.dumps(c["measured"], default=_json_default))
+        rows.append(f"<tr class='{c['status']}'><td>{html.escape(c['id'])}</td>"
+                    f"<td>{html.escape(c['statement'])}{why}</td><td style='color:{color}'><b>{word}</b></td>"
+                    f"<td><code>{evidence}</code></td></tr>")
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(study)} claims</title>"
+            f"</head><body><h2>{html.escape(study)}: {n['passed']}/{len(claims)} claims hold on this run "
+            f"({n['failed']} failed, {n['not_measured']} not measured)</h2>"
+            "<table border='1' cellpadding='4' style='border-collapse:collapse'>"
+            "<tr><th>claim</th><th>statement</th><th>result</th><th>measured</th></tr>"
+            f"{''.join(rows)}</table></body></html>\n")
+    html_path = atomic_write_text(study_dir / "claims.html", page)
+    return json_path, html_path

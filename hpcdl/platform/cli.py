@@ -1,0 +1,91 @@
+"""The platform's command line, the only entry point besides the task apps (docs/architecture.md).
+
+    python -m hpcdl <study> tables  --config FILE   # raw/ -> tables/*.csv (+ provenance sidecars)
+    python -m hpcdl <study> figures --config FILE   # tables/ -> figures/*.png
+    python -m hpcdl <study> claims  --config FILE   # tables/ (+ raw/) -> claims.json, claims.html
+    python -m hpcdl <study> summary --config FILE   # a study's own digest, where it has summary.py
+    python -m hpcdl compss {command,enqueue,xml} …  # runcompss / enqueue_compss command lines
+    python -m hpcdl verdict --results-dir DIR --out FILE STUDY[=TITLE] …
+    python -m hpcdl ranks-probe [N]                 # N torch.distributed ranks all-reduce (launcher check)
+
+A study's stages are the modules hpcdl/studies/<study>/{tables,figures,claims}.py with
+`tables.write(cfg, study_dir)`, `figures.draw(cfg, study_dir)` and `claims.judge(cfg, study_dir)`
+(a list of hpcdl.platform.claims dicts, whose ids claims.CLAIMS declares).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+STAGES = ("tables", "figures", "claims", "summary")
+SHOWN = {"passed": "PASS", "failed": "FAIL", "not_measured": "NOT MEASURED"}
+
+
+def run_stage(study: str, stage: str, cfg: dict, out_dir) -> None:
+    """Run one analysis stage of a study on a validated config."""
+    from hpcdl.platform.claims import write_claims
+
+    module = importlib.import_module(f"hpcdl.studies.{study}.{stage}")
+    if stage == "tables":
+        module.write(cfg, out_dir)
+    elif stage == "figures":
+        module.draw(cfg, out_dir)
+    elif stage == "claims":
+        claims = module.judge(cfg, out_dir)
+        write_claims(out_dir, study, claims, module.CLAIMS)
+        for c in claims:
+            why = f" ({c['reason']})" if c.get("reason") else ""
+            print(f"[{SHOWN[c['status']]}] {c['id']}: {c['statement']}{why}")
+    else:
+        print(module.summary(out_dir))
+
+
+def study_main(argv: list[str]) -> int:
+    from hpcdl.platform.config import STUDIES, ConfigError, load_config, study_dir
+
+    parser = argparse.ArgumentParser(prog="python -m hpcdl", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("study", choices=STUDIES)
+    parser.add_argument("stage", choices=STAGES)
+    parser.add_argument("--config", required=True, help="full config file (YAML or JSON)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    if args.stage == "summary" and importlib.util.find_spec(f"hpcdl.studies.{args.study}.summary") is None:
+        print(f"error: study {args.study} has no summary stage (hpcdl/studies/{args.study}/summary.py)",
+              file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(args.config)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.study not in cfg:
+        print(f"error: config {args.config} has no '{args.study}' block", file=sys.stderr)
+        return 2
+    run_stage(args.study, args.stage, cfg, study_dir(cfg, args.study))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[0] if argv else ""
+    if command == "compss":
+        from hpcdl.platform.task_runtime.compss import main as compss_main
+
+        return compss_main(argv[1:])
+    if command == "verdict":
+        from hpcdl.platform.verdict import main as verdict_main
+
+        return verdict_main(argv[1:])
+    if command == "ranks-probe":
+        from hpcdl.platform.rank_runtime.probes import main as probe_main
+
+        return probe_main(argv[1:])
+    return study_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

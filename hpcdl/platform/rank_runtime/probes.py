@@ -1,0 +1,40 @@
+"""Check that a rank launch works end to end, here or inside a Slurm allocation.
+
+    python -m hpcdl ranks-probe [N]     # N ranks (default 2) all-reduce; prints what each saw
+
+Exits 1 when a rank saw a wrong sum. The Slurm test (tests/slurm/ranks_probe.py) runs the same probe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+
+def allreduce_sum(value: float = 1.0) -> dict:
+    """Every rank contributes `value * (rank + 1)`; returns what this rank saw."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value * (dist.get_rank() + 1)], dtype=torch.float64)
+    dist.all_reduce(t)
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "sum": float(t.item()),
+            "host": socket.gethostname(), "slurm_procid": os.environ.get("SLURM_PROCID"),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hpcdl.platform.rank_runtime.launch import run_ranks
+
+    args = sys.argv[1:] if argv is None else argv
+    n = int(args[0]) if args else 2
+    results = run_ranks("hpcdl.platform.rank_runtime.probes:allreduce_sum", n, {"value": 1.0}, timeout_s=120)
+    expected = n * (n + 1) / 2
+    for r in results:
+        print(json.dumps(r))
+    bad = [r["rank"] for r in results if r["sum"] != expected]
+    print(f"{n} ranks: {'OK' if not bad else f'wrong sum on ranks {bad}'} (expected {expected:g})")
+    return 1 if bad else 0
+

@@ -1,0 +1,80 @@
+"""The one computing_units mechanism of every task app.
+
+A study's tasks say `@constraint(computing_units="$HPCDL_<STUDY>_UNITS")`. The value comes from
+the study's declaration (hpcdl.platform.study.StudySpec.task_units) (an int, or a "$VAR" config setting such as
+"$SLURM_CPUS_PER_TASK"). COMPSs reads a "$VAR" constraint from the runtime's own environment
+when the runtime starts, before the app runs, so the value must be exported by the command that
+starts it: `units_exports` gives the shell assignments the generated commands put in front of
+python / runcompss / enqueue_compss, and `apply_units` makes the app agree with them (the local
+backend reads the variable at submission time; under COMPSs a missing or different value is an
+error, since the runtime has already read it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+_VAR = re.compile(r"^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$")
+
+
+class UnitsError(ValueError):
+    """The cores a study's tasks need are not what the COMPSs runtime was started with."""
+
+
+def units_var(study: str) -> str:
+    return f"HPCDL_{study.upper()}_UNITS"
+
+
+def task_units(study: str, cfg: dict) -> int | str:
+    """The study's setting: an int, or a "$VAR" string to be read from the environment at run time."""
+    from hpcdl.platform.study import spec
+
+    return spec(study).task_units(cfg)
+
+
+def resolve(value: int | str, key: str, environ=None) -> int:
+    """An int-like value, or "$VAR" read from `environ`; `key` names the setting in errors."""
+    environ = os.environ if environ is None else environ
+    raw = value
+    if isinstance(value, str):
+        m = _VAR.match(value)
+        if m:
+            if m.group(1) not in environ:
+                raise UnitsError(f"{key}={raw!r} names environment variable {m.group(1)}, which is not set")
+            value = environ[m.group(1)]
+    try:
+        units = int(value)
+    except (TypeError, ValueError):
+        raise UnitsError(f"{key}={raw!r} is not a core count (an integer >= 1 or \"$VAR\")") from None
+    if units < 1:
+        raise UnitsError(f"{key}={raw!r} is not a core count (an integer >= 1 or \"$VAR\")")
+    return units
+
+
+def units_exports(study: str, cfg: dict) -> dict[str, str]:
+    """{HPCDL_<STUDY>_UNITS: shell word}: an int, or "${VAR}" that the shell expands when the rule runs."""
+    value = task_units(study, cfg)
+    if isinstance(value, str):
+        m = _VAR.match(value)
+        word = f"${{{m.group(1)}}}" if m else value
+    else:
+        word = str(int(value))
+    return {units_var(study): word}
+
+
+def apply_units(study: str, cfg: dict, backend: str) -> int:
+    """Make the task constraints of `study` resolve to its configured cores in this process."""
+    var = units_var(study)
+    units = resolve(task_units(study, cfg), f"{study} computing units")
+    if backend == "compss":
+        seen = os.environ.get(var)
+        if seen != str(units):
+            raise UnitsError(
+                f"the COMPSs runtime was started with {var}={seen!r} but the {study} config needs "
+                f"{units}: COMPSs reads a task's computing_units from its environment at start-up, so "
+                f"start runcompss with {var}={units} (the commands printed by "
+                f"`python -m hpcdl compss command|enqueue {study} --config FILE` do)")
+    else:
+        os.environ[var] = str(units)
+    return units

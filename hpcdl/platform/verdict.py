@@ -1,0 +1,220 @@
+"""The report's front page: the verdict of a run, one table for every study (docs/architecture.md, "Report").
+
+Per study: claims passed / total (from `<study>/claims.json`, hpcdl.platform.claims), each failing claim
+with its measured values, each not-measured claim with its reason, what ran (points ok / failed /
+skipped) and the run's provenance (the raw tables' `*.provenance.json` sidecars, hpcdl.platform.results).
+A study without claims.json is shown as "not run", never left out.
+
+Pure: reads the results directory, returns data or HTML; the workflow's `verdict` rule writes
+`<results>/verdict.html`, which workflows/report/workflow.rst embeds on the report's landing page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pandas as pd
+
+from hpcdl.platform.results import atomic_write_text, read_sidecars
+
+RUN_SUMMARY = "run_summary.json"  # <study>/raw/, written by each task app: ok, failed, skipped, total
+PROVENANCE_FIELDS = ("git_commit", "config_hash", "host", "cores")
+EVIDENCE_CHARS = 400  # measured values shown on the front page; the full evidence is in claims.html
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def points_ran(study_dir: Path) -> dict:
+    """Points ok / failed / skipped, and where the counts come from.
+
+    The task app's run_summary.json is authoritative. Without one, ok / failed are counted from the
+    raw tables' `status` column (one row per point in most tables, so a point that returned several
+    rows counts several times) and skipped is unknown.
+    """
+    raw = study_dir / "raw"
+    summary = _read_json(raw / RUN_SUMMARY)
+    if summary is not None and {"ok", "failed", "skipped", "total"} <= set(summary):
+        return {k: int(summary[k]) for k in ("ok", "failed", "skipped", "total")} | {"source": RUN_SUMMARY}
+    ok = failed = 0
+    tables = []
+    for csv in sorted(raw.glob("*.csv")):
+        try:
+            status = pd.read_csv(csv, usecols=["status"])["status"]
+        except (ValueError, OSError, pd.errors.EmptyDataError):  # no status column, or empty
+            continue
+        tables.append(csv.stem)
+        ok += int((status == "ok").sum())
+        failed += int((status == "failed").sum())
+    if not tables:
+        return {"ok": None, "failed": None, "skipped": None, "total": None,
+                "source": f"unknown: no {RUN_SUMMARY} and no raw table with a status column"}
+    return {"ok": ok, "failed": failed, "skipped": None, "total": ok + failed,
+            "source": f"rows of raw/{', raw/'.join(t + '.csv' for t in tables)} by status "
+                      f"(no {RUN_SUMMARY}; skipped unknown)"}
+
+
+def run_provenance(study_dir: Path) -> dict:
+    """The run's provenance from the raw tables' sidecars (the derived tables' when there are none).
+
+    Each field lists its distinct values (one, unless the raw tables came from different runs);
+    `started` / `ended` span all of them.
+    """
+    records = read_sidecars(study_dir / "raw") or read_sidecars(study_dir / "tables")
+    prov = {f: sorted({str(r[f]) for r in records if f in r}) for f in PROVENANCE_FIELDS}
+    starts = [r["start_time"] for r in records if r.get("start_time")]
+    ends = [r["end_time"] for r in records if r.get("end_time")]
+    prov["started"] = min(starts) if starts else None  # ISO 8601 UTC: string order is time order
+    prov["ended"] = max(ends) if ends else None
+    prov["sidecars"] = len(records)
+    return prov
+
+
+def study_verdict(results_dir: str | Path, study: str, title: str | None = None) -> dict:
+    study_dir = Path(results_dir) / study
+    doc = _read_json(study_dir / "claims.json")
+    verdict = {"study": study, "title": title or study, "ran": points_ran(study_dir),
+               "provenance": run_provenance(study_dir)}
+    if doc is None:
+        return verdict | {"state": "not run", "passed": None, "total": None, "failed": [],
+                          "not_measured": []}
+    claims = doc.get("claims", [])
+    return verdict | {
+        "state": "ran",
+        "passed": sum(c["status"] == "passed" for c in claims),
+        "total": len(claims),
+        "failed": [c for c in claims if c["status"] == "failed"],
+        "not_measured": [c for c in claims if c["status"] == "not_measured"],
+    }
+
+
+def verdict(results_dir: str | Path, studies: Iterable[str] | Mapping[str, str]) -> list[dict]:
+    """One entry per study, in the given order; `studies` may map each name to its report title."""
+    titles = studies if isinstance(studies, Mapping) else dict.fromkeys(studies)
+    return [study_verdict(results_dir, s, t) for s, t in titles.items()]
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML (embedded raw in the report's landing page, so inline styles only)
+
+_E = html.escape
+# Not <code>: the report's typography styles wrap code in backticks.
+_MONO = "<span style='font-family:monospace'>{}</span>"
+
+
+def _evidence(measured: dict) -> str:
+    """Measured values, the failing items of an every-X claim first, cut to EVIDENCE_CHARS."""
+    measured = dict(measured)
+    lead = ""
+    holds = measured.pop("holds", None)
+    if isinstance(holds, dict):
+        misses = [x for x, ok in holds.items() if not ok]
+        lead = f"misses for {', '.join(misses)}; " if misses else ""
+    text = lead + json.dumps(measured, separators=(", ", ": "))
+    return text if len(text) <= EVIDENCE_CHARS else text[:EVIDENCE_CHARS - 1] + "…"
+
+
+def _count(n) -> str:
+    return "?" if n is None else str(n)
+
+
+def _ran_line(ran: dict) -> str:
+    line = f"ok {_count(ran['ok'])} · failed {_count(ran['failed'])} · skipped {_count(ran['skipped'])}"
+    if ran["source"] != RUN_SUMMARY:
+        line += f"<br><small style='color:dimgray'>{_E(ran['source'])}</small>"
+    return line
+
+
+def _prov_line(prov: dict) -> str:
+    if not prov["sidecars"]:
+        return "provenance: none (no table sidecars)"
+
+    def field(name, width=None):
+        values = [v[:width] if width else v for v in prov[name]]
+        return " / ".join(values) or "?"
+
+    when = (prov["started"] or "?").replace("T", " ").replace("+00:00", " UTC")
+    dirty = " (dirty)" if any(v.endswith("-dirty") for v in prov["git_commit"]) else ""
+    return (f"commit {_E(field('git_commit', 12))}{dirty}"
+            f" · config {_E(field('config_hash', 12))} · host {_E(field('host'))}"
+            f" ({_E(field('cores'))} cores) · started {_E(when)}")
+
+
+def render_html(entries: list[dict]) -> str:
+    """The verdict table: one <tbody> per study (its row, provenance, failing / not-measured claims).
+
+    `data-*` attributes carry the counts for machine checks; the visible text says the same.
+    """
+    ran_all = [e for e in entries if e["state"] == "ran"]
+    passed = sum(e["passed"] for e in ran_all)
+    total = sum(e["total"] for e in ran_all)
+    cell = "padding:2px 6px;vertical-align:top"
+    parts = [
+        # Snakemake's content pane centres its child vertically (flex items-center); a verdict taller
+        # than the window would lose its top, out of reach of the scrollbar. Top-align that pane.
+        "<style>div.h-screen:has(#hpcdl-verdict) { align-items: flex-start; }</style>",
+        "<table id='hpcdl-verdict' style='border-collapse:collapse;font-size:0.85rem;margin:0'>",
+        f"<caption style='text-align:left;font-weight:bold'>Verdict: {passed}/{total} claims hold on "
+        f"this run ({len(ran_all)} of {len(entries)} studies ran)</caption>",
+        f"<thead><tr><th style='{cell}'>study</th><th style='{cell}'>claims passed / total</th>"
+        f"<th style='{cell}'>what ran (points)</th></tr></thead>",
+    ]
+    for e in entries:
+        ran = e["ran"]
+        attrs = {"data-study": e["study"], "data-state": e["state"],
+                 "data-passed": _count(e["passed"]), "data-total": _count(e["total"]),
+                 "data-ok": _count(ran["ok"]), "data-failed": _count(ran["failed"]),
+                 "data-skipped": _count(ran["skipped"])}
+        parts.append("<tbody class='study' " + " ".join(f"{k}='{_E(v)}'" for k, v in attrs.items()) + ">")
+        # The report app's own navigation (what Snakemake's rst links use): opens the study's category.
+        link = f"javascript:app.showCategory({json.dumps(e['title'])})"
+        name = f"<a href='{_E(link)}'>{_E(e['title'])}</a>" if e["title"] != e["study"] else _E(e["study"])
+        if e["state"] == "not run":
+            claims = "<b style='color:dimgray'>not run</b> (no claims.json)"
+        else:
+            color = "green" if e["passed"] == e["total"] else "firebrick"
+            claims = f"<b class='claims' style='color:{color}'>{e['passed']}/{e['total']}</b>"
+            extra = [f"{len(e['failed'])} failed"] if e["failed"] else []
+            extra += [f"{len(e['not_measured'])} not measured"] if e["not_measured"] else []
+            claims += f" ({', '.join(extra)})" if extra else ""
+        parts.append(f"<tr class='study-row' style='border-top:2px solid #999'><td style='{cell}'>{name}"
+                     f"<br>{_MONO.format(_E(e['study']))}</td><td style='{cell}'>{claims}</td>"
+                     f"<td style='{cell}'>{_ran_line(ran)}</td></tr>")
+        parts.append(f"<tr class='provenance'><td colspan='3' style='{cell};color:dimgray'>"
+                     f"<small>{_prov_line(e['provenance'])}</small></td></tr>")
+        for c in e["failed"]:
+            measured = _MONO.format(_E(_evidence(c.get("measured", {}))))
+            parts.append(f"<tr class='claim failed' data-claim='{_E(c['id'])}'><td colspan='3' "
+                         f"style='{cell}'><b style='color:firebrick'>FAIL</b> {_E(c['statement'])}<br>"
+                         f"<small>measured: {measured}</small></td></tr>")
+        for c in e["not_measured"]:
+            parts.append(f"<tr class='claim not_measured' data-claim='{_E(c['id'])}'><td colspan='3' "
+                         f"style='{cell};color:dimgray'><b>NOT MEASURED</b> {_E(c['statement'])}<br>"
+                         f"<small><i>{_E(c.get('reason', ''))}</i></small></td></tr>")
+        parts.append("</tbody>")
+    parts.append("</table>")
+    return "\n".join(parts) + "\n"
+
+
+def write_verdict(results_dir: str | Path, studies: Iterable[str] | Mapping[str, str],
+                  out: str | Path) -> Path:
+    return atomic_write_text(out, render_html(verdict(results_dir, studies)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hpcdl verdict", description=__doc__.splitlines()[0])
+    ap.add_argument("--results-dir", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("studies", nargs="+", help="study names, or name=title")
+    args = ap.parse_args(argv)
+    studies = dict(s.split("=", 1) if "=" in s else (s, None) for s in args.studies)
+    write_verdict(args.results_dir, studies, args.out)
+    return 0

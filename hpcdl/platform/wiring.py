@@ -1,0 +1,77 @@
+"""The files and commands of every study's rules, as plain functions of the results directory and
+the study's declaration (docs/architecture.md, "Data flow"). workflows/*.smk only wire them.
+
+Each rule lists every file its command reads, so Snakemake reruns it when one of them changes:
+
+    <s>_run      config.json                        -> raw tables + their sidecars + run_summary.json
+    <s>_tables   config.json + everything of _run   -> tables + their sidecars
+    <s>_figures  config.json + raw + tables         -> figures
+    <s>_claims   config.json + raw + tables         -> claims.json, claims.html
+    verdict      every study's claims.json + raw    -> verdict.html
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from hpcdl.platform.study import StudySpec
+
+RUN_SUMMARY = "run_summary.json"  # raw/, written by every task app (hpcdl.platform.points.StudyRun)
+STAGES = ("tables", "figures", "claims")
+
+
+def study_dir(results: str, study: str) -> str:
+    return f"{results}/{study}"
+
+
+def study_config_path(results: str, study: str) -> str:
+    """The study's block of the validated config, the one file its app and stages read."""
+    return f"{study_dir(results, study)}/config.json"
+
+
+def _with_sidecars(paths: list[str]) -> list[str]:
+    return [q for p in paths for q in (p, p.removesuffix(".csv") + ".provenance.json")]
+
+
+def raw_files(results: str, spec: StudySpec, config: dict) -> list[str]:
+    """What the task app writes: each raw table with its provenance sidecar, the run summary, and
+    the other files the study declares (StudySpec.run_files)."""
+    raw = f"{study_dir(results, spec.name)}/raw"
+    return [*_with_sidecars([f"{raw}/{t}.csv" for t in spec.raw_tables]), f"{raw}/{RUN_SUMMARY}",
+            *map(str, spec.run_files(config))]
+
+
+def table_files(results: str, spec: StudySpec) -> list[str]:
+    """What the tables stage writes: each derived table with its provenance sidecar."""
+    return _with_sidecars([f"{study_dir(results, spec.name)}/tables/{t}.csv" for t in spec.tables])
+
+
+def figure_files(results: str, spec: StudySpec) -> list[str]:
+    return [f"{study_dir(results, spec.name)}/figures/{f}.png" for f in spec.figures]
+
+
+def stage_inputs(results: str, spec: StudySpec, config: dict, stage: str) -> list[str]:
+    """Every file a stage may read: the tables stage reads the run's files, the figures and claims
+    stages read those and the tables (a claim may need a raw column the tables left out)."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+    files = [study_config_path(results, spec.name), *raw_files(results, spec, config)]
+    return files if stage == "tables" else files + table_files(results, spec)
+
+
+def verdict_inputs(results: str, specs: list[StudySpec], config: dict) -> list[str]:
+    """The verdict shows each study's claims, what ran (run summary) and provenance (sidecars)."""
+    return [f for s in specs
+            for f in (f"{study_dir(results, s.name)}/claims.json", *raw_files(results, s, config))]
+
+
+def stage_command(study: str, stage: str, config_path: str) -> str:
+    """The shell command of one analysis stage (the rule adds its log redirect)."""
+    return shlex.join(["python", "-m", "hpcdl", study, stage, "--config", config_path])
+
+
+def task_app(study: str, config_path: str, config: dict) -> str:
+    """The shell command running the study's PyCOMPSs app (local backend or runcompss)."""
+    from hpcdl.platform.task_runtime.compss import task_app_command
+
+    return task_app_command(study, config_path, config)

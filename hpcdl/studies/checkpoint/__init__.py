@@ -1,0 +1,39 @@
+"""The checkpoint-cost study: what saving and restoring deep-learning training state costs.
+
+    formats      torch.save / safetensors / DCP / HDF5 / npz writers and readers
+    state        nested training state <-> flat tensors any format can hold
+    integrity    temp dir + fsync + rename commit, sha256 manifest, verification
+    saver        synchronous saves, CheckFreq-style async saves (DCP async_save), verified loads
+    measure      one (format, mode, size) sweep point incl. the storage ceiling and peak RSS
+    distributed  DCP save/load from N torch.distributed ranks (sharded DTensors)
+    training     training-state checkpoints: bit-identical resume, overhead vs interval, Young/Daly
+    plan         the sweep points of a validated config
+    analysis     tables, figures and claims; checks: config checks beyond the schema
+"""
+
+from hpcdl.platform.study import StudySpec
+
+
+def _task_units(cfg: dict) -> int | str:
+    """Cores each timed task reserves: the configured setting (an int, or "$VAR")."""
+    value = cfg["checkpoint"]["computing_units"]
+    return int(value) if str(value).isdigit() else value
+
+
+def _run_resources(cfg: dict) -> dict:
+    block = cfg["checkpoint"]
+    # the largest fp32 state held about five times: state, snapshot, staging, loaded copy, slack
+    return {"mem_mb": max(2000, 5 * 4 * block["sizes"]["max_params"] // 2**20), "runtime": 60,
+            # the DCP points start their ranks with srun inside this N-task allocation
+            "tasks": max([1, *block["dcp_ranks"]]), "mpi": "srun"}
+
+
+SPEC = StudySpec(
+    name="checkpoint",
+    title="Checkpoint cost (formats, sync vs async, resume, interval)",
+    raw_tables=("io", "resume", "overhead"),
+    tables=("io_cost", "resume", "overhead", "young_daly", "failures"),
+    figures=("save_load_time", "bandwidth", "blocking", "overhead", "bytes_on_disk", "dcp_ranks"),
+    task_units=_task_units,
+    run_resources=_run_resources,
+)

@@ -1,0 +1,171 @@
+"""DCP save/load from N real torch.distributed ranks (gloo on CPU).
+
+The state is sharded like an FSDP model: every tensor is a DTensor split along dim 0
+over a 1-D CPU device mesh, so each rank writes only its shard into one shared
+checkpoint directory. Rank 0 stages the directory, all ranks write and fsync their
+files through DCP, then rank 0 seals it (manifest + rename) as in the 1-rank path.
+The storage ceiling is the same byte count written concurrently by the same ranks
+(each its share, sequential + fsync). `rank_point` runs on every rank via
+`hpcdl.platform.rank_runtime.launch.run_ranks`; `run_point` launches it and merges the ranks.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from hpcdl.studies.checkpoint import integrity
+from hpcdl.studies.checkpoint.measure import LAYER_PARAMS, LAYER_WIDTH, PeakRSS, check_scratch_budget, storage_ceiling
+
+
+def sharded_rows(n_params: int, world: int) -> int:
+    """Total rows of 1024 values: `n_params` rounded down to a multiple of 1024 * world (even shards)."""
+    rows = max(world, n_params // LAYER_WIDTH)
+    return rows - rows % world
+
+
+def sharded_state(n_params: int, seed: int, rank: int, world: int, mesh) -> dict:
+    """DTensors of (rows, 1024) fp32 layers, dim 0 split evenly over `world` ranks."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    rows_total = sharded_rows(n_params, world)
+    per_layer = max(world, (LAYER_PARAMS // LAYER_WIDTH) // world * world)
+    out, i, left = {}, 0, rows_total
+    while left > 0:
+        rows = min(left, per_layer)
+        g = torch.Generator().manual_seed(seed * 7919 + i * 131 + rank)
+        local = torch.randn(rows // world, LAYER_WIDTH, generator=g)
+        out[f"layers.{i}.weight"] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
+        left -= rows
+        i += 1
+    return out
+
+
+def _local_bytes(state: dict) -> int:
+    return sum(t.to_local().numel() * t.to_local().element_size() for t in state.values())
+
+
+def rank_point(n_params: int, scratch_dir: str, repeats: int = 1, seed: int = 0,
+               cold_load: bool = True, rss_interval_s: float = 0.002) -> list[dict]:
+    """Per-rank timings of `repeats` DCP save/load rounds (called on every rank)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    st = sharded_state(n_params, seed, rank, world, mesh)
+    local_bytes = _local_bytes(st)
+    root = Path(scratch_dir) / f"dcp-ranks{world}-{n_params}"
+    if rank == 0:
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+    dist.barrier()
+    rows = []
+    try:
+        for rep in range(repeats):
+            dist.barrier()
+            ceiling_s = storage_ceiling(root / f"ceiling-{rank}", local_bytes)
+            dist.barrier()
+            ceiling_all_s = _max_over_ranks(ceiling_s)
+
+            name = f"rep-{rep:03d}"
+            tmp_holder = [str(integrity.new_tmp_dir(root, name)) if rank == 0 else None]
+            dist.broadcast_object_list(tmp_holder, src=0)
+            tmp = Path(tmp_holder[0])
+            dist.barrier()
+            t0 = time.perf_counter()
+            with PeakRSS(rss_interval_s) as save_mem:
+                dcp.save(st, storage_writer=dcp.FileSystemWriter(str(tmp)))  # fsyncs its files
+                durable_local = time.perf_counter() - t0
+                dist.barrier()
+                durable_s = time.perf_counter() - t0  # rank 0's below includes its fsync sweep
+                if rank == 0:
+                    c = integrity.commit(tmp, root / name, "dcp")
+                    file_bytes, durable_s = c.file_bytes, c.durable_at - t0
+                dist.barrier()
+            commit_s = time.perf_counter() - t0
+            path = root / name
+            if rank == 0 and cold_load:
+                integrity.evict_from_page_cache(path)
+            dist.barrier()
+            t1 = time.perf_counter()
+            with PeakRSS(rss_interval_s) as load_mem:
+                if rank == 0:
+                    integrity.verify(path)
+                dist.barrier()
+                verify_s = time.perf_counter() - t1
+                back = {k: _empty_like_dtensor(v) for k, v in st.items()}
+                dcp.load(back, storage_reader=dcp.FileSystemReader(str(path)))
+                dist.barrier()
+            load_s = time.perf_counter() - t1
+            ok = all(torch.equal(back[k].to_local(), st[k].to_local()) for k in st)
+            del back
+            if rank == 0:
+                shutil.rmtree(path)
+                integrity.fsync_dir(root)
+            rows.append({"repeat": rep, "rank": rank, "local_bytes": local_bytes,
+                         "file_bytes": file_bytes if rank == 0 else None,
+                         "durable_local_s": durable_local, "durable_s": durable_s, "commit_s": commit_s,
+                         "verify_s": verify_s, "load_s": load_s, "ceiling_s": ceiling_all_s,
+                         "save_peak_extra_rss_bytes": save_mem.peak_extra_bytes,
+                         "load_peak_extra_rss_bytes": load_mem.peak_extra_bytes, "roundtrip_ok": ok})
+        dist.barrier()
+    finally:
+        if rank == 0:
+            shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def _empty_like_dtensor(t):
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(torch.empty_like(t.to_local()), t.device_mesh, t.placements, run_check=False)
+
+
+def _max_over_ranks(x: float) -> float:
+    import torch.distributed as dist
+
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def run_point(ranks: int, n_params: int, scratch_dir: str, *, repeats: int = 1, seed: int = 0,
+              cold_load: bool = True, rss_interval_s: float = 0.002,
+              scratch_limit_mb: float | None = None, timeout_s: float = 600.0) -> list[dict]:
+    """Launch `ranks` ranks for one DCP point; one record per repeat (times = slowest rank)."""
+    from hpcdl.platform.rank_runtime.launch import run_ranks
+
+    Path(scratch_dir).mkdir(parents=True, exist_ok=True)
+    state_bytes = sharded_rows(n_params, ranks) * LAYER_WIDTH * 4
+    check_scratch_budget(Path(scratch_dir), 2 * state_bytes + (1 << 20),
+                         None if scratch_limit_mb is None else int(scratch_limit_mb * 2**20))
+    per_rank = run_ranks("hpcdl.studies.checkpoint.distributed:rank_point", ranks,
+                         {"n_params": n_params, "scratch_dir": str(Path(scratch_dir).resolve()),
+                          "repeats": repeats, "seed": seed, "cold_load": cold_load,
+                          "rss_interval_s": rss_interval_s},
+                         # glibc defaults: the peak-RSS columns must mean what they mean for the
+                         # formats saved outside ranks
+                         timeout_s=timeout_s, threads_per_rank=1, keep_heap=False)
+    rows = []
+    for rep in range(repeats):
+        rr = [r[rep] for r in per_rank]
+        nbytes = sum(r["local_bytes"] for r in rr)
+        durable = max(r["durable_s"] for r in rr)
+        rows.append({
+            "format": "dcp", "mode": "sync", "process_group": True, "ranks": ranks, "n_params": nbytes // 4,
+            "repeat": rep, "state_bytes": nbytes, "file_bytes": rr[0]["file_bytes"],
+            "blocking_s": max(r["commit_s"] for r in rr),
+            "durable_s": durable, "commit_s": max(r["commit_s"] for r in rr),
+            "load_s": max(r["load_s"] for r in rr), "verify_s": max(r["verify_s"] for r in rr),
+            "write_bw_bytes_per_s": rr[0]["file_bytes"] / durable, "ceiling_s": rr[0]["ceiling_s"],
+            "ceiling_bw_bytes_per_s": nbytes / rr[0]["ceiling_s"],
+            "save_peak_extra_rss_bytes": sum(r["save_peak_extra_rss_bytes"] for r in rr),
+            "load_peak_extra_rss_bytes": sum(r["load_peak_extra_rss_bytes"] for r in rr),
+            "roundtrip_ok": all(r["roundtrip_ok"] for r in rr), "cold_load": bool(cold_load)})
+    return rows
+

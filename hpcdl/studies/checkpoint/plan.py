@@ -1,0 +1,54 @@
+"""Expand the validated `checkpoint:` block into sweep points (plain dicts, one per task)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hpcdl.studies.checkpoint.measure import LAYER_WIDTH
+
+
+def sweep_sizes(min_params: int, max_params: int, points: int) -> list[int]:
+    """Geometric parameter counts from min to max, rounded to whole 1024-wide rows, distinct."""
+    if points == 1:
+        return [max_params]
+    raw = np.geomspace(min_params, max_params, points)
+    sizes = sorted({max(LAYER_WIDTH, int(round(x / LAYER_WIDTH)) * LAYER_WIDTH) for x in raw})
+    return sizes
+
+
+def scratch_path(cfg: dict) -> Path:
+    # absolute: under COMPSs a task runs in its sandbox directory, not where the app started
+    return Path(cfg["results_dir"]).absolute() / cfg["checkpoint"]["scratch_dir"]
+
+
+def io_points(cfg: dict) -> list[dict]:
+    """(format, mode, size) points in one process, then DCP (ranks, size) points."""
+    b = cfg["checkpoint"]
+    scratch = str(scratch_path(cfg))
+    common = {"repeats": b["repeats"], "seed": b["seed"], "cold_load": b["cold_load"],
+              "rss_interval_s": b["rss_interval_ms"] / 1000.0, "scratch_limit_mb": b["scratch_limit_mb"],
+              "scratch_dir": scratch}
+    sizes = sweep_sizes(**b["sizes"])
+    points = [{"kind": "io", "fmt": f, "mode": m, "n_params": n, **common}
+              for n in sizes for f in b["formats"] for m in b["modes"]]
+    points += [{"kind": "ranks", "ranks": r, "n_params": n, "timeout_s": b["rank_timeout_s"], **common}
+               for n in sizes for r in b["dcp_ranks"]]
+    return points
+
+
+def resume_points(cfg: dict) -> list[dict]:
+    b = cfg["checkpoint"]
+    r = b["resume"]
+    spec = {**r["model"], "seed": b["seed"]}
+    return [{"fmt": f, "scratch_dir": str(scratch_path(cfg)), "spec": spec,
+             "steps_total": r["steps_total"], "stop_at": r["stop_at"]} for f in b["formats"]]
+
+
+def overhead_points(cfg: dict) -> list[dict]:
+    b = cfg["checkpoint"]
+    o = b["overhead"]
+    base = {"fmt": o["format"], "scratch_dir": str(scratch_path(cfg)),
+            "spec": {**o["model"], "seed": b["seed"]}, "steps": o["steps"], "warmup_steps": o["warmup_steps"]}
+    return [{"mode": m, "interval": k, **base} for m in o["modes"] for k in o["intervals"]]

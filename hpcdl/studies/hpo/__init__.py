@@ -1,0 +1,29 @@
+"""Hyperparameter optimisation study: Optuna ask-and-tell driving trial tasks trained in epoch chunks."""
+
+from hpcdl.platform.study import StudySpec
+
+
+def _task_units(cfg: dict) -> int | str:
+    """Cores each trial task reserves: the configured setting (an int, or "$VAR")."""
+    value = cfg["hpo"]["computing_units"]
+    return int(value) if str(value).isdigit() else value
+
+
+def _run_threads(cfg: dict) -> int:
+    """Concurrent trials at most (Snakemake caps this at --cores)."""
+    return max([*cfg["hpo"]["grid"]["workers"], cfg["hpo"]["workers"]])
+
+
+SPEC = StudySpec(
+    name="hpo",
+    title="Hyperparameter optimisation (Optuna on PyCOMPSs tasks)",
+    raw_tables=("trials", "intermediate", "studies"),
+    tables=("trials", "intermediate", "best_so_far", "grid_scaling", "best_config", "pruning"),
+    figures=("best_so_far", "grid_scaling", "optuna_param_importances", "optuna_parallel_coordinate",
+             "optuna_intermediate_values"),
+    task_units=_task_units,
+    # The journal (results/hpo/journal/) is no declared output, so Snakemake never deletes it and a
+    # rerun after a crash continues the studies.
+    run_resources=lambda cfg: {"mem_mb": 4000, "runtime": 60},
+    run_threads=_run_threads,
+)

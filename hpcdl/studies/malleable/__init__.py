@@ -1,0 +1,31 @@
+"""Malleability study (after Libutti, De Giusti and Naiouf 2021): training jobs whose thread count
+changes while they run, and a co-scheduler that uses it, enforced with real cgroup CPU quotas.
+
+    cgroups    v1 / v2 CPU quotas: detection, per-run cgroup tree, stale sweep, own-quota reading
+    job        the malleable job (API / signal / quota requests applied at iteration boundaries)
+    launch     job processes forked from a forkserver that has imported torch once
+    policies   rigid / equal share / proportional-to-remaining-work core assignment (pure)
+    scheduler  the co-scheduler: arrivals, departures, failures, quota + thread enforcement
+    response   single-job experiments: change response, oversubscription under a cut quota
+    driver     one point in its own process group; supervisor cleanup of processes and cgroups
+    measure    a point's driver output -> tidy rows (lags, latencies, change costs)
+    plan       the points of a config; checks: config checks; analysis: tables, figures, claims
+"""
+
+from hpcdl.platform.study import StudySpec
+
+
+def _units(cfg: dict) -> int:
+    # A point owns every core the study shares: points never overlap (they time each other otherwise).
+    return int(cfg["malleable"]["cores"])
+
+
+SPEC = StudySpec(
+    name="malleable",
+    title="Malleable thread counts and co-scheduling (API / signal / quota, cgroups)",
+    raw_tables=("points", "series", "changes", "decisions", "jobs"),
+    tables=("response", "oversub", "policies", "jobs", "utilisation", "change_cost", "series"),
+    figures=("gantt", "policy_bars", "iter_time", "utilisation"),
+    task_units=_units,
+    run_resources=lambda cfg: {"mem_mb": 3000, "runtime": 30},
+)

@@ -1,0 +1,39 @@
+"""Micro-batched convolution study (after μ-cuDNN): per-kernel micro-batch division by DP and ILP.
+
+workloads   AlexNet / ResNet-18 conv layers and a DeepBench subset, as plain shapes
+algorithms  the candidate implementations PyTorch has (oneDNN, native im2col, cuDNN modes),
+            forced one at a time, with which one really ran
+bench       time and workspace (extra peak memory) per kernel, algorithm and micro-batch
+dp          μ-cuDNN's dynamic program per kernel (undivided / powerOfTwo / all), Pareto fronts
+ilp         one workspace budget shared by all kernels of a network (HiGHS via scipy milp)
+execute     MicroBatchedConv2d: a drop-in Conv2d running its plan in forward and backward
+measure     one network point: benchmark, plan, execute, measure, check exactness
+plan        the network points of a validated config; checks: config checks beyond the schema
+analysis    tables, figures and claims; gpu_probe: the CUDA path in one command
+"""
+
+from hpcdl.platform.study import StudySpec
+
+
+def _task_units(cfg: dict) -> int | str:
+    value = cfg["microbatch"]["computing_units"]
+    return int(value) if str(value).isdigit() else value
+
+
+SPEC = StudySpec(
+    name="microbatch",
+    title="Micro-batched convolutions (μ-cuDNN: DP + ILP under a workspace limit)",
+    raw_tables=("bench", "plans", "budget", "execution", "exactness", "planning"),
+    tables=(
+        "network_speedup",
+        "layer_speedup",
+        "budget_speedup",
+        "plans",
+        "planning_cost",
+        "exactness",
+        "failures",
+    ),
+    figures=("layer_speedup", "budget_speedup", "microbatch_sizes", "predicted_vs_measured"),
+    task_units=_task_units,
+    run_resources=lambda cfg: {"mem_mb": 4000, "runtime": 60},
+)

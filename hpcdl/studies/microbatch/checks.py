@@ -1,0 +1,21 @@
+"""Checks on the `microbatch:` block that JSON schema cannot express (no heavy imports here)."""
+
+from __future__ import annotations
+
+from hpcdl.platform.config import ConfigError
+from hpcdl.studies.microbatch.workloads import network
+
+
+def check(cfg: dict) -> None:
+    block = cfg.get("microbatch")
+    if block is None:
+        return
+    for net in block["networks"]:
+        try:
+            network(net, block["image_size"], block["deepbench_scale"])
+        except ValueError as exc:
+            raise ConfigError(
+                "microbatch.image_size",
+                block["image_size"],
+                f"a size every configured network builds at ({exc})",
+            ) from None

@@ -1,0 +1,461 @@
+"""One network point: benchmark its kernels, plan with the DP and the ILP, execute the plans, measure.
+
+Returns plain rows for the raw tables (bench, plans, budget, execution, exactness, planning).
+The default is the framework's own layer: nn.Conv2d, undivided, default backend, under autograd.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from hpcdl.studies.microbatch.heap import fix_heap_thresholds
+from hpcdl.studies.microbatch import ilp
+from hpcdl.studies.microbatch.algorithms import (
+    ALGORITHMS,
+    DEFAULT,
+    FUSED,
+    KERNELS,
+    KernelCall,
+    candidates,
+    resolve_device,
+)
+from hpcdl.studies.microbatch.bench import benchmark_layer, clock, round_order
+from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
+from hpcdl.studies.microbatch.execute import MicroBatchedConv2d
+from hpcdl.studies.microbatch.workloads import ConvLayer, network
+
+MiB = 2**20
+
+
+def rel_err(got, want) -> float:
+    """max |got - want| / max |want|: relative to the tensor's scale (elementwise would divide by ~0);
+    for pairs of tensors (the fused backward's gradients), the worse of the two."""
+    if isinstance(want, tuple):
+        return max(rel_err(g, w) for g, w in zip(got, want, strict=True))
+    got, want = got.detach(), want.detach()
+    scale = float(want.abs().max())
+    return float((got - want).abs().max()) / (scale if scale > 0 else 1.0)
+
+
+def _label(layer: str, kernel: str) -> str:
+    return f"{layer}/{kernel}"
+
+
+def _division_text(steps: list[tuple[str, int]]) -> tuple[str, str]:
+    sizes = "+".join(str(b) for _, b in steps)
+    algs = "+".join(a for a, _ in steps)
+    return sizes, algs
+
+
+def _progress(total: int, desc: str):
+    if os.environ.get("HPCDL_PROGRESS", "1") == "0":
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False, mininterval=1.0)
+
+
+def exactness_rows(
+    kernels, call: KernelCall, algorithms: list[str], device: str, network_name: str
+) -> list[dict]:
+    """Every candidate, split into micro-batches [1, B-1], against the undivided default, per kernel."""
+    ref = {k: call.run_division(k, [(DEFAULT[device], call.batch)]) for k in KERNELS}
+    ref[FUSED] = (ref["backward_data"], ref["backward_filter"])
+    rows = []
+    for name in algorithms:
+        steps = [(name, 1), (name, call.batch - 1)] if call.batch > 1 else [(name, 1)]
+        for k in kernels:
+            rows.append(
+                {
+                    "network": network_name,
+                    "layer": call.layer.name,
+                    "kernel": k,
+                    "algorithm": name,
+                    "micro_batches": _division_text(steps)[0],
+                    "max_rel_err": rel_err(call.run_division(k, steps), ref[k]),  # pairs: the worse
+                }
+            )
+    return rows
+
+
+def _conv_module(layer: ConvLayer, weight: torch.Tensor) -> nn.Conv2d:
+    conv = nn.Conv2d(
+        layer.cin,
+        layer.cout,
+        (layer.kh, layer.kw),
+        stride=layer.stride,
+        padding=(layer.pad_h, layer.pad_w),
+        bias=False,
+    ).to(weight.device)
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+    return conv
+
+
+def _fwd_bwd(module: nn.Module, x: torch.Tensor, gy: torch.Tensor, device: str):
+    x.grad = None
+    module.weight.grad = None
+    now = clock(device)[0]
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = now()
+    y = module(x)
+    y.backward(gy)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return now() - t0, y.detach(), x.grad, module.weight.grad
+
+
+def executor_overhead(call: KernelCall, device: str, repeats: int) -> float:
+    """Seconds the planned executor adds to a layer's forward+backward whatever its plan: the
+    default configuration run through MicroBatchedConv2d's own path vs the plain nn.Conv2d, fastest
+    of interleaved rounds (the autograd Function, the kernel calls' set-up, the backend contexts)."""
+    conv = _conv_module(call.layer, call.weight)
+    plan = {"forward": [(DEFAULT[device], call.batch)], FUSED: [(DEFAULT[device], call.batch)]}
+    wrapped = MicroBatchedConv2d(_conv_module(call.layer, call.weight), plan, call.layer.name,
+                                 passthrough=False)
+    times = _interleaved(call, {"plain": conv, "wrapped": wrapped}, device, repeats)
+    return max(0.0, min(times["wrapped"]) - min(times["plain"]))
+
+
+def _interleaved(call: KernelCall, modules: dict[str, nn.Module], device: str, repeats: int) -> dict:
+    """Seconds of every module's forward+backward on the layer's input, `repeats` rounds after one
+    warm-up round, the order rotated each round so no module always runs first."""
+    x = call.x.clone().requires_grad_(True)
+    times = {v: [] for v in modules}
+    names = list(modules)
+    for r in range(repeats + 1):
+        for v in (names[j] for j in round_order(len(names), r)):
+            with ALGORITHMS[DEFAULT[device]].context():  # the default runs as the framework does
+                dt, *_ = _fwd_bwd(modules[v], x, call.grad_out, device)
+            if r:
+                times[v].append(dt)
+    return times
+
+
+def execute_layer(call: KernelCall, plans: dict[str, dict], device: str, repeats: int) -> dict[str, dict]:
+    """Fastest (and median) fwd+bwd time of the default layer and of every distinct plan, interleaved
+    rounds; output and gradient errors against the default.
+
+    Plans that run the same computation are timed once: one that keeps the default passes through to
+    nn.Conv2d, so it is the default's own measurement, and equal plans (DP and ILP often agree) share
+    one. Timing copies of one computation separately only added noise: identical runs of ResNet-18's
+    last layer differed by up to 25 % between rounds. `measured_as` names whose timing a plan has."""
+    layer = call.layer
+    conv = _conv_module(layer, call.weight)
+    modules, measured_as = {"default": conv}, {"default": "default"}
+    seen = {}
+    for v, p in plans.items():
+        m = MicroBatchedConv2d(_conv_module(layer, call.weight), p, layer.name)
+        if m.is_default(call.batch, device):
+            measured_as[v] = "default"
+            continue
+        key = tuple(sorted((k, tuple(steps)) for k, steps in p.items()))
+        measured_as[v] = seen.setdefault(key, v)
+        modules.setdefault(measured_as[v], m)
+    x = call.x.clone().requires_grad_(True)
+    with ALGORITHMS[DEFAULT[device]].context():  # the default runs as the framework does by default
+        _, y0, gx0, gw0 = _fwd_bwd(conv, x, call.grad_out, device)
+        ref = (y0.clone(), gx0.clone(), gw0.clone())
+    times = _interleaved(call, modules, device, repeats)
+    measured = {}
+    for v, m in modules.items():
+        with ALGORITHMS[DEFAULT[device]].context():
+            _, y, gx, gw = _fwd_bwd(m, x, call.grad_out, device)
+        measured[v] = {
+            "time_s": min(times[v]),
+            "time_median_s": statistics.median(times[v]),
+            "err_output": rel_err(y, ref[0]),
+            "err_grad_input": rel_err(gx, ref[1]),
+            "err_grad_weight": rel_err(gw, ref[2]),
+        }
+    return {v: {**measured[rep], "measured_as": rep} for v, rep in measured_as.items()}
+
+
+def run_network(
+    network_name: str,
+    device: str,
+    batch_size: int,
+    image_size: int,
+    deepbench_scale: float,
+    algorithms: list[str] | None,
+    policies: list[str],
+    repeats: int,
+    warmup: int,
+    exec_repeats: int,
+    budget_fractions: list[float],
+    kernel_limit_mib: float | None,
+    seed: int,
+    backward_forms: tuple[str, ...] | list[str] = ("fused", "separate"),
+    switch_margin: float = 0.05,  # microbatch.switch_margin's default
+    threads: int | None = None,
+) -> dict:
+    """`backward_forms`: how a layer's backward may run: "separate" (backward-data and
+    backward-filter kernels, μ-cuDNN's setting), "fused" (PyTorch's one call), or either.
+    `switch_margin`: the planners see every configuration but the framework's own (default
+    algorithm, undivided, fused backward) at its median benchmarked time, at least that much above
+    its fastest, plus the executor's measured per-layer overhead, so a layer leaves the default
+    only for a predicted gain above the benchmark's noise and what the executor costs; predictions
+    are the fastest benchmarked times plus that overhead once per layer that leaves the default."""
+    if threads:  # fewer torch threads than the task's reserved cores: the rest stay idle
+        torch.set_num_threads(threads)
+    # identical plans timed one after another differed by 1.7x when glibc's moving mmap threshold
+    # gave one of them fresh pages for its gradients on every call
+    fix_heap_thresholds()
+    unknown = set(backward_forms) - {"fused", "separate"}
+    if unknown or not backward_forms:
+        raise ValueError(f"backward_forms {list(backward_forms)}: use 'fused', 'separate' or both")
+    fused_ok, separate_ok = "fused" in backward_forms, "separate" in backward_forms
+    kernels = (
+        "forward",
+        *(("backward_data", "backward_filter") if separate_ok else ()),
+        *((FUSED,) if fused_ok else ()),
+    )
+    device = resolve_device(device)
+    torch.manual_seed(seed)
+    layers = network(network_name, image_size, deepbench_scale)
+    algs = candidates(device, algorithms)
+    default = DEFAULT[device]
+    if default not in algs:
+        algs = [default, *algs]  # the framework's default is always a candidate: the plan can keep it
+    sizes = sorted(set().union(*(policy_sizes(p, batch_size) for p in policies)))
+    calls = {ly.name: KernelCall(ly, batch_size, device, seed=seed + i) for i, ly in enumerate(layers)}
+
+    # 1. benchmark every (layer, kernel, algorithm, micro-batch)
+    t0 = time.perf_counter()
+    bar = _progress(len(layers) * len(kernels) * len(algs) * len(sizes), f"{network_name} benchmark")
+    bench = []
+    for ly in layers:
+        bench += benchmark_layer(calls[ly.name], algs, sizes, device, repeats, warmup, bar, kernels)
+    if bar is not None:
+        bar.close()
+    bench_s = time.perf_counter() - t0
+    for r in bench:
+        r["network"] = network_name
+    # candidates: rows where the forced backend really ran, and the framework's default as it dispatches
+    ok = [r for r in bench if r["status"] == "ok" and (r["forced_ok"] or r["algorithm"] == default)]
+    if not any(r["algorithm"] == default for r in ok):
+        raise RuntimeError(
+            f"{network_name}: the default algorithm {default} did not run: "
+            f"{[r['reason'] for r in bench if r['algorithm'] == default][:1]}"
+        )
+    table, typical = {}, {}  # (fastest repeat, workspace); the median repeat
+    for r in ok:
+        key = (r["algorithm"], r["micro_batch"])
+        lab = _label(r["layer"], r["kernel"])
+        table.setdefault(lab, {})[key] = (r["time_s"], float(r["workspace_bytes"]))
+        typical.setdefault(lab, {})[key] = r["time_median_s"]
+    counts = {_label(ly.name, k): ly.count for ly in layers for k in kernels}
+    default_cfg = {lab: tab[(default, batch_size)] for lab, tab in table.items()}
+    # the framework's default layer: forward, then the fused backward (autograd's one call); priced
+    # as the separate pair when only that form is benchmarked (μ-cuDNN's three kernels)
+    default_kernels = ("forward", FUSED) if fused_ok else KERNELS
+
+    # what running a layer through the planned executor costs beyond its kernels (none where the
+    # plan keeps the default: the executor passes through to nn.Conv2d)
+    overhead = {ly.name: executor_overhead(calls[ly.name], device, exec_repeats) for ly in layers}
+
+    def priced(lab: str) -> dict:
+        layer_name, kernel = lab.split("/")
+        incumbent = (default, batch_size) if kernel in default_kernels else None
+        return challenger_prices(table[lab], typical[lab], incumbent, switch_margin, overhead[layer_name])
+
+    plan_table = {lab: priced(lab) for lab in table}
+
+    def benchmarked(lab: str, steps: list[tuple[str, int]]) -> float:
+        return sum(table[lab][step][0] for step in steps)
+    runs_by_default = [_label(ly.name, k) for ly in layers for k in default_kernels]
+    default_total_ws = sum(counts[lab] * default_cfg[lab][1] for lab in runs_by_default)
+    default_time = sum(counts[lab] * default_cfg[lab][0] for lab in runs_by_default)
+    groups = (
+        [tuple(_label(ly.name, k) for k in (FUSED, "backward_data", "backward_filter")) for ly in layers]
+        if fused_ok and separate_ok
+        else []
+    )
+
+    plans_rows, budget_rows, planning_rows = [], [], []
+    exec_plans: dict[str, dict[str, dict]] = {ly.name: {} for ly in layers}
+    for policy in policies:
+        t1 = time.perf_counter()
+        dps = {
+            lab: KernelDP(tab, batch_size, policy, label=f"layer {lab.split('/')[0]} ({lab.split('/')[1]})")
+            for lab, tab in plan_table.items()
+        }
+        fronts = {lab: dp.front() for lab, dp in dps.items()}
+        dp_s = time.perf_counter() - t1
+        # the speedup-vs-budget sweep shows what the benchmarked times allow, without the margin
+        sweep_fronts = {lab: KernelDP(tab, batch_size, policy).front() for lab, tab in table.items()}
+
+        # DP per kernel: each kernel under its own limit (default: the default algorithm's workspace);
+        # a layer's backward runs fused or as the separate pair, whichever the DP finds faster
+        def limit(lab):
+            return kernel_limit_mib * MiB if kernel_limit_mib is not None else default_cfg[lab][1]
+
+        dp_choice = {}
+        for ly in layers:
+            fwd = _label(ly.name, "forward")
+            dp_choice[fwd] = dps[fwd].best(limit(fwd))[0]
+            fused, bd, bf = (_label(ly.name, k) for k in (FUSED, "backward_data", "backward_filter"))
+            options, errors = [], []
+            try:
+                if fused_ok:
+                    i = dps[fused].best(limit(fused))
+                    options.append((i[1], {fused: i[0]}))
+            except WorkspaceError as exc:
+                errors.append(exc)
+            try:
+                if separate_ok:
+                    i, j = dps[bd].best(limit(bd)), dps[bf].best(limit(bf))
+                    options.append((i[1] + j[1], {bd: i[0], bf: j[0]}))
+            except WorkspaceError as exc:
+                errors.append(exc)
+            if not options:
+                raise errors[0]
+            dp_choice.update(min(options, key=lambda o: o[0])[1])
+        # ILP over the network under the default's total workspace ("the same memory footprint")
+        headline = ilp.solve(fronts, counts, default_total_ws, groups)
+        for planner, choice in (("dp", dp_choice), ("ilp", headline.choice)):
+            for lab, idx in choice.items():
+                layer_name, kernel = lab.split("/")
+                steps = dps[lab].division(idx)
+                sizes_text, algs_text = _division_text(steps)
+                t, ws = benchmarked(lab, steps), float(fronts[lab].workspace[idx])
+                exec_plans[layer_name].setdefault(f"{policy}/{planner}", {})[kernel] = steps
+                plans_rows.append(
+                    {
+                        "network": network_name,
+                        "policy": policy,
+                        "planner": planner,
+                        "layer": layer_name,
+                        "count": counts[lab],
+                        "kernel": kernel,
+                        "micro_batches": sizes_text,
+                        "algorithms": algs_text,
+                        "n_micro_batches": len(steps),
+                        "largest_micro_batch": max(b for _, b in steps),
+                        "predicted_time_s": t,
+                        "workspace_bytes": ws,
+                        "default_time_s": default_cfg[lab][0],
+                        "default_workspace_bytes": default_cfg[lab][1],
+                        "executor_overhead_s": 0.0,
+                    }
+                )
+            # a layer that leaves the default pays the executor's overhead once (on its forward row)
+            for ly in layers:
+                plan = exec_plans[ly.name][f"{policy}/{planner}"]
+                keeps = all(plan.get(k) == [(default, batch_size)] for k in ("forward", FUSED))
+                row = next(r for r in plans_rows if (r["policy"], r["planner"], r["layer"], r["kernel"])
+                           == (policy, planner, ly.name, "forward"))
+                row["executor_overhead_s"] = 0.0 if keeps else overhead[ly.name]
+                row["predicted_time_s"] += row["executor_overhead_s"]
+        # speedup vs workspace budget (ILP), as fractions of the default's total workspace
+        t2 = time.perf_counter()
+        budgets = [f * default_total_ws for f in budget_fractions]
+        sweep = ilp.network_front(sweep_fronts, counts, budgets, groups)
+        sweep_s = time.perf_counter() - t2
+        for f, row in zip(sorted(budget_fractions), sweep, strict=True):
+            budget_rows.append(
+                {
+                    "network": network_name,
+                    "policy": policy,
+                    "budget_fraction": f,
+                    "budget_bytes": row["budget_bytes"],
+                    "feasible": row["feasible"],
+                    "predicted_time_s": row["time_s"],
+                    "default_predicted_time_s": default_time,
+                    "predicted_speedup": default_time / row["time_s"] if row["feasible"] else float("nan"),
+                    "workspace_bytes": row["workspace_bytes"],
+                    "solve_s": row["solve_s"],
+                    "reason": row.get("reason", ""),
+                }
+            )
+        policy_bench_s = sum(
+            r["bench_wall_s"]
+            for r in bench
+            if r.get("bench_wall_s") and r["micro_batch"] in policy_sizes(policy, batch_size)
+        )
+        planning_rows.append(
+            {
+                "network": network_name,
+                "policy": policy,
+                "bench_s": policy_bench_s,
+                "bench_total_s": bench_s,
+                "dp_s": dp_s,
+                "ilp_solve_s": headline.solve_s,
+                "ilp_sweep_s": sweep_s,
+                "front_points": int(sum(len(f.time_s) for f in fronts.values())),
+                "kernels": len(fronts),
+                "default_workspace_bytes": default_total_ws,
+                "ilp_workspace_bytes": headline.workspace_bytes,
+            }
+        )
+
+    # 3. execute the default and every plan, interleaved, per layer; exactness of every candidate
+    exec_rows, exact_rows = [], []
+    bar = _progress(len(layers), f"{network_name} execute")
+    for ly in layers:
+        call = calls[ly.name]
+        got = execute_layer(call, exec_plans[ly.name], device, exec_repeats)
+        pred_default = sum(default_cfg[_label(ly.name, k)][0] for k in default_kernels)
+        for variant, m in got.items():
+            if variant == "default":
+                continue
+            policy, planner = variant.split("/")
+            pred = sum(
+                r["predicted_time_s"]
+                for r in plans_rows
+                if r["layer"] == ly.name and r["policy"] == policy and r["planner"] == planner
+            )
+            exec_rows.append(
+                {
+                    "network": network_name,
+                    "policy": policy,
+                    "planner": planner,
+                    "layer": ly.name,
+                    "count": ly.count,
+                    "measured_time_s": m["time_s"],
+                    "measured_default_time_s": got["default"]["time_s"],
+                    "measured_median_s": m["time_median_s"],
+                    "measured_default_median_s": got["default"]["time_median_s"],
+                    "predicted_time_s": pred,
+                    "predicted_default_time_s": pred_default,
+                    "err_output": m["err_output"],
+                    "err_grad_input": m["err_grad_input"],
+                    "err_grad_weight": m["err_grad_weight"],
+                    "measured_as": m["measured_as"],
+                    "exec_repeats": exec_repeats,
+                }
+            )
+        exact_rows += exactness_rows(
+            kernels,
+            call,
+            [a for a in algs if any(r["algorithm"] == a and r["layer"] == ly.name for r in ok)],
+            device,
+            network_name,
+        )
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    meta = {
+        "device": device,
+        "clock": clock(device)[1],
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "batch_size": batch_size,
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else "",
+    }
+    return {
+        "bench": bench,
+        "plans": plans_rows,
+        "budget": budget_rows,
+        "execution": exec_rows,
+        "exactness": exact_rows,
+        "planning": planning_rows,
+        "meta": meta,
+    }

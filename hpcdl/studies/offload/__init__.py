@@ -1,0 +1,40 @@
+"""The memory-offload study (after Myelin / AxoNN, ZeRO-Offload): optimizer state and saved
+activations moved to a slower memory tier, the copies overlapped with compute.
+
+    accounting   the fast tier's resident bytes under an enforced budget (tensor registry)
+    slowtier     the slow tier: a file-backed store (CPU) or pinned host memory (CUDA), async copies
+    timeline     compute / transfer / wait spans of a step; the hidden fraction of transfer time
+    model        the MLP stack and its seeded synthetic batches
+    optimizer    Adam with master weights and moments in the slow tier, streamed in buckets
+    activations  saved tensors kept (accounted) or packed to the slow tier and prefetched
+    train        one measured training run under a strategy
+    capacity     the largest depth that trains under the budget, per strategy
+    plan         the points of a validated config; checks: config checks beyond the schema
+    analysis     tables, figures and claims; gpu_probe: the one-command CUDA check
+"""
+
+from hpcdl.platform.study import StudySpec
+
+
+def _task_units(cfg: dict) -> int | str:
+    value = cfg["offload"]["computing_units"]
+    return int(value) if str(value).isdigit() else value
+
+
+def _run_resources(cfg: dict) -> dict:
+    m = cfg["offload"]["model"]
+    # the none strategy at the largest depth (16 bytes per parameter + 8 per activation element);
+    # on CPU it is all process memory, on a GPU the slow tier holds about as much in pinned host memory
+    largest = max(m["depths"]) * (16 * m["width"] ** 2 + 8 * m["batch"] * m["width"])
+    return {"mem_mb": max(2000, 2 * largest // 2**20), "runtime": 60}
+
+
+SPEC = StudySpec(
+    name="offload",
+    title="Memory offload (optimizer state and activations to a slower tier)",
+    raw_tables=("steps", "timeline", "capacity"),
+    tables=("tradeoff", "capacity", "failures"),
+    figures=("tradeoff", "breakdown", "capacity", "timeline"),
+    task_units=_task_units,
+    run_resources=_run_resources,
+)

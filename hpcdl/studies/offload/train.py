@@ -1,0 +1,321 @@
+"""One training run under one offload strategy, measured: the study's unit of work.
+
+    none          everything in the fast tier; torch.optim.Adam (the library baseline)
+    optimizer     master weights + Adam moments in the slow tier, streamed in buckets (optimizer.py)
+    activations   saved activations packed to the slow tier, prefetched for backward (activations.py)
+    both          optimizer + activations
+    save_on_cpu   CUDA only: torch.autograd.graph.save_on_cpu(pin_memory=True), the library's
+                  activation offload, with torch.optim.Adam
+
+Per step the timeline (timeline.py) holds the forward / backward / optimizer phases, every
+transfer and every wait; the record gives the median step's phases, and the hidden fraction
+pooled over every measured step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import hashlib
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from hpcdl.studies.offload.accounting import BudgetExceeded, FastTier
+from hpcdl.studies.offload.activations import SavedActivations
+from hpcdl.studies.offload.checks import largest_tensor
+from hpcdl.studies.offload.model import build_mlp, make_batch, n_params
+from hpcdl.studies.offload.optimizer import OffloadedAdam
+from hpcdl.studies.offload.slowtier import FileTier, PinnedTier
+from hpcdl.studies.offload.timeline import CpuClock, CudaClock, Timeline
+
+STRATEGIES = ("none", "optimizer", "activations", "both", "save_on_cpu")
+OFFLOADS_OPTIMIZER = {"optimizer", "both"}
+OFFLOADS_ACTIVATIONS = {"activations", "both"}
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("config key 'offload.device' is 'cuda' but torch sees no CUDA device")
+    return device
+
+
+def tier_name(device: str) -> str:
+    return "gpu>pinned_host" if device == "cuda" else "ram>file"
+
+
+@dataclass
+class RunSpec:
+    strategy: str
+    width: int
+    depth: int
+    batch: int
+    steps: int
+    seed: int = 0
+    lr: float = 1e-3
+    device: str = "cpu"
+    slow_dir: str = "."
+    io_mode: str = "page_cache"
+    bucket_mb: float = 1.0
+    prefetch_depth: int = 2
+    write_window: int = 2
+    budget_mb: float | None = None
+    foreach: bool = True
+    fused: bool = False
+    optimizer_in_backward: bool = True
+    staging_sets: int = 3
+    warmup_steps: int = 1
+    rss_interval_s: float = 0.002
+    trim_heap: bool = True  # gc + malloc_trim first, so that peak RSS starts from a clean heap
+
+
+def rss_bytes() -> int:
+    """The process's resident set now (Linux /proc; no psutil, so the GPU probe needs only torch)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class _PeakRss:
+    """The process's resident set sampled on a thread, for the peak during a run."""
+
+    def __init__(self, interval_s: float):
+        self.interval = interval_s
+        self.peak = rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_bytes())
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+        return False
+
+
+def _trim_heap() -> None:
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def weights_digest(model) -> str:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def train(spec: RunSpec, keep_weights: bool = False) -> dict:
+    """Train `spec.steps` steps (the first `warmup_steps` unmeasured); the measured record.
+
+    Raises BudgetExceeded when the fast tier goes over spec.budget_mb (CPU: the tensor registry;
+    CUDA: torch.cuda.max_memory_allocated above the model-free baseline, checked after each step).
+    """
+    if spec.strategy not in STRATEGIES:
+        raise ValueError(f"unknown offload strategy {spec.strategy!r}; known: {STRATEGIES}")
+    device = resolve_device(spec.device)
+    cuda = device == "cuda"
+    if spec.strategy == "save_on_cpu" and not cuda:
+        raise ValueError(
+            "strategy 'save_on_cpu' needs CUDA (on CPU the saved tensors are already on the CPU)"
+        )
+    budget = None if spec.budget_mb is None else int(spec.budget_mb * 2**20)
+    if spec.trim_heap:
+        _trim_heap()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        cuda_base = torch.cuda.memory_allocated()
+    # CUDA's allocator statistics are the enforced fast-tier measure there; the registry only accounts
+    fast = FastTier(None if cuda else budget)
+    timeline = Timeline(CudaClock(torch) if cuda else CpuClock())
+    tier = None
+    rss0 = rss_bytes()
+    with _PeakRss(spec.rss_interval_s) as rss:
+        fast.check_single(*largest_tensor({"model": {"width": spec.width, "batch": spec.batch}}))
+        model = build_mlp(spec.width, spec.depth, spec.seed, device)
+        params = list(model.parameters())
+
+        def charge_grad(p):  # a new gradient tensor each step (zero_grad sets them to None)
+            fast.track(p.grad, "gradients")
+
+        for p in params:
+            fast.track(p, "parameters")
+            p.register_post_accumulate_grad_hook(charge_grad)
+        try:
+            needs_tier = spec.strategy in OFFLOADS_OPTIMIZER | OFFLOADS_ACTIVATIONS
+            if needs_tier:
+                tier = (
+                    PinnedTier(timeline, torch.device(device))
+                    if cuda
+                    else FileTier(spec.slow_dir, timeline, spec.io_mode)
+                )
+            if spec.strategy in OFFLOADS_OPTIMIZER:
+                opt = OffloadedAdam(
+                    params,
+                    tier,
+                    fast,
+                    timeline,
+                    int(spec.bucket_mb * 2**20),
+                    spec.lr,
+                    foreach=spec.foreach,
+                    fused=spec.fused,
+                    in_backward=spec.optimizer_in_backward,
+                    staging_sets=spec.staging_sets,
+                )
+            else:
+                opt = torch.optim.Adam(
+                    params, lr=spec.lr, foreach=False if spec.fused else spec.foreach, fused=spec.fused
+                )
+            saved = SavedActivations(
+                fast,
+                params,
+                tier if spec.strategy in OFFLOADS_ACTIVATIONS else None,
+                offload=spec.strategy in OFFLOADS_ACTIVATIONS,
+                prefetch_depth=spec.prefetch_depth,
+                write_window=spec.write_window,
+                device=device,
+            )
+            measured = []
+            for step in range(spec.steps):
+                x, y = make_batch(spec.width, spec.batch, spec.seed, step, device)
+                wall, log = _one_step(model, opt, saved, timeline, x, y, spec.strategy, cuda)
+                if isinstance(opt, torch.optim.Adam) and step == 0:
+                    for st in opt.state.values():  # created by the first step: charge them now
+                        fast.track(st["exp_avg"], "optimizer_state")
+                        fast.track(st["exp_avg_sq"], "optimizer_state")
+                if cuda and budget is not None and torch.cuda.max_memory_allocated() - cuda_base > budget:
+                    raise BudgetExceeded(
+                        "fast tier over budget: torch.cuda.max_memory_allocated "
+                        f"{torch.cuda.max_memory_allocated() - cuda_base}"
+                        f" bytes > offload.budget_mb = {budget} bytes"
+                    )
+                if step >= spec.warmup_steps:
+                    measured.append((wall, log))
+            timeline.stop()  # what follows belongs to no step
+            if isinstance(opt, OffloadedAdam):
+                opt.finish()
+            if tier is not None:
+                tier.sync()
+            per_step = []
+            for wall, log in measured:  # every copy a step issued has completed now
+                log.resolve()
+                per_step.append((_record(wall, log), log.rows()))
+            digest = weights_digest(model)
+            weights = [p.detach().cpu().clone() for p in params] if keep_weights else None
+        finally:
+            if tier is not None:
+                tier.close()
+    # the median step (by step time), whole: its phases add up to its step time
+    med, tl_rows = (
+        sorted(per_step, key=lambda r: r[0]["step_s"])[(len(per_step) - 1) // 2] if per_step else ({}, [])
+    )
+    out = {
+        "strategy": spec.strategy,
+        "device": device,
+        "tier": tier_name(device),
+        "io_mode": spec.io_mode if not cuda else "pinned",
+        "width": spec.width,
+        "depth": spec.depth,
+        "batch": spec.batch,
+        "n_params": n_params(spec.width, spec.depth),
+        "steps": spec.steps,
+        "measured_steps": len(per_step),
+        "peak_fast_bytes": fast.peak if not cuda else torch.cuda.max_memory_allocated() - cuda_base,
+        "peak_accounted_bytes": fast.peak,
+        **{f"peak_{k}_bytes": v for k, v in sorted(fast.peak_by_kind.items())},
+        "peak_rss_bytes": rss.peak,
+        "peak_extra_rss_bytes": rss.peak - rss0,
+        **{k: v for k, v in med.items() if k != "step"},
+        "hidden_frac": _pooled_hidden_fraction([r for r, _ in per_step]),
+        "weights_sha256": digest,
+    }
+    return (out, tl_rows, weights) if keep_weights else (out, tl_rows)
+
+
+def _pooled_hidden_fraction(records: list[dict]) -> float:
+    """1 - exposed / transfer time summed over every measured step: one step holds a few dozen
+    transfers, so its own fraction swings with one late copy; the pooled one is what a run hides."""
+    total = sum(r["transfer_s"] for r in records)
+    if not records or total <= 0:
+        return float("nan")
+    return min(1.0, max(0.0, 1.0 - sum(r["exposed_transfer_s"] for r in records) / total))
+
+
+def _one_step(model, opt, saved, tl: Timeline, x, y, strategy, cuda):
+    """One training step; its wall time and its timeline log (resolved later)."""
+    stream = torch.cuda.current_stream() if cuda else None
+    log = tl.start()
+    saved.begin_step()
+    wall0 = time.perf_counter()
+    hooks = torch.autograd.graph.save_on_cpu(pin_memory=True) if strategy == "save_on_cpu" else saved.hooks()
+    with tl.phase("forward", stream):
+        with hooks:
+            loss = F.mse_loss(model(x), y)
+    with tl.phase("backward", stream):
+        if isinstance(opt, OffloadedAdam):
+            opt.prefetch()
+        loss.backward()
+    with tl.phase("optimizer", stream):
+        opt.step()
+        opt.zero_grad()
+    saved.end_step()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - wall0, log
+
+
+def _record(wall: float, log) -> dict:
+    """A step's times: each phase without the waits inside it, the exposed and total transfer time."""
+    waits = [s for s in log.spans if s.lane == "wait"]
+    phases = {
+        s.kind: s for s in log.spans if s.lane == "compute" and s.kind in ("forward", "backward", "optimizer")
+    }
+
+    updates = [s for s in log.spans if s.lane == "compute" and s.kind == "optimizer_update"]
+
+    def inside(spans, ph):
+        return sum(w.end_s - w.start_s for w in spans if w.start_s >= ph.start_s and w.end_s <= ph.end_s)
+
+    def compute_in(ph):
+        return ph.end_s - ph.start_s - inside(waits, ph)
+
+    # bucket updates run inside backward (optimizer in_backward): they count as optimizer time
+    in_bwd = inside(updates, phases["backward"])
+    hidden = log.hidden_fraction()
+    return {
+        "step_s": wall,
+        "forward_s": compute_in(phases["forward"]),
+        "backward_s": compute_in(phases["backward"]) - in_bwd,
+        "optimizer_s": compute_in(phases["optimizer"]) + in_bwd,
+        "exposed_transfer_s": log.exposed_s(),
+        "transfer_s": log.transfer_s(),
+        "hidden_frac": float("nan") if hidden is None else hidden,
+        "bytes_to_slow": log.bytes("to_slow"),
+        "bytes_from_slow": log.bytes("from_slow"),
+    }
+
+
+def measure_point(point: dict) -> dict:
+    """A sweep point (plan.sweep_points): its record and the timeline of its median step."""
+    rec, timeline = train(RunSpec(**point))
+    return {"record": rec, "timeline": timeline}

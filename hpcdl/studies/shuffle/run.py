@@ -1,0 +1,33 @@
+"""One sweep point: launch its M ranks, collect their per-epoch records as rows."""
+
+from __future__ import annotations
+
+import time
+
+from hpcdl.platform.rank_runtime.launch import run_ranks
+
+SAMPLE_BYTES = 28 * 28 * 4 + 8 + 8   # float32 image + int64 label + int64 sample id
+
+
+def run_point(*, point: dict, train: dict, data: dict, timeout_s: float = 600.0,
+              kill: dict | None = None) -> list[dict]:
+    """`point`: strategy, q, partitioning, world_size, seed, kakurenbo_fraction (+ labels).
+
+    `train`: epochs, batch_size, lr, momentum, model, alpha, exchange_timeout_s.
+    Raises hpcdl.platform.rank_runtime.launch.RankFailure when any rank fails.
+    """
+    started = time.time()
+    kwargs = dict(data=data, strategy=point["strategy"], q=float(point["q"]),
+                  partitioning=point["partitioning"], alpha=float(train["alpha"]), seed=int(point["seed"]),
+                  epochs=int(train["epochs"]), batch_size=int(train["batch_size"]), lr=float(train["lr"]),
+                  momentum=float(train["momentum"]), model=dict(train["model"]),
+                  kakurenbo_fraction=float(point.get("kakurenbo_fraction", 0.0)),
+                  exchange_timeout_s=float(train["exchange_timeout_s"]), kill=kill)
+    results = run_ranks("hpcdl.studies.shuffle.train:train_rank", int(point["world_size"]), kwargs,
+                        timeout_s=timeout_s, threads_per_rank=1)
+    wall = time.time() - started
+    rows = []
+    for res in results:
+        for rec in res["records"]:
+            rows.append({**point, **rec, "point_wall_s": wall, "status": "ok", "error": ""})
+    return rows

@@ -1,0 +1,43 @@
+"""Spatial scaling study: halo-exchange partitioned Conv3d, CosmoFlow-like hybrid training, analysis.
+
+    partition    index arithmetic of spatially partitioned windowed ops along one axis (pure)
+    halo         halo exchange along one partitioned axis as an autograd Function
+    overlap      a depth-partitioned conv3d whose halo exchange is hidden behind compute
+    buckets      gradient all-reduce in buckets launched during the backward
+    groups       hybrid data x spatial process groups
+    model        CosmoFlow-like 3D CNN, whole (reference) or spatially partitioned
+    data         Gaussian random fields with a power-law spectrum, cached as .npy files
+    load         the machine's other load during a timed phase, from /proc
+    train        the rank function of one hybrid data x spatial training run
+    exactness    rank functions comparing the partitioned ops and model with the whole ones
+    calibration  rank function of the microbenchmarks that calibrate the oracle
+    perfmodel    the ParaDL-style oracle and its calibration fit (no other spatial module)
+    papers       the oracle at exactly the papers' settings
+    sweep        the scaling runs of a config and what each unit of work reads of it
+    compute      the units of work the task bodies (tasks/spatial.py) call
+    tables, figures, claims   the analysis stages; summary: a digest of one run's claims
+    checks       config checks beyond the schema
+"""
+
+from hpcdl.platform.study import StudySpec
+
+
+def _largest_run(cfg: dict) -> int:
+    from hpcdl.studies.spatial.sweep import expand
+
+    return max(p["ranks"] for p in expand(cfg["spatial"]))
+
+
+SPEC = StudySpec(
+    name="spatial",
+    title="Spatial scaling (hybrid data x spatial 3D CNN)",
+    raw_tables=("exactness", "calibration", "runs", "iterations", "ranks"),
+    tables=("runs", "loss", "exactness", "calibration_fit", "extrapolation", "strategy_choice",
+            "paper_predictions"),
+    figures=("strong_scaling", "weak_scaling", "efficiency", "oracle_parity", "extrapolation",
+             "paper_predictions", "memory", "loss"),
+    # the largest run's ranks x threads, so no two timed runs overlap
+    task_units=lambda cfg: _largest_run(cfg) * cfg["spatial"]["threads_per_rank"],
+    # the batch step starts each run's ranks with srun inside this N-task allocation
+    run_resources=lambda cfg: {"mem_mb": 4000, "runtime": 30, "tasks": _largest_run(cfg), "mpi": "srun"},
+)

@@ -1,0 +1,88 @@
+"""The study's units of work, each a plain function a task body (tasks/spatial.py) calls once.
+
+A scaling run = one rank launch (hpcdl.platform.rank_runtime.launch.run_ranks) of
+hpcdl.studies.spatial.train.train_run on data x depth x height ranks; it returns one summary row and
+per-rank, per-iteration rows.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from hpcdl.common.layers import build_spec
+from hpcdl.platform.rank_runtime.launch import run_ranks
+from hpcdl.studies.spatial.data import ensure_dataset
+from hpcdl.studies.spatial.sweep import run_shape
+
+TRAIN = "hpcdl.studies.spatial.train:train_run"
+
+
+def dataset_for(block: dict, resources_dir: str, shape) -> Path:
+    g = block["grf"]
+    return ensure_dataset(resources_dir, tuple(shape), block["n_samples"], block["seed"],
+                          tuple(g["amplitude"]), tuple(g["ns"]))
+
+
+def _env(block: dict) -> None:
+    os.environ["HPCDL_HALO_TIMEOUT_S"] = str(block["halo_timeout_s"])
+
+
+def run_point(point: dict, block: dict, resources_dir: str) -> dict:
+    """Launch one scaling run; returns {"summary": row, "iterations": rows, "ranks": per-rank rows}."""
+    _env(block)
+    data_dir = dataset_for(block, resources_dir, point["shape"])
+    d, pd, ph = point["layout"]
+    t0 = time.time()
+    results = run_ranks(TRAIN, point["ranks"], {
+        "data_dir": str(data_dir), "n_data": d, "grid": (pd, ph), "model": block["model"],
+        "batch_size": point["batch_size"], "iterations": point["iterations"], "lr": block["lr"],
+        "seed": block["seed"], "dtype": block["dtype"], "allow_uneven": block["allow_uneven"],
+        "overlap": block["overlap"], "bucket_kb": block["bucket_kb"],
+        "communicate": point["kind"] != "ceiling"},
+        timeout_s=block["run_timeout_s"], threads_per_rank=block["threads_per_rank"])
+    wall = time.time() - t0
+    iters, ranks = [], []
+    for res in results:
+        for rec in res["records"]:
+            iters.append({"run": point["run"], "repeat": point["repeat"], "rank": res["rank"], **rec})
+        ranks.append({"run": point["run"], "repeat": point["repeat"], "rank": res["rank"],
+                      "data_index": res["data_index"],
+                      "slab_depth": res["slab_depth"], "slab_height": res["slab_height"],
+                      "peak_rss_mb": res["peak_rss_mb"], "base_rss_mb": res["base_rss_mb"],
+                      "peak_delta_mb": res["peak_rss_mb"] - res["base_rss_mb"], "n_params": res["n_params"]})
+    summary = {**{k: v for k, v in point.items() if k not in ("layout", "shape")},
+               "data": d, "depth_ranks": pd, "height_ranks": ph,
+               "depth": point["shape"][0], "height": point["shape"][1], "width": point["shape"][2],
+               "launch_wall_s": wall, "status": "ok", "error": ""}
+    return {"summary": summary, "iterations": iters, "ranks": ranks}
+
+
+def calibration_specs(block: dict) -> list[tuple[list[dict], int]]:
+    """Layer shapes the compute fit is measured on: the strong and the weak-base models."""
+    return [(build_spec(tuple(run_shape(k, block[k]["grid"], [1, 1, 1])), block["model"]),
+             block["batch_size"]) for k in ("strong", "weak")]
+
+
+def calibrate_point(block: dict, resources_dir: str, round_index: int = 0) -> list[dict]:
+    """Microbenchmarks on 2 ranks (ping-pong) + rank-0 compute/IO timings, same machine, same study;
+    one round (rows tagged with it), each section with the machine's other load during it."""
+    c = block["calibration"]
+    data_dir = dataset_for(block, resources_dir, run_shape("strong", block["strong"]["grid"], [1, 1, 1]))
+    rows = run_ranks("hpcdl.studies.spatial.calibration:calibrate_rank", 2, {
+        "specs": calibration_specs(block), "data_dir": str(data_dir), "sizes_bytes": c["pingpong_bytes"],
+        "fractions": c["fractions"], "repeats": c["repeats"], "comm_gap_s": c["comm_gap_ms"] / 1e3},
+        timeout_s=block["run_timeout_s"], threads_per_rank=block["threads_per_rank"])[0]
+    return [{**r, "round": round_index} for r in rows]
+
+
+def exactness_point(block: dict, layout: list[int]) -> list[dict]:
+    """float64: the partitioned model vs the whole model on `layout`'s spatial ranks."""
+    _env(block)
+    _, pd, ph = layout
+    res = run_ranks("hpcdl.studies.spatial.exactness:model_case", pd * ph, {
+        "shape": tuple(block["exactness"]["shape"]), "model": block["model"], "grid": (pd, ph)},
+        timeout_s=block["run_timeout_s"])
+    return [{"layout": "x".join(map(str, layout)), **{k: v for k, v in r.items() if k != "out_sizes"}}
+            for r in res]

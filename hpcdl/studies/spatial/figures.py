@@ -1,0 +1,175 @@
+"""Figures stage of the spatial study: tables/ -> figures/*.png (scaling breakdowns, efficiency
+against the ceiling, oracle parity, extrapolation, the papers' settings, memory, loss)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hpcdl.platform.results import mark_no_data, read_table, save_figure
+from hpcdl.platform.stages import pyplot
+from hpcdl.studies.spatial.tables import COMPONENTS
+
+COLORS = {"compute_s": "tab:blue", "halo_s": "tab:orange", "gather_s": "tab:purple",
+          "allreduce_s": "tab:red", "io_s": "tab:green"}
+
+
+def _stacked(ax, df: pd.DataFrame, title: str) -> None:
+    labels = [f"{int(r.data)}x{int(r.depth_ranks)}x{int(r.height_ranks)}\n({int(r.ranks)} ranks)"
+              for r in df.itertuples()]
+    x = np.arange(len(df))
+    bottom = np.zeros(len(df))
+    for c in COMPONENTS:
+        label = c.removesuffix("_s").replace("gather", "gather to head")
+        ax.bar(x, df[c], bottom=bottom, color=COLORS[c], label=label)
+        bottom += df[c].to_numpy()
+    ax.plot(x, df["time_per_iter_s"], "k_", markersize=30, mew=2, label="iteration (slowest rank)")
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("layout: data groups x depth ranks x height ranks")
+    ax.set_ylabel("time per iteration (s)")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+
+
+def draw(cfg: dict, study_dir: Path) -> None:
+    plt = pyplot()
+    tables, figs = Path(study_dir) / "tables", Path(study_dir) / "figures"
+    figs.mkdir(parents=True, exist_ok=True)
+    df = read_table(tables / "runs.csv")
+    block = cfg["spatial"]
+    for kind, title in (("strong", f"Strong scaling ({block['strong']['grid']}^3 global input, "
+                                    "spatial and hybrid)"),
+                        ("weak", f"Weak scaling ({block['weak']['grid']}^3 per depth rank)")):
+        kinds = [kind, "hybrid"] if kind == "strong" else [kind]
+        sel = df[df["kind"].isin(kinds)].copy()
+        sel["order"] = sel["kind"] != kind  # this kind's runs first, then the hybrids
+        sel = sel.sort_values(["order", "ranks", "data"])
+        fig, ax = plt.subplots(figsize=(10, 4.5))
+        if sel.empty:
+            mark_no_data(ax, f"no {kind} runs configured")
+        else:
+            _stacked(ax, sel, title)
+        fig.tight_layout()
+        save_figure(fig, figs / f"{kind}_scaling.png")
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    lim = [0.8 * min(df["time_per_iter_s"].min(), df["pred_time_per_iter_s"].min()),
+           1.25 * max(df["time_per_iter_s"].max(), df["pred_time_per_iter_s"].max())]
+    ax1.plot(lim, lim, "k-", lw=1, label="exact")
+    tol = block["claims"]["max_oracle_error"]
+    ax1.fill_between(lim, [v * (1 - tol) for v in lim], [v * (1 + tol) for v in lim], color="0.9",
+                     label=f"±{tol:.0%}")
+    for kind, g in df.groupby("kind"):
+        ax1.scatter(g["time_per_iter_s"], g["pred_time_per_iter_s"], label=kind)
+    ax1.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="measured time per iteration (s)",
+            ylabel="predicted time per iteration (s)", title="Oracle: predicted vs measured")
+    ax1.legend(fontsize=8)
+    ax2.bar(df["run"], 100 * df["oracle_error"], color=["tab:red" if abs(e) > tol else "tab:blue"
+                                                          for e in df["oracle_error"]])
+    ax2.axhline(0, color="k", lw=1)
+    ax2.set_ylabel("prediction error (%)")
+    ax2.set_xlabel("run")
+    ax2.set_title(f"Per-run error (mean |error| {100 * df['oracle_error'].abs().mean():.1f} %)")
+    ax2.tick_params(axis="x", rotation=60, labelsize=7)
+    fig.tight_layout()
+    save_figure(fig, figs / "oracle_parity.png")
+
+    ext = read_table(tables / "extrapolation.csv")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for fam, g in ext.groupby("family"):
+        g = g.sort_values("gpus")
+        ok = g[g["feasible"]]
+        line, = ax.plot(ok["gpus"], ok["total_s"], "o-", label=fam)
+        bad = g[~g["feasible"]]
+        ax.plot(bad["gpus"], bad["total_s"], "x", color=line.get_color(), alpha=0.5)
+    pick = ext[ext["chosen"]]
+    ax.plot(pick["gpus"], pick["total_s"], "*", color="k", markersize=14, label="oracle's pick")
+    ex = block["extrapolate"]
+    ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="predicted time per iteration (s)",
+           title=f"CosmoFlow {ex['grid']}^3, batch {ex['batch_size']}: best of each strategy "
+                 f"(x = exceeds {block['machine']['memory_gb']} GB)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, figs / "extrapolation.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for kind, g in df[df["kind"].isin(["strong", "weak"])].groupby("kind"):
+        g = g.sort_values("ranks")
+        line, = ax.plot(g["ranks"], g["peak_delta_mb_max"], "o-", label=f"{kind}: measured (peak RSS growth)")
+        ax.plot(g["ranks"], g["pred_memory_mb"], "s--", color=line.get_color(), label=f"{kind}: oracle")
+    ax.set(xlabel="ranks", ylabel="memory per rank (MiB)", title="Memory per rank vs ranks")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, figs / "memory.png")
+
+    _plot_efficiency(plt, df, block, figs)
+    _plot_papers(plt, read_table(tables / "paper_predictions.csv"), figs)
+
+    loss = read_table(tables / "loss.csv")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run, g in loss.groupby("run"):
+        ax.plot(g["iteration"], g["loss"], lw=2.5 if run.startswith("train") else 1,
+                alpha=1 if run.startswith("train") else 0.5, label=run)
+    ax.set(xlabel="iteration", ylabel="training loss (MSE on normalised A, ns)", title="Training loss")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, figs / "loss.png")
+
+
+def _plot_efficiency(plt, df: pd.DataFrame, block: dict, figs: Path) -> None:
+    """Raw speedup next to the machine's own ceiling (same run), efficiency = their ratio."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    sel = df[(df["kind"] == "strong") & (df["ranks"] > 1)] if "ceiling_speedup" in df else df[:0]
+    sel = sel[sel["ceiling_speedup"].notna()]
+    if sel.empty:
+        mark_no_data(ax, "no multi-rank strong run with a ceiling run (spatial.ceiling)")
+    else:
+        x = np.arange(len(sel))
+        ax.bar(x - 0.15, sel["speedup"], 0.3, label="speedup over 1 rank (spatial, communicating)")
+        ax.bar(x + 0.15, sel["ceiling_speedup"], 0.3, color="0.6",
+               label="ceiling: same per-rank compute, no communication")
+        for i, r in enumerate(sel.itertuples()):
+            load = getattr(r, "other_load_cores", float("nan"))
+            ax.text(i, max(r.speedup, r.ceiling_speedup) * 1.03,
+                    f"efficiency {r.efficiency_vs_ceiling:.2f}\n(other load {load:.2f} cores)",
+                    ha="center", fontsize=9)
+        ax.set_xlim(-0.8, len(sel) - 0.2)
+        ax.set_ylim(0, max(2.2, 1.25 * float(sel[["speedup", "ceiling_speedup"]].max().max())))
+        ax.axhline(1, color="k", lw=0.8)
+        ax.set_xticks(x, [f"{int(r.depth_ranks)}x{int(r.height_ranks)} ({int(r.ranks)} ranks)"
+                          for r in sel.itertuples()])
+        need = block["claims"]["min_efficiency"]
+        ax.set(xlabel="spatial layout (depth x height ranks)", ylabel="speedup over 1 rank",
+               title=f"Strong scaling {block['strong']['grid']}^3 against the machine's own ceiling "
+                     f"(goal efficiency >= {need:.2f})")
+        ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    save_figure(fig, figs / "efficiency.png")
+
+
+def _plot_papers(plt, pp: pd.DataFrame, figs: Path) -> None:
+    """Predicted time per iteration and speedup at the papers' exact settings (model only)."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for j, (net, g) in enumerate(pp.groupby("network")):
+        g = g.sort_values("gpus")
+        label = f"{net} {int(g['grid'].iloc[0])}^3, batch {int(g['batch_size'].iloc[0])}"
+        line, = ax1.plot(g["gpus"], g["time_per_iter_s"], "o-", label=label)
+        for r in g.itertuples():
+            ax1.annotate(f"{r.data}x{r.depth}x{r.height}\npick: {r.chosen_family}",
+                         (r.gpus, r.time_per_iter_s),
+                         fontsize=7, textcoords="offset points", xytext=(4, 4 if j % 2 == 0 else -22))
+        ax2.plot(g["gpus"], g["speedup_vs_first"], "o-", color=line.get_color(), label=f"{net}: predicted")
+        ax2.plot(g["gpus"], g["ideal_speedup_vs_first"], ":", color=line.get_color(), label=f"{net}: ideal")
+    ax1.set(xscale="log", yscale="log", xlabel="GPUs (ABCI V100, model)",
+            ylabel="predicted time per iteration (s)",
+            title="Papers' settings: data x depth x height, oracle's pick")
+    ax2.set(xscale="log", xlabel="GPUs (ABCI V100, model)",
+            ylabel="predicted speedup vs the smallest setting",
+            title="Predicted strong scaling at the papers' settings (simulated)")
+    ax1.legend(fontsize=8)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, figs / "paper_predictions.png")
+

@@ -1,0 +1,42 @@
+"""Print every timing claim's value of one spatial study run (for repeated runs on an idle machine).
+
+    python -m hpcdl spatial summary --config FILE
+
+One block: pass/fail of each claim, the efficiency against the ceiling with the raw speedup and the
+ceiling, the oracle's mean and per-run error, and the phases left out as disturbed with the load
+measured from /proc during them. Reads only claims.json and tables/ (nothing is recomputed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+
+def summary(study_dir: Path) -> str:
+    study_dir = Path(study_dir)
+    claims = {c["id"]: c for c in json.loads((study_dir / "claims.json").read_text())["claims"]}
+    lines = [f"spatial run in {study_dir}"]
+    for cid, c in claims.items():
+        lines.append(f"  {cid:24s} {c['status'].upper()}" + (f" ({c['reason']})" if c.get("reason") else ""))
+    eff = claims.get("strong_efficiency_2", {}).get("measured", {})
+    for run, e in (eff.get("efficiency") or {}).items():
+        lines.append(f"  efficiency {run}: {e:.3f} (speedup {eff['speedup'][run]:.3f} / ceiling "
+                     f"{eff['ceiling_speedup'][run]:.3f}; goal >= {eff.get('threshold')})")
+    ora = claims.get("oracle_error", {}).get("measured", {})
+    if "mean_abs_error" in ora:
+        lines.append(f"  oracle mean |error| {100 * ora['mean_abs_error']:.1f} % (goal <= "
+                     f"{100 * ora['threshold']:.0f} %): " + ", ".join(f"{r} {100 * v:+.1f} %"
+                                                             for r, v in ora["per_run"].items()))
+    runs = pd.read_csv(study_dir / "tables" / "runs.csv")
+    cols = [c for c in ("run", "time_per_iter_s", "time_per_iter_median_s", "iterations_timed", "phases",
+                        "phases_disturbed", "other_load_cores", "other_load_cores_max", "halo_s",
+                        "allreduce_s", "gather_s") if c in runs]
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.precision", 4):
+        lines.append(runs[cols].to_string(index=False))
+    fit = pd.read_csv(study_dir / "tables" / "calibration_fit.csv")
+    cal = {c.removeprefix("calibration_"): fit[c].iloc[0].item() for c in fit if c.startswith("calibration_")}
+    lines.append(f"  calibration: {cal}")
+    return "\n".join(lines)

@@ -1,0 +1,144 @@
+"""Hybrid data x spatial training of the CosmoFlow-like model: the function every rank runs.
+
+World = n_data data groups x (pd x ph) spatial ranks. Each data group takes its share of
+the global batch; each spatial rank reads only its slab of those samples. Gradients of the
+convolutions are summed over the spatial group (each rank saw part of the volume), then
+every gradient is averaged over the data group. Per iteration we time I/O, halo exchange,
+the gather to the head, the gradient all-reduce, and the rest (compute).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hpcdl.common.layers import build_spec
+from hpcdl.studies.spatial.buckets import GradBuckets
+from hpcdl.studies.spatial.data import SlabReader
+from hpcdl.studies.spatial.groups import hybrid_groups
+from hpcdl.studies.spatial.halo import TIMERS
+from hpcdl.studies.spatial.load import PhaseLoad
+from hpcdl.studies.spatial.model import CosmoFlow, SpatialCosmoFlow
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _ceiling_head_input(feats: torch.Tensor, full_depth: int) -> torch.Tensor:
+    """This slab's features tiled along depth to the whole map's size: the replicated head's input
+    without the all-gather (a ceiling run's copy, no communication)."""
+    reps = -(-full_depth // feats.shape[2])
+    return feats.repeat(1, 1, reps, 1, 1).narrow(2, 0, full_depth)
+
+
+def train_run(data_dir: str, n_data: int, grid: tuple[int, int], model: dict, batch_size: int,
+              iterations: int, lr: float, seed: int, dtype: str = "float32",
+              allow_uneven: bool = True, overlap: bool = True, bucket_kb: float = 64.0,
+              communicate: bool = True) -> dict:
+    """Train for `iterations` steps; returns this rank's per-iteration records and memory.
+
+    `overlap`: halo exchanges hidden behind the slab's convs, gradient all-reduce in buckets
+    of `bucket_kb` during the backward (hpcdl.studies.spatial.overlap, hpcdl.studies.spatial.buckets); False
+    runs every exchange and the all-reduce blocking, after the backward.
+    `communicate` False is the ceiling run: every rank does its share of the spatial run's
+    compute (its slab's convs, the replicated head, the optimizer) as an independent process,
+    with no exchange, gather or all-reduce at all.
+    Every record carries this rank's CPU seconds and the machine's busy/stolen CPU seconds over
+    the iteration (hpcdl.studies.spatial.load), so the analysis can tell a disturbed phase.
+    """
+    torch.set_default_dtype(getattr(torch, dtype))
+    if batch_size % n_data:
+        raise ValueError(f"spatial: global batch {batch_size} is not divisible by {n_data} data groups")
+    hy = hybrid_groups(n_data, tuple(grid))
+    reader = SlabReader(data_dir)
+    torch.manual_seed(seed)
+    net = CosmoFlow(build_spec(reader.shape, model))
+    sp = SpatialCosmoFlow(net, hy.layout, allow_uneven=allow_uneven, overlap=overlap)
+    ds, hs = sp.slab()
+    conv_params = sp.conv_parameters()
+    conv_ids = {id(p) for p in conv_params}
+    other_params = [p for p in net.parameters() if id(p) not in conv_ids]
+    world = dist.get_world_size()
+    # conv gradients: summed over the spatial group (each rank saw part of the volume) and averaged
+    # over the data groups = the world's sum / n_data; the replicated head: averaged over data groups
+    plan = [(other_params[::-1], hy.data_group, 1.0 / n_data, n_data),
+            (conv_params[::-1], None, 1.0 / n_data, world)]
+    buckets = GradBuckets(plan, int(bucket_kb * 1024)) if communicate and overlap else None
+    if not communicate:
+        slab_net = CosmoFlow(build_spec((ds.stop - ds.start, hs.stop - hs.start, reader.shape[2]), model))
+        slab_net.convs = net.convs  # the same parameters, run on the slab alone (zero-padded edges)
+        full_depth = net.spec[[s["kind"] for s in net.spec].index("gather")]["in"][1]
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    order = np.random.default_rng(seed).permutation(len(reader))
+    local = batch_size // n_data
+    base = rss_mb()
+    records = []
+    probe = PhaseLoad()
+    if world > 1:
+        dist.barrier()
+    for it in range(iterations):
+        start = (it * batch_size) % len(reader)
+        idx = np.take(order, range(start, start + batch_size), mode="wrap")
+        idx = idx[hy.data_index * local:(hy.data_index + 1) * local]
+        if world > 1 and communicate:
+            dist.barrier()
+        TIMERS.reset()
+        probe.start()
+        t0 = time.perf_counter()
+        xb, yb = reader.read(idx, ds, hs)
+        x = torch.from_numpy(xb).to(torch.get_default_dtype())
+        y = torch.from_numpy(yb).to(torch.get_default_dtype())
+        t_io = time.perf_counter() - t0
+        opt.zero_grad(set_to_none=False)
+        if buckets is not None:
+            buckets.start()
+        if communicate:
+            out = sp(x)
+        else:
+            out = net.head(_ceiling_head_input(slab_net.features(x), full_depth))
+        loss = nn.functional.mse_loss(out, y)
+        loss.backward()
+        t1 = time.perf_counter()
+        if buckets is not None:
+            t_ar = buckets.finish()
+        elif communicate:
+            _allreduce([p.grad for p in conv_params], hy.layout.group, hy.layout.size, 1.0)
+            _allreduce([p.grad for p in conv_params + other_params], hy.data_group, n_data, 1.0 / n_data)
+            t_ar = time.perf_counter() - t1
+        else:
+            t_ar = 0.0
+        opt.step()
+        total = time.perf_counter() - t0
+        load = probe.stop()
+        comm = TIMERS.seconds["halo"] + TIMERS.seconds["gather"]
+        records.append({"iteration": it, "loss": float(loss.item()), "io_s": t_io,
+                        "halo_s": TIMERS.seconds["halo"], "gather_s": TIMERS.seconds["gather"],
+                        "allreduce_s": t_ar, "compute_s": max(total - t_io - comm - t_ar, 0.0),
+                        "total_s": total, "cpu_s": load["own_cpu_s"],
+                        "machine_busy_s": load["machine_busy_s"], "steal_s": load["steal_s"]})
+    return {"rank": dist.get_rank(), "data_index": hy.data_index, "spatial_coords": hy.layout.coords,
+            "slab_depth": ds.stop - ds.start, "slab_height": hs.stop - hs.start,
+            "peak_rss_mb": rss_mb(), "base_rss_mb": base, "records": records,
+            "n_params": sum(p.numel() for p in net.parameters())}
+
+
+def _allreduce(tensors: list[torch.Tensor], group, size: int, scale: float) -> None:
+    """Blocking, after the backward: one flat bucket per call."""
+    if size == 1:
+        if scale != 1.0:
+            for t in tensors:
+                t.mul_(scale)
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    flat.mul_(scale)
+    off = 0
+    for t in tensors:
+        t.copy_(flat[off:off + t.numel()].view_as(t))
+        off += t.numel()
