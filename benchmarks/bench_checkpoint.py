@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._common import emit, parser  # noqa: E402
-from hpcdl.studies.checkpoint import measure  # noqa: E402
+from hpcdl.studies.checkpoint import compute  # noqa: E402
 from hpcdl.studies.checkpoint.formats import FORMATS  # noqa: E402
 
 
@@ -32,8 +32,8 @@ def main(argv=None) -> int:
     n_params = max(1024, int(a.size_mib * 2**20) // 4 // 1024 * 1024)
     rows = []
     for fmt in a.formats:
-        sync = measure.run_point(fmt, "sync", n_params, a.scratch, repeats=a.repeats)
-        asyn = measure.run_point(fmt, "async", n_params, a.scratch, repeats=a.repeats)
+        sync = compute.run_point(fmt, "sync", n_params, a.scratch, repeats=a.repeats)
+        asyn = compute.run_point(fmt, "async", n_params, a.scratch, repeats=a.repeats)
         med = statistics.median
         rows.append({
             "format": fmt, "state_mib": n_params * 4 / 2**20,

@@ -22,8 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hpcdl.platform.config import load_config  # noqa: E402
-from hpcdl.studies.hpo import driver, plan, storage, train  # noqa: E402
 from hpcdl.platform.results import atomic_write_text  # noqa: E402
+from hpcdl.studies.hpo import compute, driver, storage, sweep  # noqa: E402
 
 
 def grid_throughput(cfg: dict, results: Path) -> list[dict]:
@@ -34,7 +34,7 @@ def grid_throughput(cfg: dict, results: Path) -> list[dict]:
     import os
 
     os.environ[app.UNITS_ENV] = "1"
-    data = train.DataSpec(
+    data = compute.DataSpec(
         cfg["data"]["fashion_mnist_dir"],
         hpo["data"]["val_fraction"],
         hpo["seed"],
@@ -48,7 +48,7 @@ def grid_throughput(cfg: dict, results: Path) -> list[dict]:
         compss_wait_on([app.warm_up(data) for _ in range(w)])
         p = [
             q
-            for q in plan.plan_studies({**hpo, "grid": {**hpo["grid"], "workers": [w]}}, BACKEND)
+            for q in sweep.plan_studies({**hpo, "grid": {**hpo["grid"], "workers": [w]}}, BACKEND)
             if q.kind == "grid"
         ][0]
         t0 = time.perf_counter()
@@ -95,7 +95,7 @@ def driver_overhead(cfg: dict, results: Path, n: int = 40) -> dict:
             "worker": "inline",
         }
 
-    p = plan.StudyPlan("overhead", "search", "tpe", "none", n, 1, 1, hpo["space"]["epochs"]["high"])
+    p = sweep.StudyPlan("overhead", "search", "tpe", "none", n, 1, 1, hpo["space"]["epochs"]["high"])
     store = storage.open_storage(results / "overhead-journal.log")
     t0 = time.perf_counter()
     driver.run_study(p, hpo, store, None, submit, lambda f: f, lambda f: None, results)
@@ -112,21 +112,21 @@ def train_vs_plain(cfg: dict, repeats: int = 3) -> dict:
     optimizer and batch size; best of `repeats` each, interleaved so load changes hit both alike."""
     hpo = cfg["hpo"]
     torch.set_num_threads(1)
-    data = train.DataSpec(cfg["data"]["fashion_mnist_dir"], hpo["data"]["val_fraction"], hpo["seed"],
+    data = compute.DataSpec(cfg["data"]["fashion_mnist_dir"], hpo["data"]["val_fraction"], hpo["seed"],
                           hpo["data"]["train_limit"], hpo["data"]["test_limit"])
     params = {**hpo["grid"]["fixed"], "optimizer": "adam", "lr": 1e-3, "batch_size": 64, "epochs": 1}
-    x, y = train.load_data(data)["train"]
+    x, y = compute.load_data(data)["train"]
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def ours() -> float:
-        model = train.make_model(params)
-        opt = train.make_optimizer("adam", model, 1e-3)
+        model = compute.make_model(params)
+        opt = compute.make_optimizer("adam", model, 1e-3)
         t0 = time.perf_counter()
-        train.train_epoch(model, opt, x, y, 64, seed=0, epoch=0)
+        compute.train_epoch(model, opt, x, y, 64, seed=0, epoch=0)
         return time.perf_counter() - t0
 
     def plain() -> float:
-        model = train.make_model(params)
+        model = compute.make_model(params)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         model.train()
         t0 = time.perf_counter()

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._common import emit, parser  # noqa: E402
-from hpcdl.studies.malleable import cgroups, measure, policies, response  # noqa: E402
+from hpcdl.studies.malleable import cgroups, compute, policies, response  # noqa: E402
 from hpcdl.studies.malleable.scheduler import CoScheduler  # noqa: E402
 
 DATA = "/usr/share/datasets/fashion-mnist"
@@ -49,7 +49,7 @@ def change_cost(changes: int, cores: int, width: int, batch: int, work: Path) ->
     res = response._run(spec, [], 600)
     rows = [
         r
-        for r in measure.change_rows({"experiment": "bench", "variant": "api"}, res)
+        for r in compute.change_rows({"experiment": "bench", "variant": "api"}, res)
         if r["outcome"] == "applied"
     ]
     out = []

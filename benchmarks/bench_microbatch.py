@@ -21,8 +21,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import emit, parser  # noqa: E402
-from hpcdl.studies.microbatch.analysis import network_speedup  # noqa: E402
-from hpcdl.studies.microbatch.measure import run_network  # noqa: E402
+from hpcdl.studies.microbatch.compute import run_network  # noqa: E402
+from hpcdl.studies.microbatch.tables import network_speedup  # noqa: E402
 
 
 def main() -> None:

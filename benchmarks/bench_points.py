@@ -6,7 +6,7 @@ Per record size (rows of 20 numeric columns, as the studies' records are): the k
 point's inputs), the task body's store work (start marker + JSON + temp file, fsync, rename +
 read-back) and the main program's lookup of a stored record, in DIR (default: a temporary
 directory under ./results, the file system results live on). Then the cheapest real point of the
-project, a 4096-parameter torch checkpoint save/load (hpcdl.studies.checkpoint.measure.run_point), run
+project, a 4096-parameter torch checkpoint save/load (hpcdl.studies.checkpoint.compute.run_point), run
 bare and through the store: the ratio is the store's share of a point's time at its worst.
 """
 
@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import emit, parser  # noqa: E402
 
-from hpcdl.studies.checkpoint import measure  # noqa: E402
 from hpcdl.platform.points import StudyRun, point_key, read_record  # noqa: E402
+from hpcdl.studies.checkpoint import compute  # noqa: E402
 
 
 def _record(rows: int) -> list[dict]:
@@ -67,10 +67,10 @@ def main() -> None:
 
         scratch = str(tmp / "scratch")
         point = {"fmt": "torch", "mode": "sync", "n_params": 4096, "scratch_dir": scratch, "cold_load": True}
-        measure.run_point(**point)  # warm imports and allocator
-        bare_s = _timed(lambda: measure.run_point(**point), max(5, args.reps // 10))
+        compute.run_point(**point)  # warm imports and allocator
+        bare_s = _timed(lambda: compute.run_point(**point), max(5, args.reps // 10))
         slot = run.plan("io", [point]).entries[0].slot
-        stored_s = _timed(lambda: (point_key("bench", "io", point), slot.run(measure.run_point, **point),
+        stored_s = _timed(lambda: (point_key("bench", "io", point), slot.run(compute.run_point, **point),
                                    read_record(slot.root, slot.key)), max(5, args.reps // 10))
         store_ms = rows[0]["total_ms"]
         rows.append({"measure": "smallest checkpoint point (torch, 4096 params)",

@@ -18,39 +18,39 @@ import time
 
 import pandas as pd
 
-from hpcdl.studies.checkpoint import distributed, measure, plan, training
 from hpcdl.platform.points import StudyRun, failed_row
 from hpcdl.platform.results import write_table
 from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
 from hpcdl.platform.task_runtime.app import start_app
+from hpcdl.studies.checkpoint import compute, sweep
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_CHECKPOINT_UNITS")
 @task(returns=1)
 def io_point(point: dict, slot) -> list:
-    return slot.run(measure.run_point, **point)
+    return slot.run(compute.run_point, **point)
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_CHECKPOINT_UNITS")
 @task(returns=1)
 def ranks_point(point: dict, slot) -> list:
-    return slot.run(distributed.run_point, **point)
+    return slot.run(compute.ranks_point, **point)
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="1")
 @task(returns=1)
 def resume_point(point: dict, slot) -> dict:
-    return slot.run(training.resume_check, **point)
+    return slot.run(compute.resume_check, **point)
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_CHECKPOINT_UNITS")
 @task(returns=1)
 def overhead_point(point: dict, slot) -> dict:
-    return slot.run(training.overhead_run, **point)
+    return slot.run(compute.overhead_run, **point)
 
 
 def _rows(outcomes, label) -> list[dict]:
@@ -73,15 +73,15 @@ def _submit_io(p: dict, slot):
 def main(argv=None) -> None:
     cfg = start_app("checkpoint", argv, __doc__.splitlines()[0])
     run = StudyRun(cfg, "checkpoint")
-    scratch = plan.scratch_path(cfg)
+    scratch = sweep.scratch_path(cfg)
     scratch.mkdir(parents=True, exist_ok=True)
 
-    io_pts = plan.io_points(cfg)
-    res_pts = plan.resume_points(cfg)
-    ovh_pts = plan.overhead_points(cfg)
+    io_pts = sweep.io_points(cfg)
+    res_pts = sweep.resume_points(cfg)
+    ovh_pts = sweep.overhead_points(cfg)
     print(f"[checkpoint] {len(io_pts)} I/O points, {len(res_pts)} resume checks, "
           f"{len(ovh_pts)} overhead runs; scratch {scratch}", file=sys.stderr, flush=True)
-    # A point's key covers its whole dict: plan.py puts in it everything the measurement reads.
+    # A point's key covers its whole dict: sweep.py puts in it everything the measurement reads.
     batches = [run.submit("io", io_pts, _submit_io),
                run.submit("resume", res_pts, lambda p, slot: resume_point(p, slot)),
                run.submit("overhead", ovh_pts, lambda p, slot: overhead_point(p, slot))]

@@ -15,8 +15,6 @@ import sys
 import pandas as pd
 
 from hpcdl.common.fashion_mnist import load_split
-from hpcdl.studies.hpo import driver, records, storage, train
-from hpcdl.studies.hpo.plan import plan_studies
 from hpcdl.platform.points import StudyRun
 from hpcdl.platform.results import write_table
 from hpcdl.platform.task_runtime import (
@@ -30,27 +28,29 @@ from hpcdl.platform.task_runtime import (
 )
 from hpcdl.platform.task_runtime.app import start_app
 from hpcdl.platform.task_runtime.units import units_var
+from hpcdl.studies.hpo import compute, driver, records, storage
+from hpcdl.studies.hpo.sweep import plan_studies
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_HPO_UNITS")
 @task(returns=1)
 def train_chunk(params, state, data, epochs, seed, fail):
-    return train.run_chunk(params, state, data, epochs, seed, fail)
+    return compute.run_chunk(params, state, data, epochs, seed, fail)
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_HPO_UNITS")
 @task(returns=1)
 def test_accuracy(params, state, data):
-    return train.evaluate_test(params, state, data)
+    return compute.evaluate_test(params, state, data)
 
 
 @on_failure(management="FAIL")  # stated: the binding's default would be RETRY
 @constraint(computing_units="$HPCDL_HPO_UNITS")
 @task(returns=1)
 def warm_up(data):
-    return train.warm_up(data)
+    return compute.warm_up(data)
 
 
 def _test_best(study, best_path, data) -> None:
@@ -86,7 +86,7 @@ def main(argv=None) -> None:
     out, started = run.dir, run.started
     load_split(cfg["data"]["fashion_mnist_dir"], "test")  # fail early, with how-to-get, if data is missing
     units = int(os.environ[units_var("hpo")])  # start_app resolved it (a "$VAR" setting included)
-    data = train.DataSpec(cfg["data"]["fashion_mnist_dir"], hpo["data"]["val_fraction"], hpo["seed"],
+    data = compute.DataSpec(cfg["data"]["fashion_mnist_dir"], hpo["data"]["val_fraction"], hpo["seed"],
                           hpo["data"]["train_limit"], hpo["data"]["test_limit"])
     store = storage.study_storage(cfg)
     print(f"[hpo] storage {storage.describe_storage(cfg)}", file=sys.stderr, flush=True)

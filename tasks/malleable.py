@@ -16,11 +16,11 @@ from __future__ import annotations
 import sys
 import time
 
-from hpcdl.studies.malleable import measure, plan
 from hpcdl.platform.points import StudyRun, failed_row
 from hpcdl.platform.results import write_table
 from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
 from hpcdl.platform.task_runtime.app import start_app
+from hpcdl.studies.malleable import compute, sweep
 
 TABLES = ("points", "series", "changes", "decisions", "jobs")
 
@@ -29,21 +29,21 @@ TABLES = ("points", "series", "changes", "decisions", "jobs")
 @constraint(computing_units="$HPCDL_MALLEABLE_UNITS")
 @task(returns=1)
 def response_point(point: dict, period_us: int, slot) -> dict:
-    return slot.run(measure.run, point, period_us)
+    return slot.run(compute.run, point, period_us)
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_MALLEABLE_UNITS")
 @task(returns=1)
 def oversub_point(point: dict, period_us: int, slot) -> dict:
-    return slot.run(measure.run, point, period_us)
+    return slot.run(compute.run, point, period_us)
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_MALLEABLE_UNITS")
 @task(returns=1)
 def cosched_point(point: dict, period_us: int, slot) -> dict:
-    return slot.run(measure.run, point, period_us)
+    return slot.run(compute.run, point, period_us)
 
 
 def main(argv=None) -> None:
@@ -52,9 +52,9 @@ def main(argv=None) -> None:
     run = StudyRun(cfg, "malleable")
     period = block["cfs_period_us"]
     sweeps = (
-        ("response", plan.response_points(cfg), response_point),
-        ("oversub", plan.oversub_points(cfg), oversub_point),
-        ("cosched", plan.cosched_points(cfg), cosched_point),
+        ("response", sweep.response_points(cfg), response_point),
+        ("oversub", sweep.oversub_points(cfg), oversub_point),
+        ("cosched", sweep.cosched_points(cfg), cosched_point),
     )
     print(
         f"[malleable] {sum(len(p) for _, p, _ in sweeps)} points on {block['cores']} cores",
@@ -74,13 +74,13 @@ def main(argv=None) -> None:
     rows = {t: [] for t in TABLES}
     for o in (o for batch in outcomes for o in batch):
         if not o.ok:
-            rows["points"].append(failed_row(plan.label(o.point), o.error))
+            rows["points"].append(failed_row(sweep.label(o.point), o.error))
             continue
         for t in TABLES:
             rows[t].extend(o.result[t])
     raw = run.dir / "raw"
     for t in TABLES:
-        write_table(measure.frame(t, rows[t]), raw / f"{t}.csv", cfg, run.started)
+        write_table(compute.frame(t, rows[t]), raw / f"{t}.csv", cfg, run.started)
     run.write_summary()
     print(f"[malleable] done in {time.time() - run.started:.0f} s", file=sys.stderr, flush=True)
 

@@ -18,11 +18,11 @@ import time
 
 import pandas as pd
 
-from hpcdl.studies.microbatch import measure, plan
 from hpcdl.platform.points import StudyRun, failed_row
 from hpcdl.platform.results import write_table
 from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
 from hpcdl.platform.task_runtime.app import start_app
+from hpcdl.studies.microbatch import compute, sweep
 
 RAW = ("bench", "plans", "budget", "execution", "exactness", "planning")
 
@@ -31,13 +31,13 @@ RAW = ("bench", "plans", "budget", "execution", "exactness", "planning")
 @constraint(computing_units="$HPCDL_MICROBATCH_UNITS")
 @task(returns=1)
 def network_point(point: dict, slot) -> dict:
-    return slot.run(measure.run_network, **point)
+    return slot.run(compute.run_network, **point)
 
 
 def main(argv=None) -> None:
     cfg = start_app("microbatch", argv, __doc__.splitlines()[0])
     run = StudyRun(cfg, "microbatch")
-    points = plan.network_points(cfg)
+    points = sweep.network_points(cfg)
     print(
         f"[microbatch] {len(points)} network point(s): {', '.join(p['network_name'] for p in points)}",
         file=sys.stderr,

@@ -20,29 +20,29 @@ import time
 
 import pandas as pd
 
-from hpcdl.studies.offload import plan
 from hpcdl.platform.points import StudyRun, failed_row
 from hpcdl.platform.results import write_table
 from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
 from hpcdl.platform.task_runtime.app import start_app
+from hpcdl.studies.offload import sweep
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_OFFLOAD_UNITS")
 @task(returns=1)
 def run_point(point: dict, slot) -> dict:
-    from hpcdl.studies.offload.train import measure_point
+    from hpcdl.studies.offload import compute
 
-    return slot.run(measure_point, point)
+    return slot.run(compute.measure_point, point)
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_OFFLOAD_UNITS")
 @task(returns=1)
 def capacity_point(point: dict, slot) -> dict:
-    from hpcdl.studies.offload.capacity import search_point
+    from hpcdl.studies.offload import compute
 
-    return slot.run(search_point, point)
+    return slot.run(compute.search_point, point)
 
 
 def _cuda_present(cfg: dict) -> bool:
@@ -57,32 +57,26 @@ def _cuda_present(cfg: dict) -> bool:
 def main(argv=None) -> None:
     cfg = start_app("offload", argv, __doc__.splitlines()[0])
     run = StudyRun(cfg, "offload")
-    slow, owned = plan.slow_dir(cfg)
-    from hpcdl.studies.offload.slowtier import SlowTierError, check_slow_dir, remove_stale_runs
-
-    if owned:
-        slow.mkdir(parents=True, exist_ok=True)
     try:
-        check_slow_dir(slow)
-    except SlowTierError as exc:
+        slow, owned, stale = sweep.prepare_slow_dir(cfg)  # stale: an interrupted run's offload files
+    except sweep.SlowTierError as exc:
         print(f"error: {exc.strerror}", file=sys.stderr)
         raise SystemExit(2) from None
-    stale = remove_stale_runs(slow)  # an interrupted run's offload files
     cuda = _cuda_present(cfg)
-    sweep, capacity = plan.sweep_points(cfg, cuda), plan.capacity_points(cfg, cuda)
-    skipped = [s for s in cfg["offload"]["strategies"] if s not in plan.strategies(cfg, cuda)]
+    points, capacity = sweep.sweep_points(cfg, cuda), sweep.capacity_points(cfg, cuda)
+    skipped = [s for s in cfg["offload"]["strategies"] if s not in sweep.strategies(cfg, cuda)]
     run.log(
-        f"{len(sweep)} sweep points, {len(capacity)} capacity searches on "
+        f"{len(points)} sweep points, {len(capacity)} capacity searches on "
         f"{'CUDA (GPU > pinned host)' if cuda else 'CPU (process memory > files in ' + str(slow) + ')'}"
         + (f"; removed {len(stale)} stale offload run dir(s)" if stale else "")
         + (
-            f"; skipped on CPU: {', '.join(f'{s} ({plan.CPU_ONLY_SKIPPED[s]})' for s in skipped)}"
+            f"; skipped on CPU: {', '.join(f'{s} ({sweep.CPU_ONLY_SKIPPED[s]})' for s in skipped)}"
             if skipped
             else ""
         )
     )
     batches = [
-        run.submit("sweep", sweep, lambda p, slot: run_point(p, slot)),
+        run.submit("sweep", points, lambda p, slot: run_point(p, slot)),
         run.submit("capacity", capacity, lambda p, slot: capacity_point(p, slot)),
     ]
     sweep_out, cap_out = run.gather(batches, compss_wait_on, failure_reason)

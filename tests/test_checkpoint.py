@@ -1,4 +1,4 @@
-"""Checkpoint study: formats, integrity, async snapshots, training-state resume, analysis helpers."""
+"""Checkpoint study: formats, integrity, async snapshots, training-state resume, table helpers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from hpcdl.studies.checkpoint import analysis, integrity, measure, plan, saver, state, training
+from hpcdl.studies.checkpoint import compute, instruments, integrity, saver, state, sweep, tables, training
 from hpcdl.studies.checkpoint.formats import FORMATS
 
 ALL = list(FORMATS)
@@ -190,12 +190,12 @@ def test_young_daly_interval():
 
 def test_young_daly_table_minimises_expected_waste():
     row = {"mode": "sync", "baseline_steps_per_s": 10.0, "status": "ok"}
-    ovh = analysis.overhead_table(pd.DataFrame([
+    ovh = tables.overhead_table(pd.DataFrame([
         {**row, "interval_steps": 5, "stall_mean_s": 0.2},
         {**row, "interval_steps": 20, "stall_mean_s": 0.1},
         {**row, "mode": "async", "interval_steps": 20, "stall_mean_s": 0.0, "status": "failed"}]))
     assert list(ovh["mode"]) == ["sync", "sync"] and list(ovh["interval_s"]) == [0.5, 2.0]
-    yd = analysis.young_daly_table(ovh, [50.0])
+    yd = tables.young_daly_table(ovh, [50.0])
     row = yd.iloc[0]
     assert row["cost_s"] == 0.1 and row["interval_s"] == pytest.approx(np.sqrt(2 * 50 * 0.1))
     assert row["interval_steps"] == pytest.approx(row["interval_s"] * 10)
@@ -204,20 +204,20 @@ def test_young_daly_table_minimises_expected_waste():
 
 
 def test_sweep_sizes_geometric():
-    assert plan.sweep_sizes(2**20, 2**26, 4) == [2**20, 2**22, 2**24, 2**26]
-    assert plan.sweep_sizes(4096, 4096, 1) == [4096]
+    assert sweep.sweep_sizes(2**20, 2**26, 4) == [2**20, 2**22, 2**24, 2**26]
+    assert sweep.sweep_sizes(4096, 4096, 1) == [4096]
 
 
 def test_synthetic_state_and_ceiling(tmp_path):
-    flat = measure.synthetic_state(3 * measure.LAYER_PARAMS // 2 + 7, seed=0)
-    assert sum(t.numel() for t in flat.values()) == 3 * measure.LAYER_PARAMS // 2 + 7
+    flat = instruments.synthetic_state(3 * instruments.LAYER_PARAMS // 2 + 7, seed=0)
+    assert sum(t.numel() for t in flat.values()) == 3 * instruments.LAYER_PARAMS // 2 + 7
     assert all(t.dtype == torch.float32 for t in flat.values())
-    assert measure.storage_ceiling(tmp_path, 3 << 20) > 0
+    assert instruments.storage_ceiling(tmp_path, 3 << 20) > 0
     assert not any(tmp_path.iterdir())
 
 
 def test_peak_rss_sees_a_large_allocation():
-    with measure.PeakRSS(0.001) as mem:
+    with instruments.PeakRSS(0.001) as mem:
         x = torch.ones(64 << 18)  # 64 MiB, touched
     del x
     assert mem.peak_extra_bytes >= 48 << 20
@@ -225,7 +225,7 @@ def test_peak_rss_sees_a_large_allocation():
 
 @pytest.mark.parametrize("fmt,mode", [("torch", "sync"), ("dcp", "async")])
 def test_run_point_records_every_measure_and_cleans_scratch(tmp_path, fmt, mode):
-    rows = measure.run_point(fmt, mode, 8192, str(tmp_path), repeats=2)
+    rows = compute.run_point(fmt, mode, 8192, str(tmp_path), repeats=2)
     assert [r["repeat"] for r in rows] == [0, 1]
     for r in rows:
         assert r["state_bytes"] == 8192 * 4 and r["file_bytes"] >= r["state_bytes"] and r["roundtrip_ok"]
@@ -235,5 +235,5 @@ def test_run_point_records_every_measure_and_cleans_scratch(tmp_path, fmt, mode)
 
 def test_run_point_over_scratch_budget_fails_before_writing(tmp_path):
     with pytest.raises(RuntimeError, match="checkpoint.scratch_limit_mb"):
-        measure.run_point("npz", "sync", 1 << 20, str(tmp_path), scratch_limit_mb=1)
+        compute.run_point("npz", "sync", 1 << 20, str(tmp_path), scratch_limit_mb=1)
     assert not any(tmp_path.iterdir())

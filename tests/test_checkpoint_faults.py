@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 import torch
 
+from hpcdl.platform.config import ConfigError, load_config
 from hpcdl.studies.checkpoint import integrity, saver
 from hpcdl.studies.checkpoint.formats import FORMATS
-from hpcdl.platform.config import ConfigError, load_config
 
 # Saves a small checkpoint, then a 64 MiB one that stops at a known point of the commit and
 # says so; the parent kills it there. "payload": every payload file written, nothing fsync'd,
@@ -120,8 +120,8 @@ def test_task_app_end_to_end_with_a_failing_point(tmp_path, write_config, test_c
     from tasks import checkpoint as app
 
     app.main(["--config", str(path)])
-    for step in ("aggregate", "plot", "claims"):
-        assert cli([step, "checkpoint", "--config", str(path)]) == 0
+    for stage in ("tables", "figures", "claims"):
+        assert cli(["checkpoint", stage, "--config", str(path)]) == 0
     out = tmp_path / "results" / "checkpoint"
     io = pd.read_csv(out / "raw" / "io.csv")
     big, small = io[io["n_params"] == 262144], io[io["n_params"] == 4096]

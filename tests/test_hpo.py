@@ -13,8 +13,8 @@ import yaml
 from optuna.trial import TrialState
 
 from hpcdl.platform.config import ConfigError, validate_config
-from hpcdl.studies.hpo import driver, plan, space, storage, train
-from hpcdl.studies.hpo.train import DataSpec
+from hpcdl.studies.hpo import compute, driver, space, storage, sweep
+from hpcdl.studies.hpo.compute import DataSpec
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
 TINY = DataSpec(FMNIST, val_fraction=0.25, seed=0, train_limit=400, test_limit=200)
@@ -40,9 +40,9 @@ def cfg(test_config, tmp_path):
 
 # ------------------------------------------------------------------------------------ training
 def test_two_chunks_equal_one_chunk():
-    whole = train.train_chunk(PARAMS, None, TINY, 2, seed=3)
-    first = train.train_chunk(PARAMS, None, TINY, 1, seed=3)
-    second = train.train_chunk(PARAMS, first["state"], TINY, 1, seed=3)
+    whole = compute.train_chunk(PARAMS, None, TINY, 2, seed=3)
+    first = compute.train_chunk(PARAMS, None, TINY, 1, seed=3)
+    second = compute.train_chunk(PARAMS, first["state"], TINY, 1, seed=3)
     assert second["epochs_done"] == whole["epochs_done"] == 2
     for k, v in whole["state"]["model"].items():
         torch.testing.assert_close(second["state"]["model"][k], v)
@@ -51,22 +51,22 @@ def test_two_chunks_equal_one_chunk():
 
 
 def test_training_learns_and_test_accuracy():
-    res = train.train_chunk({**PARAMS, "width": 64}, None, TINY, 3)
+    res = compute.train_chunk({**PARAMS, "width": 64}, None, TINY, 3)
     assert res["records"][-1]["val_acc"] > 0.5  # chance is 0.1
-    assert train.evaluate_test({**PARAMS, "width": 64}, res["state"], TINY) > 0.5
+    assert compute.evaluate_test({**PARAMS, "width": 64}, res["state"], TINY) > 0.5
 
 
 def test_diverging_trial_reports_reason():
-    res = train.run_chunk({**PARAMS, "optimizer": "sgd", "lr": 1e6}, None, TINY, 1)
+    res = compute.run_chunk({**PARAMS, "optimizer": "sgd", "lr": 1e6}, None, TINY, 1)
     assert "TrialDiverged" in res["error"]
-    injected = train.run_chunk(PARAMS, None, TINY, 1, fail=True)
+    injected = compute.run_chunk(PARAMS, None, TINY, 1, fail=True)
     assert "injected failure" in injected["error"]
 
 
 # ------------------------------------------------------------------------ space and factories
 def test_grid_is_27_points_and_asks_them_all():
     grid = validate_config({"studies": ["hpo"], "hpo": {}})["hpo"]["grid"]
-    assert plan.grid_size(grid) == 27
+    assert sweep.grid_size(grid) == 27
     study = optuna.create_study(sampler=space.make_sampler("grid", 0, grid=grid), direction="maximize")
     trials = [study.ask(space.grid_distributions(grid)) for _ in range(27)]
     points = {tuple(sorted(t.params.items())) for t in trials}
@@ -92,9 +92,9 @@ def test_factories_and_unknown_names():
 
 def test_plan_of_default_config(repo):
     cfg = validate_config(yaml.safe_load((repo / "configs" / "default.yaml").read_text()))
-    names = [p.name for p in plan.plan_studies(cfg["hpo"])]
+    names = [p.name for p in sweep.plan_studies(cfg["hpo"])]
     assert names[:2] == ["grid-1w", "grid-2w"]
-    base, pruned = plan.pruning_baseline(cfg["hpo"])
+    base, pruned = sweep.pruning_baseline(cfg["hpo"])
     assert base in names and pruned in names and pruned.endswith("-" + cfg["hpo"]["pruner"])
 
 
@@ -148,7 +148,7 @@ def _run(cfg, p, rt, study_dir):
 
 
 def _search_plan(name, sampler, pruner, n, chunk=1, in_flight=3):
-    return plan.StudyPlan(name, "search", sampler, pruner, n, 2, in_flight, chunk)
+    return sweep.StudyPlan(name, "search", sampler, pruner, n, 2, in_flight, chunk)
 
 
 def test_pruning_saves_epochs_and_failures_are_rows(cfg, tmp_path, monkeypatch):
@@ -265,7 +265,7 @@ def test_rdb_storage_url_is_used_instead_of_the_journal(cfg, tmp_path):
 
 
 def test_grid_scaling_splits_speedup_into_busy_workers_and_trial_speed():
-    from hpcdl.studies.hpo.analysis import grid_scaling
+    from hpcdl.studies.hpo.tables import grid_scaling
 
     studies = pd.DataFrame({"study": ["grid-2w", "grid-1w", "random"], "kind": ["grid", "grid", "search"],
                             "pruner": ["none"] * 3, "workers": [2, 1, 2], "n_finished": [4, 4, 4],

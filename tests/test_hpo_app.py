@@ -68,9 +68,9 @@ def test_app_end_to_end_with_a_failing_trial(repo, tmp_path, write_config, test_
     study = optuna.load_study(study_name="random", storage=open_storage(journal_path(cfg)))
     assert len(study.trials) == 3
 
-    for step in ("aggregate", "plot", "claims"):
+    for stage in ("tables", "figures", "claims"):
         r = subprocess.run(
-            [sys.executable, "-m", "hpcdl.platform.cli", step, "hpo", "--config", str(config)],
+            [sys.executable, "-m", "hpcdl", "hpo", stage, "--config", str(config)],
             cwd=repo,
             env=_env(),
             capture_output=True,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpcdl.platform.config import ConfigError, validate_config
-from hpcdl.studies.malleable import cgroups, measure, policies, response
+from hpcdl.studies.malleable import cgroups, compute, policies, response
 from hpcdl.studies.malleable.driver import Driver
 from hpcdl.studies.malleable.job import read_log
 from hpcdl.studies.malleable.scheduler import CoScheduler
@@ -107,7 +107,7 @@ def _job_spec(tmp_path: Path, name: str, iterations: int, **kw) -> dict:
 def test_api_and_signal_changes_apply_at_the_next_iteration_boundary(tmp_path):
     spec = _job_spec(tmp_path, "api", 8, api_schedule=[[2, 1], [5, 2]])
     res = response._run(spec, [], 120)
-    rows = measure.change_rows(
+    rows = compute.change_rows(
         {"experiment": "response", "variant": "api"}, {**res, "requests": res["requests"]}
     )
     assert [(r["outcome"], r["target_threads"], r["lag_iters"]) for r in rows] == [
@@ -119,7 +119,7 @@ def test_api_and_signal_changes_apply_at_the_next_iteration_boundary(tmp_path):
 
     spec = _job_spec(tmp_path, "sig", 8)
     res = response._run(spec, [(2, response._signal_action(spec["control_file"], 1))], 120)
-    (row,) = measure.change_rows({"experiment": "response", "variant": "signal"}, res)
+    (row,) = compute.change_rows({"experiment": "response", "variant": "signal"}, res)
     assert row["outcome"] == "applied" and row["lag_iters"] == 0 and row["target_threads"] == 1
     assert row["applied_iteration"] in (2, 3) and res["series"][-1]["threads"] == 1
     assert row["latency_s"] > 0
@@ -182,7 +182,7 @@ def test_job_follows_its_cgroup_quota_within_one_iteration(tmp_path):
         )
     finally:
         run.remove()
-    rows = measure.change_rows({"experiment": "response", "variant": "quota"}, res)
+    rows = compute.change_rows({"experiment": "response", "variant": "quota"}, res)
     assert [(r["outcome"], r["target_threads"], r["lag_iters"]) for r in rows] == [
         ("applied", 1, 0),
         ("applied", 2, 0),
@@ -296,11 +296,11 @@ def test_bad_config_names_the_key(test_config, block, key):
 
 
 def test_points_cover_every_experiment(test_config):
-    from hpcdl.studies.malleable import plan
+    from hpcdl.studies.malleable import sweep
 
     cfg = validate_config(_cfg(test_config))
-    pts = plan.response_points(cfg) + plan.oversub_points(cfg) + plan.cosched_points(cfg)
-    assert [plan.label(p)["variant"] for p in pts] == [
+    pts = sweep.response_points(cfg) + sweep.oversub_points(cfg) + sweep.cosched_points(cfg)
+    assert [sweep.label(p)["variant"] for p in pts] == [
         "api",
         "signal",
         "quota",
@@ -314,13 +314,13 @@ def test_points_cover_every_experiment(test_config):
 
 _READONLY_PROBE = """
 import json, sys
-from hpcdl.studies.malleable import measure
+from hpcdl.studies.malleable import compute
 base = dict(cores=2, timeout_s=120, batch_size=32, model={"width": 8, "depth": 1}, data_dir=sys.argv[1],
             seed=0)
-over = measure.run({**base, "experiment": "oversub", "mode": "keep", "quotas": [2, 1],
+over = compute.run({**base, "experiment": "oversub", "mode": "keep", "quotas": [2, 1],
                     "phase_iterations": 3}, 10000)
 jobs = [{"name": "0", "arrival_s": 0, "iterations": 4, "request_cores": 2}]
-co = measure.run({**base, "experiment": "cosched", "policy": "equal", "jobs": jobs}, 10000)
+co = compute.run({**base, "experiment": "cosched", "policy": "equal", "jobs": jobs}, 10000)
 print(json.dumps({"oversub": over["points"][0], "cosched": co["points"][0], "iters": len(co["series"])}))
 """
 

@@ -23,7 +23,7 @@ from hpcdl.studies.microbatch.algorithms import ALGORITHMS, ALL_KERNELS, FUSED, 
 from hpcdl.studies.microbatch.bench import benchmark_layer
 from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
 from hpcdl.studies.microbatch.execute import MicroBatchedConv2d, microbatch_network
-from hpcdl.studies.microbatch.measure import rel_err
+from hpcdl.studies.microbatch.plan_timing import rel_err
 from hpcdl.studies.microbatch.workloads import ConvLayer, alexnet, deepbench, resnet18
 
 REPO = Path(__file__).resolve().parent.parent
@@ -404,9 +404,9 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
         assert sum(map(int, str(r.micro_batches).split("+"))) == 3  # B = 3: uneven divisions add up
     ex = pd.read_csv(raw / "execution.csv")
     assert (ex[["err_output", "err_grad_input", "err_grad_weight"]].max() <= 1e-5).all()
-    for step in ("aggregate", "plot", "claims"):
+    for stage in ("tables", "figures", "claims"):
         p = subprocess.run(
-            [sys.executable, "-m", "hpcdl.platform.cli", step, "microbatch", "--config", str(path)],
+            [sys.executable, "-m", "hpcdl", "microbatch", stage, "--config", str(path)],
             cwd=REPO,
             env=env,
             capture_output=True,

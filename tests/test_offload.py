@@ -18,7 +18,8 @@ import yaml
 
 from hpcdl.platform.claims import write_claims
 from hpcdl.platform.config import ConfigError, validate_config
-from hpcdl.studies.offload import analysis
+from hpcdl.studies.offload import claims as offload_claims
+from hpcdl.studies.offload import figures, tables
 from hpcdl.studies.offload.accounting import BudgetExceeded, TensorTooLarge
 from hpcdl.studies.offload.capacity import largest_depth
 from hpcdl.studies.offload.slowtier import FileTier, SlowTierError
@@ -257,9 +258,9 @@ def test_task_app_end_to_end_tables_figures_claims(tmp_path, repo, test_config):
     assert not (tmp_path / "r" / "offload" / "slow").exists()
     study = tmp_path / "r" / "offload"
     full = validate_config(cfg)
-    analysis.aggregate(full, study)
-    analysis.plot(full, study)
-    write_claims(study, "offload", analysis.claims(full, study), analysis.CLAIMS)
+    tables.write(full, study)
+    figures.draw(full, study)
+    write_claims(study, "offload", offload_claims.judge(full, study), offload_claims.CLAIMS)
     tr = pd.read_csv(tmp_path / "r" / "offload" / "tables" / "tradeoff.csv")
     assert tr["bit_identical"].all()
     assert (tr[tr["strategy"] == "both"]["memory_ratio"] < 1).all()

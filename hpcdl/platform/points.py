@@ -15,7 +15,7 @@ Layout, under `<results_dir>/<study>/points/`:
 Key: sha256 of (study, task name, the point's inputs), where the inputs are what the task body
 receives and its result depends on. Each app passes exactly that: the checkpoint and shuffle
 points are self-contained dicts; the spatial tasks receive the part of the `spatial:` block their
-unit of work reads (hpcdl.studies.spatial.runs.*_block), never the whole block. So a grown or shrunk sweep
+unit of work reads (hpcdl.studies.spatial.sweep.*_block), never the whole block. So a grown or shrunk sweep
 list, or a key only the analysis reads, recomputes nothing, and a changed parameter recomputes
 exactly the points that receive it. Settings that only bound waiting (any key ending in
 `timeout_s`) are left out of the key: they decide whether a point finishes, not what it measures.

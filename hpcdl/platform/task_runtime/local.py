@@ -20,7 +20,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from hpcdl.platform.results import available_cores as affinity_cores
-from hpcdl.platform.task_runtime.units import resolve
+from hpcdl.platform.task_runtime.units import resolve as resolve_units
 
 _MANAGEMENTS = ("IGNORE", "RETRY", "FAIL", "CANCEL_SUCCESSORS")
 DEFAULT_MANAGEMENT = "RETRY"
@@ -158,7 +158,7 @@ class LocalBackend:
 
     # -- submission ---------------------------------------------------------------------------
     def submit(self, task: LocalTask, args, kwargs) -> LocalFuture:
-        units = resolve(task.computing_units, f"task {task.name}: computing_units")
+        units = resolve_units(task.computing_units, f"task {task.name}: computing_units")
         fut = LocalFuture(task.name)
         job = _Job(task, fut, args, kwargs, units, deps=list(_iter_futures((args, kwargs))))
         with self._cond:

@@ -4,11 +4,13 @@
     state        nested training state <-> flat tensors any format can hold
     integrity    temp dir + fsync + rename commit, sha256 manifest, verification
     saver        synchronous saves, CheckFreq-style async saves (DCP async_save), verified loads
-    measure      one (format, mode, size) sweep point incl. the storage ceiling and peak RSS
+    instruments  synthetic state, storage ceiling, peak RSS and scratch budget of an I/O point
+    compute      what the task app's task bodies run: one (format, mode, size) I/O point, and the
+                 DCP-ranks point, resume check and overhead run it exposes from the two below
     distributed  DCP save/load from N torch.distributed ranks (sharded DTensors)
     training     training-state checkpoints: bit-identical resume, overhead vs interval, Young/Daly
-    plan         the sweep points of a validated config
-    analysis     tables, figures and claims; checks: config checks beyond the schema
+    sweep        the sweep points of a validated config; checks: config checks beyond the schema
+    tables       raw/ -> tables/; figures: tables/ -> figures/; claims: tables/ -> claims
 """
 
 from hpcdl.platform.study import StudySpec

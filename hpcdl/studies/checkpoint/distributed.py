@@ -18,7 +18,13 @@ from pathlib import Path
 import torch
 
 from hpcdl.studies.checkpoint import integrity
-from hpcdl.studies.checkpoint.measure import LAYER_PARAMS, LAYER_WIDTH, PeakRSS, check_scratch_budget, storage_ceiling
+from hpcdl.studies.checkpoint.instruments import (
+    LAYER_PARAMS,
+    LAYER_WIDTH,
+    PeakRSS,
+    check_scratch_budget,
+    storage_ceiling,
+)
 
 
 def sharded_rows(n_params: int, world: int) -> int:

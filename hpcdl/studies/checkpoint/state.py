@@ -52,7 +52,8 @@ def flatten(state) -> dict[str, torch.Tensor]:
 def unflatten(flat: dict[str, torch.Tensor]):
     """The nested state `flatten` was given (tensors are the loaded ones, not copies)."""
     if SKELETON_KEY not in flat:
-        raise KeyError(f"state has no {SKELETON_KEY!r} entry: not written by hpcdl.studies.checkpoint.state.flatten")
+        raise KeyError(f"state has no {SKELETON_KEY!r} entry: "
+                       "not written by hpcdl.studies.checkpoint.state.flatten")
     skeleton = json.loads(bytes(flat[SKELETON_KEY].numpy()).decode())
 
     def dec(node):

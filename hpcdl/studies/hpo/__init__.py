@@ -1,4 +1,13 @@
-"""Hyperparameter optimisation study: Optuna ask-and-tell driving trial tasks trained in epoch chunks."""
+"""Hyperparameter optimisation study: Optuna ask-and-tell driving trial tasks trained in epoch chunks.
+
+    sweep     which Optuna studies a config runs, in order (grid per worker count, samplers, pruned)
+    space     search spaces, Optuna sampler and pruner factories
+    compute   one trial's training in resumable epoch chunks (what the task bodies call)
+    driver    the ask-and-tell loop in the app: submits chunks, reports epochs, asks the pruner
+    storage   the Optuna journal, resuming after a killed driver, the best trial's state
+    records   tidy rows from the journal (trials, intermediate values, studies, run counts)
+    checks    config checks; tables, figures, claims: the three analysis stages
+"""
 
 from hpcdl.platform.study import StudySpec
 

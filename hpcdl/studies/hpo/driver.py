@@ -25,9 +25,15 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from hpcdl.studies.hpo.plan import StudyPlan
-from hpcdl.studies.hpo.space import grid_distributions, grid_params, make_pruner, make_sampler, search_distributions
+from hpcdl.studies.hpo.space import (
+    grid_distributions,
+    grid_params,
+    make_pruner,
+    make_sampler,
+    search_distributions,
+)
 from hpcdl.studies.hpo.storage import best_state_path, counted, load_best, recover_interrupted, save_best
+from hpcdl.studies.hpo.sweep import StudyPlan
 
 Submit = Callable[..., Any]  # (params, state, data, epochs, seed, fail) -> future
 Wait = Callable[[Any], Any]  # future -> chunk result dict (or None when the task failed)

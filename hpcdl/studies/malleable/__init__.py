@@ -1,15 +1,16 @@
 """Malleability study (after Libutti, De Giusti and Naiouf 2021): training jobs whose thread count
 changes while they run, and a co-scheduler that uses it, enforced with real cgroup CPU quotas.
 
-    cgroups    v1 / v2 CPU quotas: detection, per-run cgroup tree, stale sweep, own-quota reading
-    job        the malleable job (API / signal / quota requests applied at iteration boundaries)
-    launch     job processes forked from a forkserver that has imported torch once
-    policies   rigid / equal share / proportional-to-remaining-work core assignment (pure)
-    scheduler  the co-scheduler: arrivals, departures, failures, quota + thread enforcement
-    response   single-job experiments: change response, oversubscription under a cut quota
-    driver     one point in its own process group; supervisor cleanup of processes and cgroups
-    measure    a point's driver output -> tidy rows (lags, latencies, change costs)
-    plan       the points of a config; checks: config checks; analysis: tables, figures, claims
+    cgroups     v1 / v2 CPU quotas: detection, per-run cgroup tree, stale sweep, own-quota reading
+    job         the malleable job (API / signal / quota requests applied at iteration boundaries)
+    forkserver  job processes forked from a forkserver that has imported torch once (_preload)
+    policies    rigid / equal share / proportional-to-remaining-work core assignment (pure)
+    scheduler   the co-scheduler: arrivals, departures, failures, quota + thread enforcement
+    response    single-job experiments: change response, oversubscription under a cut quota
+    driver      one point in its own process group; supervisor cleanup of processes and cgroups
+    compute     a task's point: run it in a driver, its output -> tidy rows (lags, latencies, costs)
+    sweep       the points of a config; checks: config checks
+    tables, figures, claims   the three analysis stages
 """
 
 from hpcdl.platform.study import StudySpec

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from hpcdl.common.fashion_mnist import load_split, normalise
-from hpcdl.studies.malleable import cgroups
 from hpcdl.common.models import small_cnn
+from hpcdl.studies.malleable import cgroups
 
 PR_SET_PDEATHSIG = 1
 
@@ -272,7 +272,7 @@ def _api_driver(job: MalleableJob, schedule: list) -> None:
 
 
 def job_entry(spec: dict) -> None:
-    """The body of one job process (started by hpcdl.studies.malleable.launch)."""
+    """The body of one job process (started by hpcdl.studies.malleable.forkserver)."""
     die_with_parent()
     if spec.get("cgroup"):
         cgroups.attach(spec["cgroup"])

@@ -18,7 +18,7 @@ import signal
 import time
 from pathlib import Path
 
-from hpcdl.studies.malleable import launch
+from hpcdl.studies.malleable import forkserver
 from hpcdl.studies.malleable.job import read_log
 
 
@@ -28,9 +28,9 @@ def _iters_done(log_file: str) -> int:
 
 def _run(spec: dict, actions: list, timeout_s: float) -> dict:
     """Start the job; when iteration k is under way (k iterations logged), run actions[k]; wait."""
-    launch.warm_up()
+    forkserver.warm_up()
     t0 = time.time()
-    proc = launch.start_job(spec)
+    proc = forkserver.start_job(spec)
     requests = []
     try:
         for k, act in sorted(actions, key=lambda a: a[0]):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 
-from hpcdl.studies.malleable import launch, policies
+from hpcdl.studies.malleable import forkserver, policies
 from hpcdl.studies.malleable.job import read_log
 
 
@@ -109,7 +109,7 @@ class CoScheduler:
             "follow_quota": False,
             "crash_at": job.crash_at,
         }
-        job.proc = launch.start_job(spec)
+        job.proc = forkserver.start_job(spec)
         job.state, job.share, job.threads, job.admitted_s = "running", share, threads, self._now()
         job.requests.append({"time": time.time(), "target": threads, "source": "start"})
 
@@ -162,7 +162,7 @@ class CoScheduler:
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self) -> dict:
-        launch.warm_up()
+        forkserver.warm_up()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.time()
         events = 0

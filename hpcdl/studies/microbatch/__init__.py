@@ -7,9 +7,13 @@ bench       time and workspace (extra peak memory) per kernel, algorithm and mic
 dp          μ-cuDNN's dynamic program per kernel (undivided / powerOfTwo / all), Pareto fronts
 ilp         one workspace budget shared by all kernels of a network (HiGHS via scipy milp)
 execute     MicroBatchedConv2d: a drop-in Conv2d running its plan in forward and backward
-measure     one network point: benchmark, plan, execute, measure, check exactness
-plan        the network points of a validated config; checks: config checks beyond the schema
-analysis    tables, figures and claims; gpu_probe: the CUDA path in one command
+plan_timing the executed plans vs the default layer: interleaved fwd+bwd timing, executor
+            overhead, output and gradient errors
+compute     one network point (what the task app runs): benchmark, plan, execute, check exactness
+heap        fixed glibc heap thresholds, so in-process timing comparisons allocate alike
+sweep       the network points of a validated config; checks: config checks beyond the schema
+tables      raw/ -> tables/; figures: tables/ -> figures/; claims: tables/ -> claims
+gpu_probe   the CUDA path in one command
 """
 
 from hpcdl.platform.study import StudySpec

@@ -35,8 +35,8 @@ def main(argv=None) -> int:
     ap.add_argument("--switch-margin", type=float, default=0.05,
                     help="predicted gain a kernel needs to leave the default (microbatch.switch_margin)")
     args = ap.parse_args(argv)
-    from hpcdl.studies.microbatch.analysis import SEED_SPEEDUP, layer_speedup, network_speedup
-    from hpcdl.studies.microbatch.measure import run_network
+    from hpcdl.studies.microbatch.compute import run_network
+    from hpcdl.studies.microbatch.tables import SEED_SPEEDUP, layer_speedup, network_speedup
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)

@@ -9,8 +9,11 @@ activations moved to a slower memory tier, the copies overlapped with compute.
     activations  saved tensors kept (accounted) or packed to the slow tier and prefetched
     train        one measured training run under a strategy
     capacity     the largest depth that trains under the budget, per strategy
-    plan         the points of a validated config; checks: config checks beyond the schema
-    analysis     tables, figures and claims; gpu_probe: the one-command CUDA check
+    compute      what the task app's task bodies run: a sweep point, a capacity search
+    sweep        the points of a validated config and the slow-tier directory they share
+    checks       config checks beyond the schema; procs: process liveness (stale run directories)
+    tables       raw/ -> tables/; figures: tables/ -> figures/; claims: tables/ -> claims
+    gpu_probe    the one-command CUDA check
 """
 
 from hpcdl.platform.study import StudySpec

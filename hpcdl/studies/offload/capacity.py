@@ -90,8 +90,3 @@ def _result(spec: RunSpec, depth: int, probes: list, rec: dict | None, capped: b
         "trials": len(probes),
         "probes": ";".join(f"{p['depth']}:{'fit' if p['fits'] else 'over'}" for p in probes),
     }
-
-
-def search_point(point: dict) -> dict:
-    """A capacity point (plan.capacity_points)."""
-    return largest_depth(RunSpec(**point["spec"]), point["max_depth"])

@@ -313,9 +313,3 @@ def _record(wall: float, log) -> dict:
         "bytes_to_slow": log.bytes("to_slow"),
         "bytes_from_slow": log.bytes("from_slow"),
     }
-
-
-def measure_point(point: dict) -> dict:
-    """A sweep point (plan.sweep_points): its record and the timeline of its median step."""
-    rec, timeline = train(RunSpec(**point))
-    return {"record": rec, "timeline": timeline}

@@ -1,8 +1,13 @@
-"""Expand the validated `offload:` block into points (plain dicts, one per task)."""
+"""Expand the validated `offload:` block into points (plain dicts, one per task), and prepare the
+slow-tier directory every point writes to."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from hpcdl.studies.offload.slowtier import SlowTierError, check_slow_dir, remove_stale_runs
+
+__all__ = ["SlowTierError", "capacity_points", "prepare_slow_dir", "slow_dir", "strategies", "sweep_points"]
 
 CPU_ONLY_SKIPPED = {"save_on_cpu": "needs CUDA: on CPU the saved tensors are already in host memory"}
 
@@ -13,6 +18,19 @@ def slow_dir(cfg: dict) -> tuple[Path, bool]:
     if value is None:
         return Path(cfg["results_dir"]).absolute() / "offload" / "slow", True
     return Path(value).absolute(), False
+
+
+def prepare_slow_dir(cfg: dict) -> tuple[Path, bool, list[Path]]:
+    """The slow-tier directory (created where the study owns it), whether the study owns it, and the
+    stale run directories removed from it (an interrupted run's offload files).
+
+    Raises SlowTierError where the directory does not exist.
+    """
+    slow, owned = slow_dir(cfg)
+    if owned:
+        slow.mkdir(parents=True, exist_ok=True)
+    check_slow_dir(slow)
+    return slow, owned, remove_stale_runs(slow)
 
 
 def _common(cfg: dict) -> dict:

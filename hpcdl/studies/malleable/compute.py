@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 
 from hpcdl.studies.malleable import driver
-from hpcdl.studies.malleable.plan import label
+from hpcdl.studies.malleable.sweep import label
 
 STEADY_SKIP = 2  # iterations after a change left out of the steady median
 STEADY_MAX = 6  # iterations in the steady median at most

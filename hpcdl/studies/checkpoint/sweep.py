@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdl.studies.checkpoint.measure import LAYER_WIDTH
+from hpcdl.studies.checkpoint.instruments import LAYER_WIDTH
 
 
 def sweep_sizes(min_params: int, max_params: int, points: int) -> list[int]:

@@ -1,4 +1,5 @@
-"""One trial's training, in epoch chunks resumable from a state dict (each chunk is one task).
+"""One trial's training, in epoch chunks resumable from a state dict (each chunk is one task): the
+task bodies of tasks/hpo.py call run_chunk, evaluate_test and warm_up.
 
 Every epoch's shuffle and dropout draw from a generator seeded by (seed, epoch), so training
 2 epochs in one chunk gives the same weights as two 1-epoch chunks: chunking for pruning

@@ -1,0 +1,129 @@
+"""Claims stage of the checkpoint-cost study: tables/ -> the four claims (async blocking, bandwidth vs
+the storage ceiling, bit-identical resume, verified round trip) with their thresholds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hpcdl.platform.claims import claim, every, not_measured
+from hpcdl.platform.results import read_table
+from hpcdl.platform.stages import failed_because, ok_rows, read_or_empty
+from hpcdl.studies.checkpoint.sweep import sweep_sizes
+from hpcdl.studies.checkpoint.tables import MiB, single_process
+
+CLAIMS = ("async_blocking", "bandwidth_vs_ceiling", "resume_bit_identical", "roundtrip")
+ASYNC_MAX_RATIO = 0.10      # async stall <= 10% of the sync save
+BANDWIDTH_MIN_RATIO = 0.90  # best format within 10% of the storage ceiling
+FAILURE_COLUMNS = ["kind", "point", "error"]
+
+
+def _why_missing(fails: pd.DataFrame, kind: str, **point) -> str:
+    """The failure recorded for a point (its error's last line), or that it is absent."""
+    keys = [f"{k}={v}" for k, v in point.items()]
+    label = ", ".join(keys)
+    for r in fails[fails["kind"] == kind].itertuples():
+        if all(k in str(r.point).split(", ") for k in keys):
+            return failed_because(f"point {label}", r.error)
+    return f"point {label} is not in the table"
+
+
+def judge(cfg: dict, study_dir: Path) -> list[dict]:
+    tables = Path(study_dir) / "tables"
+    block = cfg["checkpoint"]
+    io = read_table(tables / "io_cost.csv")
+    resume = read_table(tables / "resume.csv")
+    fails = read_or_empty(tables / "failures.csv", columns=FAILURE_COLUMNS)
+    largest = max(sweep_sizes(**block["sizes"]))
+    one = single_process(io)
+    return [_claim_async(one, block, largest, fails), _claim_bandwidth(one, block, largest, fails),
+            _claim_resume(resume, block["formats"]), _claim_roundtrip(io, block, fails)]
+
+
+def _at(df: pd.DataFrame, fmt: str, mode: str, n: int) -> pd.Series | None:
+    if df.empty:
+        return None
+    d = df[(df["format"] == fmt) & (df["mode"] == mode) & (df["n_params"] == n)]
+    return d.iloc[0] if len(d) else None
+
+
+def _claim_async(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame) -> dict:
+    statement = (f"async blocking time <= {ASYNC_MAX_RATIO:.0%} of sync save time at the largest size "
+                 f"({n} parameters), for every configured format")
+    if not {"sync", "async"} <= set(block["modes"]):
+        return not_measured("async_blocking", statement, f"checkpoint.modes is {block['modes']}, "
+                            "the claim compares sync with async", threshold=ASYNC_MAX_RATIO)
+    holds, missing, ratios = {}, {}, {}
+    for f in block["formats"]:
+        rows = {m: _at(one, f, m, n) for m in ("sync", "async")}
+        absent = [m for m, r in rows.items() if r is None or not np.isfinite(r["blocking_s"])]
+        if absent:
+            missing[f] = "; ".join(_why_missing(fails, "io", format=f, mode=m, ranks=1, n_params=n)
+                                   for m in absent)
+            continue
+        ratios[f] = round(float(rows["async"]["blocking_s"] / rows["sync"]["blocking_s"]), 4)
+        holds[f] = ratios[f] <= ASYNC_MAX_RATIO
+    return every("async_blocking", statement, holds, missing, n_params=int(n), state_mib=float(n * 4 / MiB),
+                 async_over_sync=ratios, threshold=ASYNC_MAX_RATIO)
+
+
+def _claim_bandwidth(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame) -> dict:
+    cid = "bandwidth_vs_ceiling"
+    statement = (f"the best format's write bandwidth is within {1 - BANDWIDTH_MIN_RATIO:.0%} of the storage "
+                 f"ceiling measured in the same run, at the largest size ({n} parameters)")
+    if "sync" not in block["modes"]:
+        return not_measured(cid, statement, f"checkpoint.modes is {block['modes']}: no sync saves",
+                            threshold=BANDWIDTH_MIN_RATIO)
+    ratios, missing = {}, {}
+    for f in block["formats"]:
+        r = _at(one, f, "sync", n)
+        if r is None or not np.isfinite(r["bw_over_ceiling"]):
+            missing[f] = _why_missing(fails, "io", format=f, mode="sync", ranks=1, n_params=n)
+        else:
+            ratios[f] = round(float(r["bw_over_ceiling"]), 4)
+    best = max(ratios, key=ratios.get) if ratios else None
+    evidence = dict(n_params=int(n), best_format=best, best_bw_over_ceiling=ratios.get(best),
+                    bw_over_ceiling=ratios, missing=missing, threshold=BANDWIDTH_MIN_RATIO)
+    if best is not None and ratios[best] >= BANDWIDTH_MIN_RATIO:
+        return claim(cid, statement, True, **evidence)  # a missing format cannot lower the best
+    if missing:
+        return not_measured(cid, statement, [f"{f}: {why}" for f, why in missing.items()], **evidence)
+    return claim(cid, statement, False, **evidence)
+
+
+def _claim_resume(resume: pd.DataFrame, formats: list[str]) -> dict:
+    statement = ("stop at step k, load in a fresh process, continue to N: bit-identical to uninterrupted, "
+                 "every configured format")
+    holds, missing = {}, {}
+    for f in formats:
+        rows = resume[resume["format"] == f] if "format" in resume else resume.iloc[0:0]
+        ok = ok_rows(rows)
+        if ok.empty:
+            errors = [str(e) for e in rows.get("error", pd.Series(dtype=str)) if pd.notna(e) and str(e)]
+            missing[f] = (failed_because("resume check", errors[0]) if errors
+                          else "no resume check in the table")
+        else:
+            holds[f] = bool((ok["bit_identical"].astype(str).str.lower() == "true").all())
+    return every("resume_bit_identical", statement, holds, missing, required="bit-identical parameters, "
+                 "optimizer state and RNG streams after resuming")
+
+
+def _claim_roundtrip(io: pd.DataFrame, block: dict, fails: pd.DataFrame) -> dict:
+    statement = ("every checkpoint written in the sweep (format, mode, ranks, size) loads back verified "
+                 "and equal")
+    sizes = sweep_sizes(**block["sizes"])
+    expected = [(f, m, False, 1, n) for n in sizes for f in block["formats"] for m in block["modes"]]
+    expected += [("dcp", "sync", True, r, n) for n in sizes for r in block["dcp_ranks"]]
+    holds, missing = {}, {}
+    for f, m, pg, r, n in expected:
+        key = f"{f}/{m}/{r} rank(s){' (process group)' if pg else ''}/{n}"
+        d = io[(io["format"] == f) & (io["mode"] == m) & (io["process_group"].astype(bool) == pg)
+               & (io["ranks"] == r) & (io["n_params"] == n)] if not io.empty else io
+        if d.empty:
+            missing[key] = _why_missing(fails, "io", format=f, mode=m, ranks=r, n_params=n)
+        else:
+            holds[key] = bool(d["roundtrip_ok"].astype(str).str.lower().eq("true").all())
+    return every("roundtrip", statement, holds, missing, points=len(expected), required="verified and equal",
+                 not_equal=[k for k, v in holds.items() if not v])

@@ -1,0 +1,95 @@
+"""What the checkpoint task app's task bodies run (tasks/checkpoint.py).
+
+`run_point` is one (format, mode, size) I/O point in one process: per repeat it measures the
+storage ceiling, then the save (blocking, durable, committed), then a verified load with the files
+evicted from the page cache first (cold read, unless `cold_load` is off), each with its peak extra
+RAM (instruments.py). The other task bodies' functions live in their own modules and are exposed
+here: `ranks_point` (DCP from N ranks, distributed.py), `resume_check` and `overhead_run`
+(training-state checkpoints, training.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from hpcdl.studies.checkpoint import integrity, saver
+from hpcdl.studies.checkpoint.distributed import run_point as ranks_point
+from hpcdl.studies.checkpoint.instruments import (
+    PeakRSS,
+    check_scratch_budget,
+    storage_ceiling,
+    synthetic_state,
+)
+from hpcdl.studies.checkpoint.state import tensor_bytes
+from hpcdl.studies.checkpoint.training import overhead_run, resume_check
+
+__all__ = ["overhead_run", "ranks_point", "resume_check", "run_point"]
+
+
+def _warm_up(root: Path, fmt: str) -> None:
+    """One untimed tiny save + load: the format's first call in a process pays imports and set-up."""
+    t = saver.save({"w": torch.zeros(16)}, root, "warm-up", fmt)
+    saver.load(t.path)
+    shutil.rmtree(t.path)
+
+
+def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: int = 1,
+              seed: int = 0, cold_load: bool = True, rss_interval_s: float = 0.002,
+              scratch_limit_mb: float | None = None) -> list[dict]:
+    """Measure one (format, mode, size) point; one record per repeat. Scratch is removed after."""
+    if mode not in ("sync", "async"):
+        raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
+    root = Path(scratch_dir) / f"{fmt}-{mode}-{n_params}-{os.getpid()}"
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        flat = synthetic_state(n_params, seed)
+        nbytes = tensor_bytes(flat)
+        # Checkpoint + ceiling file can coexist briefly.
+        check_scratch_budget(root, 2 * nbytes + (1 << 20),
+                             None if scratch_limit_mb is None else int(scratch_limit_mb * 2**20))
+        _warm_up(root, fmt)
+        ckpt = saver.AsyncCheckpointer(root, fmt) if mode == "async" else None
+        if ckpt is not None:
+            ckpt.prepare(flat)
+        rows = []
+        for rep in range(repeats):
+            ceiling_s = storage_ceiling(root, nbytes)
+            name = f"rep-{rep:03d}"
+            with PeakRSS(rss_interval_s) as save_mem:
+                if ckpt is None:
+                    timing = saver.save(flat, root, name, fmt)
+                else:
+                    ckpt.save(flat, name)
+                    timing = ckpt.wait()
+            if cold_load:
+                integrity.evict_from_page_cache(timing.path)
+            t0 = time.perf_counter()
+            with PeakRSS(rss_interval_s) as load_mem:
+                manifest = integrity.verify(timing.path)
+                t1 = time.perf_counter()
+                back = saver.read(timing.path, manifest)
+            load_s = time.perf_counter() - t0
+            ok = back.keys() == flat.keys() and all(torch.equal(back[k], flat[k]) for k in flat)
+            del back
+            shutil.rmtree(timing.path)
+            integrity.fsync_dir(root)  # the deletion's journal commit must not land in the next timing
+            rows.append({
+                "format": fmt, "mode": mode, "process_group": False, "ranks": 1, "n_params": n_params,
+                "repeat": rep,
+                "state_bytes": nbytes, "file_bytes": timing.file_bytes,
+                "blocking_s": timing.blocking_s, "durable_s": timing.durable_s,
+                "commit_s": timing.commit_s, "load_s": load_s, "verify_s": t1 - t0,
+                "write_bw_bytes_per_s": timing.file_bytes / timing.durable_s,
+                "ceiling_s": ceiling_s, "ceiling_bw_bytes_per_s": nbytes / ceiling_s,
+                "save_peak_extra_rss_bytes": save_mem.peak_extra_bytes,
+                "load_peak_extra_rss_bytes": load_mem.peak_extra_bytes,
+                "roundtrip_ok": bool(ok), "cold_load": bool(cold_load),
+            })
+        return rows
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,113 @@
+"""What every I/O point measures with, in one process or on N ranks: a synthetic fp32 model state,
+the storage ceiling and the peak extra RAM, and the scratch budget a point must fit in.
+
+The storage ceiling is the same byte count written sequentially in 8 MiB chunks and fsync'd into
+the same directory, like `dd bs=8M conv=fsync`. Peak extra RAM is the peak process RSS above the
+RSS just before the operation, sampled with psutil every `rss_interval_s` by a background thread
+(a spike shorter than the interval can be missed; tracemalloc cannot see torch's allocations).
+Freed heap is returned to the OS before each baseline (glibc `malloc_trim`) so reuse of memory an
+earlier repeat freed does not hide growth.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from hpcdl.studies.checkpoint import integrity
+
+LAYER_WIDTH = 1024
+LAYER_PARAMS = 1 << 22  # 16 MiB fp32 per tensor: many tensors, as in a real state_dict
+
+
+class PeakRSS:
+    """Context manager: `.peak_extra_bytes` = max sampled RSS minus RSS at entry."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        self.interval_s = interval_s
+        self.peak_extra_bytes = 0
+        self._proc = psutil.Process()
+        self._stop = threading.Event()
+
+    def __enter__(self) -> PeakRSS:
+        _release_free_heap()
+        self._base = self._peak = self._proc.memory_info().rss
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self._peak = max(self._peak, self._proc.memory_info().rss)
+            self._stop.wait(self.interval_s)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._peak = max(self._peak, self._proc.memory_info().rss)
+        self.peak_extra_bytes = self._peak - self._base
+
+
+def _release_free_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc) so the baseline RSS is not inflated by
+    memory an earlier operation freed but kept, which would hide the next one's growth."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def synthetic_state(n_params: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A flat fp32 state of exactly `n_params` values split into (rows, 1024) 'layers'."""
+    if n_params < 1:
+        raise ValueError(f"n_params must be >= 1, got {n_params}")
+    g = torch.Generator().manual_seed(seed)
+    out, left, i = {}, n_params, 0
+    while left > 0:
+        n = min(left, LAYER_PARAMS)
+        rows, rest = divmod(n, LAYER_WIDTH)
+        if rows:
+            out[f"layers.{i}.weight"] = torch.randn(rows, LAYER_WIDTH, generator=g)
+        if rest:
+            out[f"layers.{i}.bias"] = torch.randn(rest, generator=g)
+        left -= n
+        i += 1
+    return out
+
+
+def storage_ceiling(directory: Path, nbytes: int, chunk: int = 8 << 20) -> float:
+    """Seconds to write `nbytes` sequentially and fsync them in `directory` (file removed after)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    buf = memoryview(os.urandom(min(chunk, max(nbytes, 1))))
+    path = directory / f".ceiling-{os.getpid()}"
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        left = nbytes
+        while left > 0:
+            left -= os.write(fd, buf[:min(left, len(buf))])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    elapsed = time.perf_counter() - t0
+    path.unlink()
+    integrity.fsync_dir(directory)  # commit the unlink now, not inside the next timed write
+    return elapsed
+
+
+def check_scratch_budget(directory: Path, need_bytes: int, limit_bytes: int | None) -> None:
+    """Refuse a point that would exceed the configured scratch budget or the free disk space."""
+    if limit_bytes is not None and need_bytes > limit_bytes:
+        raise RuntimeError(f"point needs ~{need_bytes / 2**20:.0f} MiB of scratch, over the "
+                           f"configured checkpoint.scratch_limit_mb ({limit_bytes / 2**20:.0f} MiB)")
+    free = shutil.disk_usage(directory).free
+    if need_bytes > free:
+        raise RuntimeError(f"point needs ~{need_bytes / 2**20:.0f} MiB of scratch, only "
+                           f"{free / 2**20:.0f} MiB free in {directory}")

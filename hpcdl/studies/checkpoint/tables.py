@@ -1,0 +1,109 @@
+"""Tables stage of the checkpoint-cost study: raw/ -> tables/ (docs/architecture.md, "Stages").
+
+io_cost.csv (median per format, mode, ranks, size), resume.csv, overhead.csv (throughput and
+overhead vs interval), young_daly.csv (optimal interval per mode and MTBF) and failures.csv (every
+failed point, any kind).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from hpcdl.platform.results import read_table, write_table
+from hpcdl.platform.stages import ok_rows
+from hpcdl.studies.checkpoint.training import young_daly_interval_s
+
+MiB = 2**20
+MEDIAN_COLS = ["state_bytes", "file_bytes", "blocking_s", "durable_s", "commit_s", "load_s", "verify_s",
+               "write_bw_bytes_per_s", "ceiling_s", "ceiling_bw_bytes_per_s", "bw_over_ceiling",
+               "save_peak_extra_rss_bytes", "load_peak_extra_rss_bytes"]
+
+
+def io_cost(raw: pd.DataFrame) -> pd.DataFrame:
+    """Median over repeats per (format, mode, process group, ranks, size).
+
+    The storage ceiling of a size is the median of every ceiling measured at that size with the
+    same launch (all formats, modes and repeats pooled): one noisy dd-like write must not make
+    or break a format's ratio. `bw_over_ceiling` divides by that pooled ceiling.
+    """
+    ok = ok_rows(raw)
+    keys = ["format", "mode", "process_group", "ranks", "n_params"]
+    if ok.empty:
+        return pd.DataFrame(columns=[*keys, "repeats", *MEDIAN_COLS, "roundtrip_ok"])
+    ok["roundtrip_ok"] = ok["roundtrip_ok"].astype(str).str.lower() == "true"
+    g = ok.groupby(keys, sort=True)
+    out = g[[c for c in MEDIAN_COLS if c != "bw_over_ceiling"]].median()
+    out["repeats"] = g.size()
+    out["roundtrip_ok"] = g["roundtrip_ok"].all()
+    out = out.reset_index()
+    pooled = ok.groupby(["process_group", "ranks", "n_params"])["ceiling_bw_bytes_per_s"].median()
+    out["ceiling_bw_bytes_per_s"] = [pooled[(pg, r, n)] for pg, r, n in
+                                     zip(out["process_group"], out["ranks"], out["n_params"], strict=True)]
+    out["bw_over_ceiling"] = out["write_bw_bytes_per_s"] / out["ceiling_bw_bytes_per_s"]
+    return out
+
+
+def overhead_table(raw: pd.DataFrame) -> pd.DataFrame:
+    """Successful overhead runs; each carries its paired no-checkpoint baseline and its overhead
+    as extra training time per unit of work (comparable with the C/T of the Young/Daly model)."""
+    ok = ok_rows(raw)
+    if ok.empty:
+        return pd.DataFrame()
+    out = ok.copy()
+    out["interval_s"] = out["interval_steps"] / out["baseline_steps_per_s"]
+    return out.sort_values(["mode", "interval_steps"]).reset_index(drop=True)
+
+
+def young_daly_table(overhead: pd.DataFrame, mtbf_s: list[float]) -> pd.DataFrame:
+    """C = mean stall per checkpoint at the longest interval (no back-to-back saves); T = sqrt(2 MTBF C)."""
+    rows = []
+    if overhead.empty:
+        return pd.DataFrame(rows)
+    for mode, d in overhead.groupby("mode"):
+        last = d.sort_values("interval_steps").iloc[-1]
+        cost = float(last["stall_mean_s"])
+        base = float(last["baseline_steps_per_s"])
+        for m in mtbf_s:
+            t_opt = young_daly_interval_s(m, cost)
+            rows.append({"mode": mode, "mtbf_s": m, "cost_s": cost, "interval_s": t_opt,
+                         "interval_steps": t_opt * base,
+                         "expected_waste_frac": (cost / t_opt + t_opt / (2 * m)) if t_opt > 0 else 0.0})
+    return pd.DataFrame(rows)
+
+
+def failures(raws: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    rows = []
+    for kind, df in raws.items():
+        if "status" in df:
+            for _, r in df[df["status"] == "failed"].iterrows():
+                point = {k: r[k] for k in ("format", "mode", "ranks", "n_params", "interval_steps")
+                         if k in r and pd.notna(r[k])}
+                rows.append({"kind": kind, "point": ", ".join(f"{k}={v}" for k, v in point.items()),
+                             "error": r["error"]})
+    return pd.DataFrame(rows, columns=["kind", "point", "error"])
+
+
+def _raws(study_dir: Path) -> dict[str, pd.DataFrame]:
+    return {k: read_table(study_dir / "raw" / f"{k}.csv") for k in ("io", "resume", "overhead")}
+
+
+def write(cfg: dict, study_dir: Path) -> None:
+    started = time.time()
+    study_dir = Path(study_dir)
+    raws = _raws(study_dir)
+    tables = study_dir / "tables"
+    write_table(io_cost(raws["io"]), tables / "io_cost.csv", cfg, started)
+    write_table(raws["resume"], tables / "resume.csv", cfg, started)
+    ovh = overhead_table(raws["overhead"])
+    write_table(ovh, tables / "overhead.csv", cfg, started)
+    write_table(young_daly_table(ovh, cfg["checkpoint"]["overhead"]["mtbf_s"]), tables / "young_daly.csv",
+                cfg, started)
+    write_table(failures(raws), tables / "failures.csv", cfg, started)
+
+
+def single_process(io: pd.DataFrame) -> pd.DataFrame:
+    """The format comparison: every format saved from one process without a process group."""
+    return io[~io["process_group"].astype(bool)] if not io.empty else io

@@ -1,0 +1,129 @@
+"""Figures stage of the HPO study: tables/ -> figures/ (best-so-far accuracy, grid scaling) and
+Optuna's own plots from the journal (importances, parallel coordinates, intermediate values)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from hpcdl.platform.results import mark_no_data, read_table, save_figure
+from hpcdl.platform.stages import pyplot
+from hpcdl.studies.hpo.sweep import pruning_baseline
+
+
+def _placeholder(path: Path, title: str, why: str) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.axis("off")
+    ax.set_title(title)
+    mark_no_data(ax, why)
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def _plot_best_so_far(df: pd.DataFrame, path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    grids = [s for s in df["study"].unique() if s.startswith("grid-") and s.endswith("w")]
+    # The grid's trials are the same for every worker count: show it once, at the most workers.
+    keep = max(grids, key=lambda s: int(s[len("grid-"):-1]), default=None)
+    df = df[~df["study"].isin([s for s in grids if s != keep])]
+    for study, g in df.groupby("study", sort=False):
+        ax.step(g["time_s"], 100 * g["best_val_acc"], where="post", marker="o", ms=3, label=study)
+    ax.set_xlabel("wall time since the study's first trial started (s)")
+    ax.set_ylabel("best validation accuracy so far (%)")
+    ax.set_title("Best-so-far validation accuracy per sampler")
+    ax.grid(alpha=0.3)
+    ax.legend(title="study (sampler[-pruner])")
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def _plot_scaling(df: pd.DataFrame, path: Path) -> None:
+    plt = pyplot()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.8))
+    a1.plot(df["workers"], df["elapsed_s"], "o-")
+    a1.set_xlabel("concurrent workers")
+    a1.set_ylabel("elapsed time for the grid (s)")
+    a1.set_title(f"{int(df['n_trials'].iloc[0])}-point grid")
+    a1.set_ylim(bottom=0)
+    a2.plot(df["workers"], df["speedup"], "o-", label="measured speedup")
+    w = df["workers"].to_numpy(dtype=float)
+    # Busy workers isolate the concurrency from the trials' own speed (see grid_scaling).
+    a2.plot(w, df["busy_workers"] / df["busy_workers"].iloc[0], "s:",
+            label="busy-worker ratio (Σ train time ÷ wall)")
+    a2.plot(w, w / w[0], "k--", label="ideal")
+    a2.set_xlabel("concurrent workers")
+    a2.set_ylabel(f"ratio over {int(w[0])} worker(s) (x)")
+    a2.set_title("Grid speedup")
+    a2.legend()
+    for a in (a1, a2):
+        a.set_xticks(df["workers"])
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+OPTUNA_FIGURES = ("optuna_param_importances", "optuna_parallel_coordinate", "optuna_intermediate_values")
+
+
+def _optuna_figures(cfg: dict, figures: Path) -> None:
+    """Optuna's own matplotlib plots: importances and parallel coordinates of the main unpruned
+    search, intermediate values of the pruned one (where the pruner's cuts show)."""
+    import optuna
+    from optuna.visualization import matplotlib as ovm
+
+    from hpcdl.studies.hpo.storage import journal_path, study_storage
+
+    plt = pyplot()
+    hpo = cfg["hpo"]
+    pair = pruning_baseline(hpo)
+    main = pair[0] if pair else hpo["sampler"]
+    pruned = pair[1] if pair else main
+    has_store = hpo.get("storage_url") or journal_path(cfg).exists()
+    storage = study_storage(cfg) if has_store else None
+    jobs = {"optuna_param_importances": (main, ovm.plot_param_importances,
+                                         ("importance (fraction of val. accuracy variance)", None)),
+            "optuna_parallel_coordinate": (main, ovm.plot_parallel_coordinate, (None, None)),
+            "optuna_intermediate_values": (pruned, ovm.plot_intermediate_values,
+                                           ("epoch (pruner step)", "validation accuracy (fraction)"))}
+    for name, (study_name, fn, (xlabel, ylabel)) in jobs.items():
+        path = figures / f"{name}.png"
+        try:
+            if storage is None:
+                raise FileNotFoundError(f"no journal at {journal_path(cfg)}")
+            study = optuna.load_study(study_name=study_name, storage=storage)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # optuna's matplotlib backend is marked experimental
+                ax = fn(study)
+            first = ax.flat[0] if hasattr(ax, "flat") else ax
+            if xlabel:
+                first.set_xlabel(xlabel)
+            if ylabel:
+                first.set_ylabel(ylabel)
+            fig = first.figure
+            fig.suptitle(f"study {study_name}", y=1.02)
+            save_figure(fig, path)
+            plt.close(fig)
+        except Exception as exc:  # noqa: BLE001 - e.g. too few complete trials: keep the workflow going
+            _placeholder(path, f"{name} ({study_name})", f"not available for this run:\n{exc}")
+
+
+def draw(cfg: dict, study_dir: Path) -> None:
+    study_dir = Path(study_dir)
+    figures = study_dir / "figures"
+    tables = study_dir / "tables"
+    bsf = read_table(tables / "best_so_far.csv")
+    if bsf["best_val_acc"].notna().any():
+        _plot_best_so_far(bsf, figures / "best_so_far.png")
+    else:
+        _placeholder(figures / "best_so_far.png", "best so far", "no completed trial")
+    scaling = read_table(tables / "grid_scaling.csv")
+    if len(scaling):
+        _plot_scaling(scaling, figures / "grid_scaling.png")
+    else:
+        _placeholder(figures / "grid_scaling.png", "grid scaling", "no grid study in this config")
+    _optuna_figures(cfg, figures)

@@ -1,0 +1,93 @@
+"""Tables stage of the HPO study: raw/ (trials, intermediate, studies; written by tasks/hpo.py from
+the journal) -> tables/ (trials, intermediate, best_so_far, grid_scaling, best_config, pruning)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hpcdl.platform.results import read_table, write_table
+from hpcdl.platform.stages import started_at
+from hpcdl.studies.hpo.sweep import pruning_baseline
+
+
+def best_so_far(trials: pd.DataFrame) -> pd.DataFrame:
+    """Per study, after each finished trial (in completion order): best validation accuracy so far."""
+    rows = []
+    for study, g in trials[trials["counted"]].groupby("study", sort=False):
+        best = -np.inf
+        for _, t in g.sort_values("end_s").iterrows():
+            if t["state"] == "COMPLETE" and pd.notna(t["val_acc"]):
+                best = max(best, float(t["val_acc"]))
+            rows.append({"study": study, "sampler": t["sampler"], "pruner": t["pruner"], "trial": t["trial"],
+                         "time_s": t["end_s"], "best_val_acc": best if np.isfinite(best) else np.nan})
+    return pd.DataFrame(rows, columns=["study", "sampler", "pruner", "trial", "time_s", "best_val_acc"])
+
+
+def grid_scaling(studies: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """Elapsed time of the grid per worker count, and the speedup split into its two factors:
+    busy_workers (sum of the trials' training time / wall time: how well the workers are kept
+    busy) and the trials' own mean training time (the same 27 trials can train at a different
+    speed when another process shares the machine): speedup = busy ratio x train-time ratio."""
+    g = studies[studies["kind"].eq("grid") & studies["pruner"].eq("none")].sort_values("workers")
+    cols = ["study", "workers", "n_trials", "elapsed_s", "trials_per_min", "speedup", "efficiency",
+            "train_time_s", "mean_trial_train_s", "busy_workers", "sessions"]
+    if g.empty:
+        return pd.DataFrame(columns=cols)
+    train = trials.groupby("study")["train_time_s"].sum(min_count=1)
+    base = g.iloc[0]
+    out = pd.DataFrame({
+        "study": g["study"], "workers": g["workers"], "n_trials": g["n_finished"],
+        "elapsed_s": g["elapsed_s"],
+        "trials_per_min": g["n_finished"] / g["elapsed_s"] * 60.0,
+        "speedup": base["elapsed_s"] / g["elapsed_s"],
+        "train_time_s": g["study"].map(train),
+        "sessions": g["sessions"]})
+    out["efficiency"] = out["speedup"] / (out["workers"] / base["workers"])
+    out["mean_trial_train_s"] = out["train_time_s"] / out["n_trials"]
+    out["busy_workers"] = out["train_time_s"] / out["elapsed_s"]
+    return out[cols].reset_index(drop=True)
+
+
+def best_config(studies: pd.DataFrame) -> pd.DataFrame:
+    cols = ["study", "best_trial", "best_val_acc", "best_test_acc"] + [
+        c for c in studies.columns if c.startswith("best_") and c not in
+        ("best_trial", "best_val_acc", "best_test_acc")]
+    out = studies[cols].rename(columns=lambda c: c.removeprefix("best_") if c not in cols[:4] else c)
+    out = out.rename(columns={"best_trial": "trial", "best_val_acc": "val_acc", "best_test_acc": "test_acc"})
+    overall = out["val_acc"].idxmax() if out["val_acc"].notna().any() else None
+    out["overall_best"] = out.index == overall
+    return out.reset_index(drop=True)
+
+
+def pruning_table(hpo: dict, studies: pd.DataFrame) -> pd.DataFrame:
+    pair = pruning_baseline(hpo)
+    cols = ["baseline", "pruned", "baseline_trial_epochs", "pruned_trial_epochs", "saving_fraction",
+            "baseline_best_val_acc", "pruned_best_val_acc", "loss_pts", "n_pruned"]
+    if pair is None or not set(pair) <= set(studies["study"]):
+        return pd.DataFrame(columns=cols)
+    b = studies.set_index("study").loc[pair[0]]
+    p = studies.set_index("study").loc[pair[1]]
+    return pd.DataFrame([{
+        "baseline": pair[0], "pruned": pair[1], "baseline_trial_epochs": b["trial_epochs"],
+        "pruned_trial_epochs": p["trial_epochs"],
+        "saving_fraction": 1.0 - p["trial_epochs"] / b["trial_epochs"] if b["trial_epochs"] else np.nan,
+        "baseline_best_val_acc": b["best_val_acc"], "pruned_best_val_acc": p["best_val_acc"],
+        "loss_pts": 100.0 * (b["best_val_acc"] - p["best_val_acc"]), "n_pruned": p["n_pruned"]}],
+        columns=cols)
+
+
+def write(cfg: dict, study_dir: Path) -> None:
+    study_dir = Path(study_dir)
+    started = started_at(study_dir, "trials")
+    trials = read_table(study_dir / "raw" / "trials.csv")
+    studies = read_table(study_dir / "raw" / "studies.csv")
+    tables = study_dir / "tables"
+    write_table(trials, tables / "trials.csv", cfg, started)
+    write_table(read_table(study_dir / "raw" / "intermediate.csv"), tables / "intermediate.csv", cfg, started)
+    write_table(best_so_far(trials), tables / "best_so_far.csv", cfg, started)
+    write_table(grid_scaling(studies, trials), tables / "grid_scaling.csv", cfg, started)
+    write_table(best_config(studies), tables / "best_config.csv", cfg, started)
+    write_table(pruning_table(cfg["hpo"], studies), tables / "pruning.csv", cfg, started)

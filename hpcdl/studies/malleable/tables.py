@@ -1,0 +1,194 @@
+"""Tables stage of the malleability study: raw/ -> tables/*.csv (each change's lag and latency, the
+quota phases' iteration times, the policies' makespans, utilisation over time, change costs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hpcdl.platform.results import write_table
+from hpcdl.platform.stages import read_or_empty
+
+PHASE_SKIP = 2  # iterations at the start of a quota phase left out of its median
+UTIL_BIN_S = 0.25  # width of the utilisation-over-time bins
+
+
+def raw(study_dir: Path, name: str) -> pd.DataFrame:
+    """raw/<name>.csv, or an empty table."""
+    return read_or_empty(Path(study_dir) / "raw" / f"{name}.csv")
+
+
+def table(study_dir: Path, name: str) -> pd.DataFrame:
+    """tables/<name>.csv, or an empty table."""
+    return read_or_empty(Path(study_dir) / "tables" / f"{name}.csv")
+
+
+def response_table(changes: pd.DataFrame, series: pd.DataFrame) -> pd.DataFrame:
+    if changes.empty:
+        return pd.DataFrame(columns=["variant", "direction", "outcome", "lag_iters", "latency_s"])
+    d = changes[changes["experiment"] == "response"].copy()
+    if d.empty:
+        return d
+    d["direction"] = np.where(
+        d["target_threads"] < d["old_threads"].fillna(d["target_threads"]), "down", "up"
+    )
+    d["latency_over_iter"] = d["latency_s"] / d["inprogress_iter_s"]
+    return d.reset_index(drop=True)
+
+
+def oversub_table(series: pd.DataFrame, cfg: dict) -> pd.DataFrame:
+    cols = ["mode", "phase", "quota_cores", "threads", "iter_s", "oversubscribed", "keep_over_follow"]
+    if series.empty:
+        return pd.DataFrame(columns=cols)
+    d = series[series["experiment"] == "oversub"]
+    block = cfg["malleable"]["oversub"]
+    quotas, phase = block["quotas"], block["phase_iterations"]
+    rows = []
+    for mode, g in d.groupby("variant"):
+        for i, q in enumerate(quotas):
+            ph = g[(g["iteration"] >= i * phase + PHASE_SKIP) & (g["iteration"] < (i + 1) * phase)]
+            if ph.empty:
+                continue
+            threads = int(ph["threads_run"].mode().iloc[0])
+            rows.append(
+                {
+                    "mode": mode,
+                    "phase": i,
+                    "quota_cores": float(q),
+                    "threads": threads,
+                    "iter_s": float(ph["iter_s"].median()),
+                    # more runnable threads than the quota's whole cores (one thread on half a core is not)
+                    "oversubscribed": threads > max(1.0, q) + 1e-9,
+                }
+            )
+    out = pd.DataFrame(rows, columns=cols[:-1])
+    if out.empty:
+        return pd.DataFrame(columns=cols)
+    piv = out.pivot_table(index="phase", columns="mode", values="iter_s")
+    ratio = (
+        (piv["keep"] / piv["follow"]) if {"keep", "follow"} <= set(piv.columns) else pd.Series(dtype=float)
+    )
+    out["keep_over_follow"] = out["phase"].map(ratio)
+    return out
+
+
+def policies_table(points: pd.DataFrame, series: pd.DataFrame, cores: int) -> pd.DataFrame:
+    cols = [
+        "policy",
+        "status",
+        "enforcement",
+        "makespan_s",
+        "mean_turnaround_s",
+        "mean_wait_s",
+        "utilisation_frac",
+        "jobs_ok",
+        "jobs_failed",
+        "makespan_over_rigid",
+        "turnaround_over_rigid",
+    ]
+    if points.empty:
+        return pd.DataFrame(columns=cols)
+    d = points[points["experiment"] == "cosched"]
+    rows = []
+    for r in d.itertuples():
+        row = {"policy": r.variant, "status": r.status, "enforcement": getattr(r, "enforcement", "")}
+        if r.status == "ok":
+            cpu = series[(series["experiment"] == "cosched") & (series["variant"] == r.variant)][
+                "cpu_s"
+            ].sum()
+            row.update(
+                makespan_s=r.makespan_s,
+                mean_turnaround_s=r.mean_turnaround_s,
+                mean_wait_s=r.mean_wait_s,
+                utilisation_frac=cpu / (cores * r.makespan_s) if r.makespan_s else np.nan,
+                jobs_ok=r.jobs_ok,
+                jobs_failed=r.jobs_failed,
+            )
+        rows.append(row)
+    out = pd.DataFrame(rows, columns=cols)
+    rigid = out[(out["policy"] == "rigid") & (out["status"] == "ok")]
+    if not rigid.empty:
+        out["makespan_over_rigid"] = out["makespan_s"] / float(rigid["makespan_s"].iloc[0])
+        out["turnaround_over_rigid"] = out["mean_turnaround_s"] / float(rigid["mean_turnaround_s"].iloc[0])
+    return out
+
+
+def utilisation_table(
+    series: pd.DataFrame, decisions: pd.DataFrame, jobs: pd.DataFrame, cores: int
+) -> pd.DataFrame:
+    """Busy cores (each iteration's CPU time spread over its wall interval) and allocated cores per bin."""
+    cols = ["policy", "t_s", "busy_cores", "allocated_cores", "utilisation_frac"]
+    rows = []
+    s = series[series["experiment"] == "cosched"] if not series.empty else series
+    for policy, g in s.groupby("variant") if not s.empty else []:
+        end = float((g["start_s"] + g["iter_s"]).max())
+        edges = np.arange(0.0, end + UTIL_BIN_S, UTIL_BIN_S)
+        busy = np.zeros(len(edges) - 1)
+        for a, w, c in zip(g["start_s"], g["iter_s"], g["cpu_s"], strict=True):
+            lo, hi = a, a + w
+            overlap = np.clip(np.minimum(edges[1:], hi) - np.maximum(edges[:-1], lo), 0, None)
+            busy += c * overlap / max(w, 1e-9)
+        busy /= UTIL_BIN_S
+        alloc = _allocated(decisions, jobs, policy, edges[:-1] + UTIL_BIN_S / 2)
+        for t, b, al in zip(edges[:-1], busy, alloc, strict=True):
+            rows.append(
+                {
+                    "policy": policy,
+                    "t_s": t,
+                    "busy_cores": b,
+                    "allocated_cores": al,
+                    "utilisation_frac": b / cores,
+                }
+            )
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _allocated(decisions: pd.DataFrame, jobs: pd.DataFrame, policy: str, times: np.ndarray) -> np.ndarray:
+    """Sum over jobs of the share each held at each time (shares change at decisions, end at finish)."""
+    out = np.zeros(len(times))
+    if decisions.empty:
+        return out
+    d = decisions[(decisions["experiment"] == "cosched") & (decisions["variant"] == policy)]
+    j = jobs[(jobs["experiment"] == "cosched") & (jobs["variant"] == policy)] if not jobs.empty else jobs
+    finished = {str(r.job): r.finished_s for r in j.itertuples()}
+    for job, g in d.groupby(d["job"].astype(str)):
+        g = g.sort_values("time_s")
+        starts = list(g["time_s"]) + [finished.get(job, np.inf)]
+        for (t0, t1), share in zip(zip(starts[:-1], starts[1:], strict=True), g["cores"], strict=True):
+            out += np.where((times >= t0) & (times < t1), share, 0.0)
+    return out
+
+
+def change_cost_table(changes: pd.DataFrame) -> pd.DataFrame:
+    if changes.empty:
+        return pd.DataFrame(columns=["experiment", "variant", "source", "change_cost_ratio"])
+    d = changes[changes["outcome"] == "applied"].copy()
+    d["change_cost_ratio"] = d["first_iter_s"] / d["steady_iter_s"]
+    return d.reset_index(drop=True)
+
+
+def write(cfg: dict, study_dir: Path) -> None:
+    """response.csv (each requested change: lag, latency, iteration times around it), oversub.csv
+    (median iteration time per mode and quota phase; keep / follow penalty), policies.csv (makespan,
+    mean turnaround, mean wait, utilisation per policy, ratios to rigid), jobs.csv, utilisation.csv
+    (busy and allocated cores over time per policy), change_cost.csv (first iteration after a change /
+    steady iteration, every applied change) and series.csv (every iteration)."""
+    study_dir = Path(study_dir)
+    cores = cfg["malleable"]["cores"]
+    points, series, changes = raw(study_dir, "points"), raw(study_dir, "series"), raw(study_dir, "changes")
+    decisions, jobs = raw(study_dir, "decisions"), raw(study_dir, "jobs")
+    started = pd.Timestamp.now().timestamp()
+    tables = study_dir / "tables"
+    out = {
+        "response": response_table(changes, series),
+        "oversub": oversub_table(series, cfg),
+        "policies": policies_table(points, series, cores),
+        "jobs": jobs,
+        "utilisation": utilisation_table(series, decisions, jobs, cores),
+        "change_cost": change_cost_table(changes),
+        "series": series,
+    }
+    for name, df in out.items():
+        write_table(df, tables / f"{name}.csv", cfg, started)

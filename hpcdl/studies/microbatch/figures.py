@@ -1,0 +1,207 @@
+"""Figures stage of the micro-batched convolution study: tables/ -> figures/ (per-layer speedup,
+speedup vs workspace budget, the chosen micro-batches, predicted vs measured time)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hpcdl.platform.results import mark_no_data, save_figure
+from hpcdl.platform.stages import pyplot, read_or_empty
+from hpcdl.studies.microbatch.tables import SEED_SPEEDUP
+
+MiB = 2**20
+POLICY_ORDER = ["undivided", "powerOfTwo", "all"]
+POLICY_COLOR = {"undivided": "C0", "powerOfTwo": "C1", "all": "C2"}
+
+
+def _networks(df: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(df["network"])) if not df.empty else []
+
+
+def _device_word(df: pd.DataFrame) -> str:
+    if df.empty or "device" not in df:
+        return ""
+    return ", ".join(sorted(set(map(str, df["device"])))).upper()
+
+
+def draw(cfg: dict, study_dir: Path) -> None:
+    plt = pyplot()
+
+    study_dir = Path(study_dir)
+    tables, figs = study_dir / "tables", study_dir / "figures"
+    layers = read_or_empty(tables / "layer_speedup.csv")
+    nets = read_or_empty(tables / "network_speedup.csv")
+    budget = read_or_empty(tables / "budget_speedup.csv")
+    plans = read_or_empty(tables / "plans.csv")
+    dev = _device_word(nets)
+
+    # 1. per-layer measured speedup of the ILP plan, one bar per policy (predicted as markers)
+    names = _networks(layers)
+    fig, axes = plt.subplots(len(names) or 1, 1, figsize=(11, 3.2 * max(1, len(names))), squeeze=False)
+    for ax, net in zip(axes[:, 0], names or [None], strict=True):
+        if net is None:
+            mark_no_data(ax, "no executed plans in this run")
+            continue
+        d = layers[(layers["network"] == net) & (layers["planner"] == "ilp")]
+        order = list(dict.fromkeys(d["layer"]))
+        pols = [p for p in POLICY_ORDER if p in set(d["policy"])]
+        width = 0.8 / max(1, len(pols))
+        for i, p in enumerate(pols):
+            e = d[d["policy"] == p].set_index("layer").reindex(order)
+            x = np.arange(len(order)) + (i - (len(pols) - 1) / 2) * width
+            ax.bar(x, e["measured_speedup"], width, color=POLICY_COLOR[p], label=f"{p}: measured")
+            ax.plot(
+                x, e["predicted_speedup"], "k_", ms=10, mew=2, label="predicted (DP+ILP)" if i == 0 else None
+            )
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(np.arange(len(order)), order, rotation=20, fontsize=8)
+        ax.set(
+            ylabel="default time / plan time", title=f"{net}: per-layer speedup of the executed plan ({dev})"
+        )
+        ax.legend(fontsize=7, ncol=4)
+        ax.grid(True, axis="y", alpha=0.3)
+    save_figure(fig, figs / "layer_speedup.png")
+
+    # 2. network speedup vs total workspace budget, one line per policy, the seed as a reference
+    names = _networks(budget)
+    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(5 * max(1, len(names)), 4), squeeze=False)
+    for ax, net in zip(axes[0], names or [None], strict=True):
+        if net is None:
+            mark_no_data(ax, "no budget sweep in this run")
+            continue
+        d = budget[(budget["network"] == net)]
+        for p in [p for p in POLICY_ORDER if p in set(d["policy"])]:
+            e = d[(d["policy"] == p) & d["feasible"].astype(bool)].sort_values("budget_bytes")
+            ax.plot(
+                e["budget_bytes"] / MiB,
+                e["predicted_speedup"],
+                "o-",
+                color=POLICY_COLOR[p],
+                label=f"{p} (predicted)",
+            )
+            m = (
+                nets[(nets["network"] == net) & (nets["policy"] == p) & (nets["planner"] == "ilp")]
+                if not nets.empty
+                else nets
+            )
+            full = d[(d["policy"] == p) & (d["budget_fraction"] == 1)]
+            if len(m) and len(full):
+                ax.plot(
+                    full["budget_bytes"] / MiB,
+                    m["measured_speedup"].to_numpy()[:1],
+                    "*",
+                    ms=14,
+                    color=POLICY_COLOR[p],
+                    markeredgecolor="k",
+                    label=f"{p} (executed)",
+                )
+        if net in SEED_SPEEDUP:
+            ax.axhline(
+                SEED_SPEEDUP[net], color="gray", ls="--", label=f"μ-cuDNN V100 (paper) {SEED_SPEEDUP[net]}x"
+            )
+        ax.axhline(1.0, color="k", lw=0.8)
+        from matplotlib.ticker import NullFormatter
+
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set(
+            xscale="log",
+            xlabel="total workspace budget (MiB)",
+            ylabel="default time / plan time",
+            title=f"{net} ({dev})",
+        )
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    save_figure(fig, figs / "budget_speedup.png")
+
+    # 3. chosen micro-batches per layer and kernel (policy all, ILP): segments coloured by algorithm
+    names = _networks(plans)
+    fig, axes = plt.subplots(
+        1,
+        max(1, len(names)),
+        figsize=(6.5 * max(1, len(names)), 5),
+        squeeze=False,
+        gridspec_kw={"wspace": 0.75},
+    )
+    algs = sorted(set("+".join(plans["algorithms"]).split("+"))) if not plans.empty else []
+    acol = {a: f"C{i}" for i, a in enumerate(algs)}
+    for ax, net in zip(axes[0], names or [None], strict=True):
+        if net is None:
+            mark_no_data(ax, "no plans in this run")
+            continue
+        pol = "all" if "all" in set(plans["policy"]) else plans["policy"].iloc[-1]
+        d = plans[(plans["network"] == net) & (plans["policy"] == pol) & (plans["planner"] == "ilp")]
+        labels = []
+        for y, r in enumerate(d.itertuples()):
+            left = 0
+            for size, alg in zip(str(r.micro_batches).split("+"), str(r.algorithms).split("+"), strict=True):
+                ax.barh(y, int(size), left=left, color=acol[alg], edgecolor="k", lw=0.5)
+                left += int(size)
+            labels.append(f"{r.layer} {r.kernel.replace('backward_', 'bwd-')}")
+        ax.set_yticks(range(len(labels)), labels, fontsize=6)
+        ax.invert_yaxis()
+        ax.set(xlabel="samples of the mini-batch", title=f"{net}: micro-batches ({pol}, ILP)")
+    if acol:
+        from matplotlib.patches import Patch
+
+        axes[0][0].legend(
+            handles=[Patch(color=c, label=a) for a, c in acol.items()],
+            fontsize=7,
+            loc="lower right",
+            framealpha=0.9,
+        )
+    save_figure(fig, figs / "microbatch_sizes.png")
+
+    # 4. predicted vs measured time of the plans (and of the default), per network and policy
+    fig, ax = plt.subplots(figsize=(6, 5.5))
+    tol = cfg["microbatch"]["prediction_tolerance"]
+    if nets.empty:
+        mark_no_data(ax, "no executed plans in this run")
+    else:
+        marker = {n: m for n, m in zip(_networks(nets), "osD^v", strict=False)}
+        for r in nets.itertuples():
+            ax.plot(
+                r.predicted_plan_s * 1e3,
+                r.measured_plan_s * 1e3,
+                marker[r.network],
+                color=POLICY_COLOR.get(r.policy, "k"),
+                mfc="none" if r.planner == "dp" else None,
+                label=f"{r.network} {r.policy} {r.planner}",
+            )
+        dflt = nets.drop_duplicates("network")
+        ax.plot(
+            dflt["predicted_default_s"] * 1e3,
+            dflt["measured_default_s"] * 1e3,
+            "kx",
+            ms=9,
+            label="default layers",
+        )
+        lim = (
+            np.array(
+                [
+                    min(nets[["predicted_plan_s", "measured_plan_s"]].min()) * 0.8,
+                    max(nets[["predicted_plan_s", "measured_plan_s", "measured_default_s"]].max()) * 1.2,
+                ]
+            )
+            * 1e3
+        )
+        ax.plot(lim, lim, "k-", lw=0.8)
+        ax.fill_between(
+            lim,
+            lim / (1 + tol),
+            lim / (1 - tol),
+            color="gray",
+            alpha=0.2,
+            label=f"prediction within {tol:.0%}",
+        )
+        ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim)
+        ax.legend(fontsize=6, ncol=2)
+    ax.set(
+        xlabel="predicted conv time per iteration (ms, sum of benchmarked kernels)",
+        ylabel="measured fwd+bwd conv time (ms, executed)",
+        title=f"Predicted vs measured ({dev})",
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    save_figure(fig, figs / "predicted_vs_measured.png")

@@ -1,0 +1,18 @@
+"""What the offload task app's task bodies run (tasks/offload.py): one measured sweep point and one
+capacity search, each from the plain dict `sweep.py` made for it."""
+
+from __future__ import annotations
+
+from hpcdl.studies.offload.capacity import largest_depth
+from hpcdl.studies.offload.train import RunSpec, train
+
+
+def measure_point(point: dict) -> dict:
+    """A sweep point (sweep.sweep_points): its record and the timeline of its median step."""
+    rec, timeline = train(RunSpec(**point))
+    return {"record": rec, "timeline": timeline}
+
+
+def search_point(point: dict) -> dict:
+    """A capacity point (sweep.capacity_points)."""
+    return largest_depth(RunSpec(**point["spec"]), point["max_depth"])

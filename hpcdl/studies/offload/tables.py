@@ -1,0 +1,82 @@
+"""Tables stage of the memory-offload study: raw/ -> tables/ (docs/architecture.md, "Stages").
+
+tradeoff.csv (per strategy and depth: peak memory, step-time split, bytes moved, hidden fraction,
+and the ratios to `none` at the same depth: memory, slowdown, bit-identical weights), capacity.csv
+(largest depth and parameters under the budget per strategy, and the ratio to `none`) and
+failures.csv (every failed point).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hpcdl.platform.results import write_table
+from hpcdl.platform.stages import ok_rows, read_or_empty
+
+ORDER = ["none", "optimizer", "activations", "both", "save_on_cpu"]
+
+
+def tradeoff(steps: pd.DataFrame) -> pd.DataFrame:
+    ok = ok_rows(steps)
+    if ok.empty:
+        return pd.DataFrame(columns=["strategy", "depth", "memory_ratio", "slowdown", "bit_identical"])
+    base = ok[ok["strategy"] == "none"].set_index("depth")
+    rows = []
+    for _, r in ok.iterrows():
+        b = base.loc[r["depth"]] if r["depth"] in base.index else None
+        rows.append(
+            {
+                **r.to_dict(),
+                "memory_ratio": r["peak_fast_bytes"] / b["peak_fast_bytes"] if b is not None else np.nan,
+                "rss_ratio": r["peak_extra_rss_bytes"] / b["peak_extra_rss_bytes"]
+                if b is not None
+                else np.nan,
+                "slowdown": r["step_s"] / b["step_s"] if b is not None else np.nan,
+                "bit_identical": (r["weights_sha256"] == b["weights_sha256"]) if b is not None else None,
+            }
+        )
+    out = pd.DataFrame(rows)
+    out["order"] = out["strategy"].map({s: i for i, s in enumerate(ORDER)})
+    return out.sort_values(["depth", "order"]).drop(columns="order").reset_index(drop=True)
+
+
+def capacity(raw: pd.DataFrame) -> pd.DataFrame:
+    ok = ok_rows(raw)
+    if ok.empty:
+        return pd.DataFrame(columns=["strategy", "max_depth", "max_params", "capacity_ratio"])
+    base = ok[ok["strategy"] == "none"]
+    none_params = float(base["max_params"].iloc[0]) if len(base) else np.nan
+    ok["capacity_ratio"] = ok["max_params"] / none_params if none_params and none_params > 0 else np.nan
+    return ok.reset_index(drop=True)
+
+
+def failures(raws: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    rows = []
+    for kind, df in raws.items():
+        if "status" in df:
+            for _, r in df[df["status"] == "failed"].iterrows():
+                point = {
+                    k: r[k] for k in ("strategy", "depth", "width", "budget_mb") if k in r and pd.notna(r[k])
+                }
+                rows.append(
+                    {
+                        "kind": kind,
+                        "point": ", ".join(f"{k}={v}" for k, v in point.items()),
+                        "error": r["error"],
+                    }
+                )
+    return pd.DataFrame(rows, columns=["kind", "point", "error"])
+
+
+def write(cfg: dict, study_dir: Path) -> None:
+    started = time.time()
+    study_dir = Path(study_dir)
+    raw = {k: read_or_empty(study_dir / "raw" / f"{k}.csv") for k in ("steps", "capacity")}
+    tables = study_dir / "tables"
+    write_table(tradeoff(raw["steps"]), tables / "tradeoff.csv", cfg, started)
+    write_table(capacity(raw["capacity"]), tables / "capacity.csv", cfg, started)
+    write_table(failures(raw), tables / "failures.csv", cfg, started)

@@ -1,0 +1,94 @@
+"""The platform's side of the analysis stages: shared helpers (hpcdl/platform/stages.py), the rules'
+files and commands (hpcdl/platform/wiring.py) and the CLI (hpcdl/platform/cli.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from hpcdl.platform import stages, wiring
+from hpcdl.platform.results import write_table
+from hpcdl.platform.study import StudySpec, registered
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_read_or_empty_reads_a_table_or_gives_an_empty_one(tmp_path):
+    path = tmp_path / "t.csv"
+    assert stages.read_or_empty(path).empty
+    assert list(stages.read_or_empty(path, columns=["kind", "error"]).columns) == ["kind", "error"]
+    path.write_text("")
+    assert stages.read_or_empty(path).empty
+    path.write_text("a,b\n")
+    header_only = stages.read_or_empty(path)
+    assert header_only.empty and list(header_only.columns) == ["a", "b"]
+    path.write_text("a,b\n1,2\n")
+    assert stages.read_or_empty(path).to_dict("records") == [{"a": 1, "b": 2}]
+
+
+def test_ok_rows_keeps_the_succeeded_points():
+    df = pd.DataFrame({"status": ["ok", "failed", "ok"], "x": [1, 2, 3]})
+    assert stages.ok_rows(df)["x"].tolist() == [1, 3]
+    assert stages.ok_rows(pd.DataFrame({"x": [1]}))["x"].tolist() == [1]
+    assert stages.ok_rows(pd.DataFrame()).empty
+
+
+def test_a_failure_is_told_by_its_last_error_line_cut_to_size():
+    error = "Traceback (most recent call last):\n  File x\nRuntimeError: " + "e" * 500 + "\n\n"
+    line = stages.last_error_line(error)
+    assert line.startswith("RuntimeError: ") and len(line) == stages.ERROR_CHARS
+    assert stages.last_error_line("  \n") == "no error text"
+    assert stages.failed_because("point a=1", "boom\nOSError: EIO") == "point a=1 failed: OSError: EIO"
+
+
+def test_started_at_reads_the_raw_tables_sidecar(tmp_path):
+    started = time.time() - 3600
+    write_table(pd.DataFrame({"x": [1]}), tmp_path / "raw" / "points.csv", {"k": 1}, started)
+    assert stages.started_at(tmp_path, "points") == pytest.approx(started, abs=1.0)
+    assert abs(stages.started_at(tmp_path, "absent") - time.time()) < 5
+
+
+TOY = StudySpec(name="toy", title="Toy", raw_tables=("points", "log"), tables=("squares",),
+                figures=("curve",), task_units=lambda cfg: 1, run_resources=lambda cfg: {},
+                run_files=lambda cfg: (f"{cfg['results_dir']}/toy/journal.log",))
+
+
+def test_every_file_a_stage_reads_is_its_input():
+    cfg = {"results_dir": "res"}
+    raw = ["res/toy/raw/points.csv", "res/toy/raw/points.provenance.json", "res/toy/raw/log.csv",
+           "res/toy/raw/log.provenance.json", "res/toy/raw/run_summary.json", "res/toy/journal.log"]
+    assert wiring.raw_files("res", TOY, cfg) == raw
+    tables = ["res/toy/tables/squares.csv", "res/toy/tables/squares.provenance.json"]
+    assert wiring.table_files("res", TOY) == tables
+    assert wiring.stage_inputs("res", TOY, cfg, "tables") == ["res/toy/config.json", *raw]
+    for stage in ("figures", "claims"):
+        assert wiring.stage_inputs("res", TOY, cfg, stage) == ["res/toy/config.json", *raw, *tables]
+    assert wiring.verdict_inputs("res", [TOY], cfg) == ["res/toy/claims.json", *raw]
+    with pytest.raises(ValueError, match="unknown stage 'plot'; stages: tables, figures, claims"):
+        wiring.stage_inputs("res", TOY, cfg, "plot")
+    assert wiring.stage_command("toy", "claims", "res/toy/config.json") == \
+        "python -m hpcdl toy claims --config res/toy/config.json"
+
+
+def test_the_cli_names_what_it_refuses(tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True,
+                              cwd=REPO, timeout=120)
+
+    study = next(iter(registered()))
+    bad = cli(study, "plot", "--config", "configs/test.yaml")
+    assert bad.returncode == 2 and "invalid choice: 'plot'" in bad.stderr
+    missing = cli(study, "tables", "--config", str(tmp_path / "none.yaml"))
+    assert missing.returncode == 2 and "none.yaml" in missing.stderr
+    no_summary = cli("checkpoint", "summary", "--config", "configs/test.yaml")
+    assert no_summary.returncode == 2 and "no summary stage" in no_summary.stderr
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"results_dir": str(tmp_path / "r"), "studies": ["checkpoint"]}))
+    other = cli("hpo", "tables", "--config", str(cfg))
+    assert other.returncode == 2 and "has no 'hpo' block" in other.stderr
