@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hpcdl.platform.rank_runtime.launch import run_ranks  # noqa: E402
 from hpcdl.studies.shuffle import data as shuffle_data  # noqa: E402
-from hpcdl.studies.shuffle.plan import exchange_count  # noqa: E402
+from hpcdl.studies.shuffle.exchange_plan import exchange_count  # noqa: E402
 
 TRAIN = dict(batch_size=64, lr=0.1, momentum=0.9, model={"kind": "mlp_bn", "width": 64, "depth": 2},
              alpha=0.1, partitioning="random", seed=0)
@@ -45,7 +45,8 @@ def main(argv=None) -> int:
     rows = []
     for q in (0.1, 1.0):
         k = exchange_count(args.n_train, args.ranks, q)
-        res = run_ranks("hpcdl.studies.shuffle.exchange:exchange_throughput", args.ranks, {"k": k}, timeout_s=300)
+        res = run_ranks("hpcdl.studies.shuffle.exchange:exchange_throughput", args.ranks, {"k": k},
+                        timeout_s=300)
         total = sum(r["bytes_sent"] for r in res)
         t = max(r["time_s"] for r in res)              # the exchange ends with its slowest rank
         per_rank_bw = np.mean([r["bytes_sent"] / r["time_s"] for r in res])

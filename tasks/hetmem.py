@@ -18,29 +18,28 @@ import time
 
 import pandas as pd
 
-from hpcdl.studies.hetmem import run
 from hpcdl.platform.points import StudyRun, failed_row
 from hpcdl.platform.results import write_table
 from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
 from hpcdl.platform.task_runtime.app import start_app
-
-# keys of the block only the analysis reads, or that only say where/how tasks run
-_NOT_COMPUTED = ("runtime", "computing_units", "apps", "error_ceiling", "speedup_floor", "bound_tolerance")
+from hpcdl.studies.hetmem import compute, sweep
 
 
 @on_failure(management="IGNORE", returns=None)
 @constraint(computing_units="$HPCDL_HETMEM_UNITS")
 @task(returns=1)
 def app_point(point: dict, block: dict, work_dir: str, slot) -> dict:
-    return slot.run(run.run_app, point["name"], point["size"], point["iters"], block, work_dir, block["seed"])
+    return slot.run(
+        compute.run_app, point["name"], point["size"], point["iters"], block, work_dir, block["seed"]
+    )
 
 
 def main(argv=None) -> None:
     cfg = start_app("hetmem", argv, __doc__.splitlines()[0])
     study = StudyRun(cfg, "hetmem")
-    block = {k: v for k, v in cfg["hetmem"].items() if k not in _NOT_COMPUTED}
+    block = sweep.compute_block(cfg)
     work_dir = str(study.dir / "traces")
-    apps = cfg["hetmem"]["apps"]
+    apps = sweep.app_points(cfg)
     print(f"[hetmem] {len(apps)} app(s): {', '.join(a['name'] for a in apps)}", file=sys.stderr, flush=True)
     # The key covers the app and every setting its task computes from, not where its files go.
     batch = study.submit(

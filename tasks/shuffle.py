@@ -21,8 +21,8 @@ from hpcdl.platform.points import StudyRun, failed_row
 from hpcdl.platform.results import write_table
 from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
 from hpcdl.platform.task_runtime.app import start_app
+from hpcdl.studies.shuffle import compute, sweep
 from hpcdl.studies.shuffle import data as shuffle_data
-from hpcdl.studies.shuffle import run, sweep
 
 KILL_ENV = "HPCDL_SHUFFLE_KILL"
 
@@ -31,7 +31,7 @@ KILL_ENV = "HPCDL_SHUFFLE_KILL"
 @constraint(computing_units="$HPCDL_SHUFFLE_UNITS")
 @task(returns=1)
 def run_point(point, train, data, timeout_s, kill, slot):
-    return slot.run(run.run_point, point=point, train=train, data=data, timeout_s=timeout_s, kill=kill)
+    return slot.run(compute.run_point, point=point, train=train, data=data, timeout_s=timeout_s, kill=kill)
 
 
 def _kill_for(point: dict) -> dict | None:

@@ -1,5 +1,6 @@
-"""Rank functions only the tests launch (hpcdl.platform.rank_runtime.launch.run_ranks("rank_probes:<name>", ...)):
-fault probes and the layer-level exactness check. conftest.py puts tests/ on the ranks' PYTHONPATH."""
+"""Rank functions only the tests launch
+(hpcdl.platform.rank_runtime.launch.run_ranks("rank_probes:<name>", ...)): fault probes and the
+layer-level exactness check. conftest.py puts tests/ on the ranks' PYTHONPATH."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from hpcdl.common.layers import build_spec
-from hpcdl.studies.shuffle.plan import rank_plan
+from hpcdl.studies.shuffle.exchange_plan import rank_plan
 from hpcdl.studies.spatial.data import SlabReader
 from hpcdl.studies.spatial.model import CosmoFlow
 

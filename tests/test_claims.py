@@ -19,7 +19,7 @@ import pytest
 
 from hpcdl.platform.claims import claim, declared, every, not_measured, write_claims
 from hpcdl.platform.config import STUDIES
-from hpcdl.studies.shuffle.run import SAMPLE_BYTES
+from hpcdl.studies.shuffle.compute import SAMPLE_BYTES
 
 OUTCOMES = ("passed", "failed", "not_measured")
 

@@ -3,7 +3,14 @@
 import pytest
 import yaml
 
-from hpcdl.platform.config import STUDIES, ConfigError, check_inside, load_config, study_config, validate_config
+from hpcdl.platform.config import (
+    STUDIES,
+    ConfigError,
+    check_inside,
+    load_config,
+    study_config,
+    validate_config,
+)
 
 REPO_CONFIGS = ["default.yaml", "paper.yaml", "test.yaml"]
 

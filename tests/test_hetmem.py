@@ -12,9 +12,9 @@ import yaml
 
 from hpcdl.platform.config import ConfigError, validate_config
 from hpcdl.studies.hetmem import agent, reference
+from hpcdl.studies.hetmem.compute import build_estimator, run_app
 from hpcdl.studies.hetmem.estimator import DifferentialEstimator, sample_misses
 from hpcdl.studies.hetmem.layout import PAGE, Layout, PlacementError
-from hpcdl.studies.hetmem.run import build_estimator, run_app
 from hpcdl.studies.hetmem.trace import (
     KIND_LOAD,
     KIND_STORE,

@@ -47,7 +47,8 @@ def test_torchrun_command_exact(tmp_path):
     cmd = build_command(3, "pkg.mod:fn", tmp_path, slurm=False, master_addr="127.0.0.1", master_port=29511)
     assert cmd == [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=3",
                    "--master-addr=127.0.0.1", "--master-port=29511", "--max-restarts=0",
-                   "--monitor-interval=0.5", "-m", "hpcdl.platform.rank_runtime.entry", "pkg.mod:fn", str(tmp_path)]
+                   "--monitor-interval=0.5", "-m", "hpcdl.platform.rank_runtime.entry", "pkg.mod:fn",
+                   str(tmp_path)]
 
 
 def test_srun_command_exact(tmp_path):
@@ -187,7 +188,8 @@ def test_taken_rendezvous_port_is_retried_on_a_new_port(clean_env, capsys):
     with _held_port() as taken:
         ports = iter([taken])
         clean_env.setattr(launch, "free_port", lambda: next(ports, None) or _os_free_port())
-        results = run_ranks("hpcdl.platform.rank_runtime.probes:allreduce_sum", 2, {"value": 2.0}, timeout_s=120)
+        results = run_ranks("hpcdl.platform.rank_runtime.probes:allreduce_sum", 2, {"value": 2.0},
+                            timeout_s=120)
     assert [r["sum"] for r in results] == [pytest.approx(6.0)] * 2
     err = capsys.readouterr().err
     assert "failed before forming a process group; retrying once on a new port" in err

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from references import apply_exchange
 
 from hpcdl.platform.config import ConfigError, validate_config
-from hpcdl.studies.shuffle import kakurenbo, partition, plan, sweep
+from hpcdl.studies.shuffle import exchange_plan, kakurenbo, partition, sweep
 
 
 def _labels(n: int, seed: int = 0) -> np.ndarray:
@@ -25,7 +25,7 @@ def test_exchange_keeps_the_multiset_of_samples(m, extra, q, seed, skewed, epoch
     y = _labels(n, seed % 1000)
     ids = partition.make_partition("skewed" if skewed else "random", y, m, seed, alpha=0.3)
     sizes = [len(p) for p in ids]
-    k = plan.exchange_count(n, m, q)
+    k = exchange_plan.exchange_count(n, m, q)
     assert k <= q * n / m + 1e-9
     for epoch in range(epochs):
         new = apply_exchange(ids, q, seed, epoch)
@@ -43,13 +43,13 @@ def test_exchange_keeps_the_multiset_of_samples(m, extra, q, seed, skewed, epoch
 @settings(max_examples=60, deadline=None)
 @given(m=st.integers(2, 12), k=st.integers(0, 50), seed=st.integers(0, 10**6), epoch=st.integers(0, 50))
 def test_destinations_are_derangements_with_balanced_counts(m, k, seed, epoch):
-    dest = plan.destinations(m, k, seed, epoch)
+    dest = exchange_plan.destinations(m, k, seed, epoch)
     assert dest.shape == (m, k)
     for j in range(k):
         assert sorted(dest[:, j]) == list(range(m))     # every rank receives one sample of slot j
         assert np.all(dest[:, j] != np.arange(m))       # nobody sends to itself
     # same seed and epoch -> same plan on every rank; next epoch differs
-    assert np.array_equal(dest, plan.destinations(m, k, seed, epoch))
+    assert np.array_equal(dest, exchange_plan.destinations(m, k, seed, epoch))
 
 
 def test_partial_q0_is_local_and_q1_moves_every_sample():
@@ -58,17 +58,17 @@ def test_partial_q0_is_local_and_q1_moves_every_sample():
     assert all(np.array_equal(a, b) for a, b in zip(ids, apply_exchange(ids, 0.0, 0, 0), strict=True))
     moved = apply_exchange(ids, 1.0, 0, 0)
     assert all(len(np.intersect1d(a, b)) == 0 for a, b in zip(ids, moved, strict=True))
-    assert plan.exchange_count(4800, 8, 0.01) == 6          # Q*N/M whole -> exact
+    assert exchange_plan.exchange_count(4800, 8, 0.01) == 6          # Q*N/M whole -> exact
     assert partition.label_skew(y, moved) < 0.1
 
 
 def test_global_indices_follow_distributed_sampler():
     n, m = 103, 4
-    parts = [plan.global_indices(n, m, seed=3, epoch=1, rank=r) for r in range(m)]
+    parts = [exchange_plan.global_indices(n, m, seed=3, epoch=1, rank=r) for r in range(m)]
     assert all(len(p) == 26 for p in parts)                 # ceil(103/4), padded by wrapping
     allidx = np.concatenate(parts)
     assert set(allidx.tolist()) == set(range(n)) and len(allidx) == 104
-    assert not np.array_equal(parts[0], plan.global_indices(n, m, seed=3, epoch=2, rank=0))
+    assert not np.array_equal(parts[0], exchange_plan.global_indices(n, m, seed=3, epoch=2, rank=0))
 
 
 def test_dirichlet_partition_is_skewed_and_exactly_sized():
@@ -108,7 +108,7 @@ def test_kakurenbo_hides_easy_confident_samples_only():
 @pytest.mark.parametrize("bad", [-0.1, 1.5])
 def test_q_outside_0_1_is_rejected(bad, write_config):
     with pytest.raises(ValueError, match="Q must be in"):
-        plan.exchange_count(100, 4, bad)
+        exchange_plan.exchange_count(100, 4, bad)
     cfg = {"results_dir": "r", "studies": ["shuffle"],
            "shuffle": {"grids": [{"world_sizes": [4], "qs": [0, bad]}]}}
     with pytest.raises(ConfigError, match=r"shuffle\.grids\[0\]\.qs\[1\]"):
@@ -119,7 +119,7 @@ def test_world_larger_than_n_is_rejected():
     with pytest.raises(ValueError, match="larger than the number of training samples"):
         partition.random_partition(3, 4, 0)
     with pytest.raises(ValueError, match="larger than"):
-        plan.exchange_count(3, 4, 0.5)
+        exchange_plan.exchange_count(3, 4, 0.5)
     cfg = {"results_dir": "r", "studies": ["shuffle"],
            "shuffle": {"n_train": 6, "grids": [{"world_sizes": [4, 8], "qs": [0.1]}]}}
     with pytest.raises(ConfigError, match=r"config key 'shuffle\.grids\[0\]\.world_sizes': 8 .*n_train = 6"):
@@ -148,4 +148,5 @@ def test_repo_configs_expand_to_the_documented_sweeps(repo):
     paper = load_config(repo / "configs" / "paper.yaml")["shuffle"]
     for m in (4, 8, 16, 32):                       # exact Q*N exchange volume at every paper point
         for q in (0.01, 0.1, 0.5):
-            assert plan.exchange_count(paper["n_train"], m, q) * m == pytest.approx(q * paper["n_train"])
+            k = exchange_plan.exchange_count(paper["n_train"], m, q)
+            assert k * m == pytest.approx(q * paper["n_train"])

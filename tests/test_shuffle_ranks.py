@@ -15,8 +15,8 @@ from references import apply_exchange
 
 from hpcdl.platform.rank_runtime.launch import RankFailure, run_ranks
 from hpcdl.studies.shuffle import data as shuffle_data
-from hpcdl.studies.shuffle import partition, plan
-from hpcdl.studies.shuffle.run import SAMPLE_BYTES
+from hpcdl.studies.shuffle import exchange_plan, partition
+from hpcdl.studies.shuffle.compute import SAMPLE_BYTES
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
 TRAIN = dict(epochs=3, batch_size=40, lr=0.1, momentum=0.9, model={"kind": "mlp_bn", "width": 8, "depth": 1})
@@ -40,7 +40,7 @@ def test_distributed_exchange_matches_the_plan_and_keeps_every_sample(tiny_data)
     for r in range(m):
         assert np.array_equal(res[r]["ids"], expected[r])      # same samples, same slots as the pure plan
     assert np.array_equal(np.sort(np.concatenate([r["ids"] for r in res])), np.arange(301))
-    k = plan.exchange_count(301, m, q)                        # floor(0.3 * 301 / 3) = 30
+    k = exchange_plan.exchange_count(301, m, q)                        # floor(0.3 * 301 / 3) = 30
     assert k == 30
     sizes = [101, 100, 100]
     for epoch in range(TRAIN["epochs"]):
@@ -99,8 +99,8 @@ def test_task_app_end_to_end(write_config, tmp_path):
                 "exposed_exchange_s", "compute_s", "load_s", "samples_held"):
         assert raw[col].notna().all(), col
     assert (out / "raw" / "epochs.provenance.json").exists()
-    for step in ("aggregate", "plot", "claims"):
-        assert cli([step, "shuffle", "--config", str(cfg_path)]) == 0
+    for stage in ("tables", "figures", "claims"):
+        assert cli(["shuffle", stage, "--config", str(cfg_path)]) == 0
     for fig in ("acc_vs_epoch", "final_acc_vs_q", "time_per_epoch_vs_q", "bytes_vs_q", "kakurenbo"):
         assert (out / "figures" / f"{fig}.png").stat().st_size > 5000
     claims = {c["id"]: c for c in json.loads((out / "claims.json").read_text())["claims"]}

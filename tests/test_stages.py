@@ -47,6 +47,23 @@ def test_a_failure_is_told_by_its_last_error_line_cut_to_size():
     assert stages.failed_because("point a=1", "boom\nOSError: EIO") == "point a=1 failed: OSError: EIO"
 
 
+def test_a_failed_point_is_recorded_and_named_back_by_its_keys():
+    raws = {"io": pd.DataFrame({"format": ["a", "b", "c"], "mode": ["sync", "async", "sync"],
+                                "n_params": [10, 10, float("nan")], "status": ["ok", "failed", "failed"],
+                                "error": [None, "Traceback\nOSError: disk full", "boom"]}),
+            "resume": pd.DataFrame({"x": [1]})}
+    fails = stages.failures_table(raws, ("format", "mode", "n_params", "absent"))
+    assert fails.to_dict("records") == [
+        {"kind": "io", "point": "format=b, mode=async, n_params=10.0",
+         "error": "Traceback\nOSError: disk full"},
+        {"kind": "io", "point": "format=c, mode=sync", "error": "boom"}]
+    assert (stages.why_point_missing(fails, "io", format="b", mode="async")
+            == "point format=b, mode=async failed: OSError: disk full")
+    assert stages.why_point_missing(fails, "io", format="a") == "point format=a is not in the table"
+    assert stages.why_point_missing(fails, "resume", format="b") == "point format=b is not in the table"
+    assert list(stages.failures_table({}, ("format",)).columns) == stages.FAILURE_COLUMNS
+
+
 def test_started_at_reads_the_raw_tables_sidecar(tmp_path):
     started = time.time() - 3600
     write_table(pd.DataFrame({"x": [1]}), tmp_path / "raw" / "points.csv", {"k": 1}, started)

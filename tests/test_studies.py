@@ -63,7 +63,8 @@ def test_every_figure_has_a_caption_and_no_caption_is_orphaned(name):
 
 
 def test_the_figures_stage_names_no_figure_the_spec_does_not_declare():
-    """Static check on the figure file names each figures stage writes (the workflow test checks the files)."""
+    """Static check on the figure file names each figures stage writes (the workflow test checks
+    the files)."""
     for name, spec in SPECS.items():
         tree = ast.parse((REPO / "hpcdl" / "studies" / name / "figures.py").read_text())
         # literal names only: a formatted name (f"{kind}_scaling.png") is checked by the workflow test
@@ -97,9 +98,9 @@ def test_a_bad_declaration_is_refused(tmp_path, monkeypatch):
     pkg = tmp_path / "hpcdl_fake"
     (pkg / "wrong").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "wrong" / "__init__.py").write_text("from hpcdl.platform.study import StudySpec\nSPEC = StudySpec(\n"
-                                               "    'other', 't', ('r',), ('t',), ('f',), lambda c: 1,"
-                                               " lambda c: {})\n")
+    (pkg / "wrong" / "__init__.py").write_text(
+        "from hpcdl.platform.study import StudySpec\nSPEC = StudySpec(\n"
+        "    'other', 't', ('r',), ('t',), ('f',), lambda c: 1, lambda c: {})\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import hpcdl.platform.study as study
     import hpcdl.studies
@@ -107,7 +108,8 @@ def test_a_bad_declaration_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(hpcdl.studies, "__path__", [str(pkg)])
     monkeypatch.setitem(sys.modules, "hpcdl.studies.wrong", None)
     monkeypatch.delitem(sys.modules, "hpcdl.studies.wrong")
-    with pytest.raises(TypeError, match=r"hpcdl/studies/wrong/__init__.py: SPEC must be a StudySpec named 'wrong'"):
+    with pytest.raises(TypeError, match=r"hpcdl/studies/wrong/__init__.py: SPEC must be a StudySpec "
+                                        r"named 'wrong'"):
         study._discover()
 
 

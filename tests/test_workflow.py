@@ -23,7 +23,7 @@ def test_whole_workflow_and_report(test_scale_workflow):
         claims = json.loads((study_dir / "claims.json").read_text())
         assert claims["study"] == study and claims["total"] >= 1, claims
         tables = list((study_dir / "tables").glob("*.csv"))
-        # Exactly what the study declares (hpcdl/studies/<study>/__init__.py SPEC): nothing more, nothing less.
+        # Exactly what the study declares (its SPEC): nothing more, nothing less.
         spec = registered()[study]
         assert sorted(p.stem for p in (study_dir / "raw").glob("*.csv")) == sorted(spec.raw_tables), study
         assert sorted(p.stem for p in tables) == sorted(spec.tables), study

@@ -1,7 +1,8 @@
 """3D CNN layers as plain data (shapes, FLOPs, parameters), the one home of layer-shape arithmetic.
 
-The spatial study's torch model (hpcdl.studies.spatial.model) and the performance oracle (hpcdl.studies.spatial.perfmodel)
-both read these specs, so they see the same shapes; this module imports neither."""
+The spatial study's torch model (hpcdl.studies.spatial.model) and the performance oracle
+(hpcdl.studies.spatial.perfmodel) both read these specs, so they see the same shapes; this module
+imports neither."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The point store: every sweep point's record, kept the moment its task finishes (docs/architecture.md, "Points").
+"""The point store: every sweep point's record, kept the moment its task finishes
+(docs/architecture.md, "Points").
 
 A task app's main program plans each sweep through a `StudyRun`: points whose record is in the
 store are reused, the others are submitted with a `Slot`, and the task body runs its one hpcdl call

@@ -1,4 +1,5 @@
-"""Writing results: atomic files, figures, tidy tables with provenance sidecars (docs/architecture.md, "Results")."""
+"""Writing results: atomic files, figures, tidy tables with provenance sidecars
+(docs/architecture.md, "Results")."""
 
 from __future__ import annotations
 

@@ -46,6 +46,35 @@ def failed_because(what: str, error) -> str:
     return f"{what} failed: {last_error_line(error)}"
 
 
+FAILURE_COLUMNS = ["kind", "point", "error"]
+
+
+def failures_table(raws: dict[str, pd.DataFrame], keys: tuple[str, ...]) -> pd.DataFrame:
+    """Every failed point of the raw tables `raws` (kind -> table): its kind, its point as
+    "k=v, k=v" over the `keys` it has, and its error. The claims stage reads it back with
+    `why_point_missing`."""
+    rows = []
+    for kind, df in raws.items():
+        if "status" not in df:
+            continue
+        for _, r in df[df["status"] == "failed"].iterrows():
+            point = {k: r[k] for k in keys if k in r and pd.notna(r[k])}
+            rows.append({"kind": kind, "point": ", ".join(f"{k}={v}" for k, v in point.items()),
+                         "error": r["error"]})
+    return pd.DataFrame(rows, columns=FAILURE_COLUMNS)
+
+
+def why_point_missing(fails: pd.DataFrame, kind: str, **point) -> str:
+    """Why a point has no measurement: the failure `failures_table` recorded for it (its error's
+    last line), or that it is absent."""
+    keys = [f"{k}={v}" for k, v in point.items()]
+    label = ", ".join(keys)
+    for r in fails[fails["kind"] == kind].itertuples():
+        if all(k in str(r.point).split(", ") for k in keys):
+            return failed_because(f"point {label}", r.error)
+    return f"point {label} is not in the table"
+
+
 def started_at(study_dir: str | Path, raw_table: str) -> float:
     """When the task app started writing `raw/<raw_table>.csv` (its sidecar), else now.
 

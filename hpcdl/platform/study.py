@@ -54,7 +54,8 @@ def _discover() -> dict[str, StudySpec]:
         if spec is None:
             continue
         if not isinstance(spec, StudySpec) or spec.name != info.name:
-            raise TypeError(f"hpcdl/studies/{info.name}/__init__.py: SPEC must be a StudySpec named {info.name!r}")
+            raise TypeError(f"hpcdl/studies/{info.name}/__init__.py: SPEC must be a StudySpec "
+                            f"named {info.name!r}")
         specs[spec.name] = spec
     return specs
 

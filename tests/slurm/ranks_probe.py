@@ -1,4 +1,5 @@
-"""Run the 2-rank allreduce probe through hpcdl.platform.rank_runtime.launch and write what every rank reported."""
+"""Run the 2-rank allreduce probe through hpcdl.platform.rank_runtime.launch and write what every
+rank reported."""
 
 import json
 import os

@@ -9,8 +9,8 @@ the generated project/resources XML, the COMPSs logs (`log/`, via --specific_log
 The worker's computing units default to what Slurm granted the step (SLURM_CPUS_PER_TASK), else nproc,
 resolved when the rule runs.
 
-The tasks' `computing_units` ("$HPCDL_<STUDY>_UNITS", hpcdl.platform.task_runtime.units) are read by COMPSs from
-its own environment when it starts, so every generated command sets them in front of runcompss /
+The tasks' `computing_units` ("$HPCDL_<STUDY>_UNITS", hpcdl.platform.task_runtime.units) are read by COMPSs
+from its own environment when it starts, so every generated command sets them in front of runcompss /
 enqueue_compss.
 
     python -m hpcdl compss command STUDY --config FILE      # print the rule's runcompss command

@@ -10,24 +10,13 @@ import pandas as pd
 
 from hpcdl.platform.claims import claim, every, not_measured
 from hpcdl.platform.results import read_table
-from hpcdl.platform.stages import failed_because, ok_rows, read_or_empty
+from hpcdl.platform.stages import FAILURE_COLUMNS, failed_because, ok_rows, read_or_empty, why_point_missing
 from hpcdl.studies.checkpoint.sweep import sweep_sizes
 from hpcdl.studies.checkpoint.tables import MiB, single_process
 
 CLAIMS = ("async_blocking", "bandwidth_vs_ceiling", "resume_bit_identical", "roundtrip")
 ASYNC_MAX_RATIO = 0.10      # async stall <= 10% of the sync save
 BANDWIDTH_MIN_RATIO = 0.90  # best format within 10% of the storage ceiling
-FAILURE_COLUMNS = ["kind", "point", "error"]
-
-
-def _why_missing(fails: pd.DataFrame, kind: str, **point) -> str:
-    """The failure recorded for a point (its error's last line), or that it is absent."""
-    keys = [f"{k}={v}" for k, v in point.items()]
-    label = ", ".join(keys)
-    for r in fails[fails["kind"] == kind].itertuples():
-        if all(k in str(r.point).split(", ") for k in keys):
-            return failed_because(f"point {label}", r.error)
-    return f"point {label} is not in the table"
 
 
 def judge(cfg: dict, study_dir: Path) -> list[dict]:
@@ -60,7 +49,7 @@ def _claim_async(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame) ->
         rows = {m: _at(one, f, m, n) for m in ("sync", "async")}
         absent = [m for m, r in rows.items() if r is None or not np.isfinite(r["blocking_s"])]
         if absent:
-            missing[f] = "; ".join(_why_missing(fails, "io", format=f, mode=m, ranks=1, n_params=n)
+            missing[f] = "; ".join(why_point_missing(fails, "io", format=f, mode=m, ranks=1, n_params=n)
                                    for m in absent)
             continue
         ratios[f] = round(float(rows["async"]["blocking_s"] / rows["sync"]["blocking_s"]), 4)
@@ -80,7 +69,7 @@ def _claim_bandwidth(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame
     for f in block["formats"]:
         r = _at(one, f, "sync", n)
         if r is None or not np.isfinite(r["bw_over_ceiling"]):
-            missing[f] = _why_missing(fails, "io", format=f, mode="sync", ranks=1, n_params=n)
+            missing[f] = why_point_missing(fails, "io", format=f, mode="sync", ranks=1, n_params=n)
         else:
             ratios[f] = round(float(r["bw_over_ceiling"]), 4)
     best = max(ratios, key=ratios.get) if ratios else None
@@ -122,7 +111,7 @@ def _claim_roundtrip(io: pd.DataFrame, block: dict, fails: pd.DataFrame) -> dict
         d = io[(io["format"] == f) & (io["mode"] == m) & (io["process_group"].astype(bool) == pg)
                & (io["ranks"] == r) & (io["n_params"] == n)] if not io.empty else io
         if d.empty:
-            missing[key] = _why_missing(fails, "io", format=f, mode=m, ranks=r, n_params=n)
+            missing[key] = why_point_missing(fails, "io", format=f, mode=m, ranks=r, n_params=n)
         else:
             holds[key] = bool(d["roundtrip_ok"].astype(str).str.lower().eq("true").all())
     return every("roundtrip", statement, holds, missing, points=len(expected), required="verified and equal",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from hpcdl.platform.results import read_table, write_table
-from hpcdl.platform.stages import ok_rows
+from hpcdl.platform.stages import failures_table, ok_rows
 from hpcdl.studies.checkpoint.training import young_daly_interval_s
 
 MiB = 2**20
@@ -74,16 +74,7 @@ def young_daly_table(overhead: pd.DataFrame, mtbf_s: list[float]) -> pd.DataFram
     return pd.DataFrame(rows)
 
 
-def failures(raws: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    rows = []
-    for kind, df in raws.items():
-        if "status" in df:
-            for _, r in df[df["status"] == "failed"].iterrows():
-                point = {k: r[k] for k in ("format", "mode", "ranks", "n_params", "interval_steps")
-                         if k in r and pd.notna(r[k])}
-                rows.append({"kind": kind, "point": ", ".join(f"{k}={v}" for k, v in point.items()),
-                             "error": r["error"]})
-    return pd.DataFrame(rows, columns=["kind", "point", "error"])
+FAILURE_KEYS = ("format", "mode", "ranks", "n_params", "interval_steps")
 
 
 def _raws(study_dir: Path) -> dict[str, pd.DataFrame]:
@@ -101,7 +92,7 @@ def write(cfg: dict, study_dir: Path) -> None:
     write_table(ovh, tables / "overhead.csv", cfg, started)
     write_table(young_daly_table(ovh, cfg["checkpoint"]["overhead"]["mtbf_s"]), tables / "young_daly.csv",
                 cfg, started)
-    write_table(failures(raws), tables / "failures.csv", cfg, started)
+    write_table(failures_table(raws, FAILURE_KEYS), tables / "failures.csv", cfg, started)
 
 
 def single_process(io: pd.DataFrame) -> pd.DataFrame:

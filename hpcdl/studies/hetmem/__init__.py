@@ -7,7 +7,10 @@ placement agent on top (after Denoyelle, Gerofi et al., ISC 2022).
     reference    the SIMULATED reference: pycachesim hierarchy + two memory tiers with a timing model
     estimator    differential tracing from the sampled traces of the all-fast and all-slow runs
     agent        gymnasium placement env, greedy / random baselines, stable-baselines3 PPO
-    run          one application end to end (one task); analysis: tables, figures, claims
+    compute      what the task app's task body runs: one application end to end
+    sweep        the points of a validated config (one per app) and the settings they compute from
+    checks       config checks beyond the schema
+    tables       raw/ -> tables/; figures: tables/ -> figures/; claims: tables/ -> claims
     gpu_probe    real GPU-memory vs pinned-host placements where CUDA exists (lead's GPU command)
 """
 

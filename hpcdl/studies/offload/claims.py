@@ -9,24 +9,13 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.platform.claims import claim, every, not_measured
-from hpcdl.platform.stages import failed_because, read_or_empty
+from hpcdl.platform.stages import FAILURE_COLUMNS, read_or_empty, why_point_missing
 
 CLAIMS = ("memory_ratio", "hidden_fraction", "weights_equal", "capacity_ratio")
 MEMORY_MAX_RATIO = 0.30
 HIDDEN_MIN = 0.70
 CAPACITY_MIN_RATIO = 3.0
 OFFLOADS = ["optimizer", "activations", "both"]
-FAILURE_COLUMNS = ["kind", "point", "error"]
-
-
-def _why_missing(fails: pd.DataFrame, kind: str, **point) -> str:
-    """The failure recorded for a point (its error's last line), or that it is absent."""
-    keys = [f"{k}={v}" for k, v in point.items()]
-    label = ", ".join(keys)
-    for r in fails[fails["kind"] == kind].itertuples():
-        if all(k in str(r.point).split(", ") for k in keys):
-            return failed_because(f"point {label}", r.error)
-    return f"point {label} is not in the table"
 
 
 def judge(cfg: dict, study_dir: Path) -> list[dict]:
@@ -75,7 +64,7 @@ def _claim_memory(tr, block, fails) -> dict:
             cid,
             statement,
             [
-                _why_missing(fails, "steps", strategy=s, depth=top)
+                why_point_missing(fails, "steps", strategy=s, depth=top)
                 for s in ("none", "both")
                 if _row(tr, s, top) is None
             ],
@@ -110,7 +99,7 @@ def _claim_hidden(tr, block, fails) -> dict:
         r = _row(tr, s, top)
         if r is None or not np.isfinite(r["hidden_frac"]):
             missing[s] = (
-                _why_missing(fails, "steps", strategy=s, depth=top) if r is None else "no transfer timed"
+                why_point_missing(fails, "steps", strategy=s, depth=top) if r is None else "no transfer timed"
             )
             continue
         fractions[s] = round(float(r["hidden_frac"]), 4)
@@ -137,7 +126,7 @@ def _claim_weights(tr, block, fails) -> dict:
                 if s == "save_on_cpu" and not tr.empty and str(tr["tier"].iloc[0]) == "ram>file":
                     continue  # CPU run: this strategy is skipped by design (sweep.CPU_ONLY_SKIPPED)
                 missing[f"{s}/{d}L"] = "; ".join(
-                    _why_missing(fails, "steps", strategy=x, depth=d)
+                    why_point_missing(fails, "steps", strategy=x, depth=d)
                     for x, row in ((s, r), ("none", n))
                     if row is None
                 )
@@ -169,7 +158,7 @@ def _claim_capacity(cap, block, fails) -> dict:
         return not_measured(
             cid,
             statement,
-            [_why_missing(fails, "capacity", strategy=s) for s in absent],
+            [why_point_missing(fails, "capacity", strategy=s) for s in absent],
             threshold=CAPACITY_MIN_RATIO,
         )
     n, b = rows["none"], rows["both"]

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.platform.results import write_table
-from hpcdl.platform.stages import ok_rows, read_or_empty
+from hpcdl.platform.stages import failures_table, ok_rows, read_or_empty
 
 ORDER = ["none", "optimizer", "activations", "both", "save_on_cpu"]
 
@@ -54,22 +54,7 @@ def capacity(raw: pd.DataFrame) -> pd.DataFrame:
     return ok.reset_index(drop=True)
 
 
-def failures(raws: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    rows = []
-    for kind, df in raws.items():
-        if "status" in df:
-            for _, r in df[df["status"] == "failed"].iterrows():
-                point = {
-                    k: r[k] for k in ("strategy", "depth", "width", "budget_mb") if k in r and pd.notna(r[k])
-                }
-                rows.append(
-                    {
-                        "kind": kind,
-                        "point": ", ".join(f"{k}={v}" for k, v in point.items()),
-                        "error": r["error"],
-                    }
-                )
-    return pd.DataFrame(rows, columns=["kind", "point", "error"])
+FAILURE_KEYS = ("strategy", "depth", "width", "budget_mb")
 
 
 def write(cfg: dict, study_dir: Path) -> None:
@@ -79,4 +64,4 @@ def write(cfg: dict, study_dir: Path) -> None:
     tables = study_dir / "tables"
     write_table(tradeoff(raw["steps"]), tables / "tradeoff.csv", cfg, started)
     write_table(capacity(raw["capacity"]), tables / "capacity.csv", cfg, started)
-    write_table(failures(raw), tables / "failures.csv", cfg, started)
+    write_table(failures_table(raw, FAILURE_KEYS), tables / "failures.csv", cfg, started)

@@ -1,7 +1,17 @@
 """Shuffle-fraction study: global, local and partial-Q data shuffling over real ranks, plus KAKURENBO.
 
-Pure pieces (partition, plan, kakurenbo) are numpy only; `train` holds the rank function
-that runs under `hpcdl.platform.rank_runtime.launch.run_ranks`; `run` turns one sweep point into rows.
+    data           the study's slice of Fashion-MNIST, cached as .npy files every rank memory-maps
+    partition      random and label-skewed (Dirichlet) partitions of the samples over M ranks
+    exchange_plan  the partial-Q exchange every rank plans alone from the shared seed and epoch
+    exchange       that exchange of the samples over gloo, in a background thread
+    kakurenbo      which easy samples KAKURENBO hides from the backward pass
+    model          the network: an MLP with batch normalisation
+    train          the rank function (DDP over gloo, one shuffling strategy) run under run_ranks
+    compute        what the task app's task body runs: one sweep point's M ranks, as rows
+    sweep          the sweep points of a validated config; checks: config checks beyond the schema
+    tables         raw/ -> tables/; figures: tables/ -> figures/; claims: tables/ -> claims
+
+partition, exchange_plan and kakurenbo are numpy only.
 """
 
 from hpcdl.platform.study import StudySpec

@@ -92,7 +92,7 @@ def exchange_throughput(k: int, repeats: int = 5, seed: int = 0) -> dict:
     Returns this rank's best time and the bytes it sent; also the time of one memcpy of the
     same bytes in this process (the physical baseline).
     """
-    from hpcdl.studies.shuffle.plan import destinations
+    from hpcdl.studies.shuffle.exchange_plan import destinations
 
     rank, m = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(backend="gloo")

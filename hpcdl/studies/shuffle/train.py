@@ -1,7 +1,7 @@
 """The rank function: data-parallel training (DDP over gloo) with one shuffling strategy.
 
-Run by `hpcdl.platform.rank_runtime.launch.run_ranks("hpcdl.studies.shuffle.train:train_rank", M, kwargs)`; the
-process group is already initialised. Returns this rank's per-epoch records.
+Run by `hpcdl.platform.rank_runtime.launch.run_ranks("hpcdl.studies.shuffle.train:train_rank", M,
+kwargs)`; the process group is already initialised. Returns this rank's per-epoch records.
 
 Strategies
 - global: every epoch a shared permutation of all N (DistributedSampler semantics); each
@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from hpcdl.studies.shuffle import kakurenbo, partition, plan
+from hpcdl.studies.shuffle import exchange_plan, kakurenbo, partition
 from hpcdl.studies.shuffle import model as model_mod
 from hpcdl.studies.shuffle.exchange import BackgroundExchange, ExchangeError
 
@@ -89,7 +89,7 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
     rank, m = dist.get_rank(), dist.get_world_size()
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-    plan.check_q(q)
+    exchange_plan.check_q(q)
     kakurenbo.check_fraction(kakurenbo_fraction)
     if kakurenbo_fraction > 0 and strategy != "global":
         raise ValueError("KAKURENBO is run on top of global shuffling (strategy 'global')")
@@ -115,7 +115,7 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
         y_part = torch.from_numpy(y_all[ids])
         ids_part = torch.from_numpy(ids.astype(np.int64))
     initial_load_s = time.perf_counter() - load0
-    k = plan.exchange_count(n, m, q) if strategy == "partial" else 0
+    k = exchange_plan.exchange_count(n, m, q) if strategy == "partial" else 0
 
     stats = np.zeros((3, n))          # last loss, correct, confidence per sample (KAKURENBO)
     stats[0] = np.inf
@@ -135,10 +135,10 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
         ex = None
         if strategy == "global":
             visible = np.flatnonzero(~hidden)
-            order = visible[plan.global_indices(len(visible), m, seed, epoch, rank)]
+            order = visible[exchange_plan.global_indices(len(visible), m, seed, epoch, rank)]
             source_x, source_y, source_ids = x_file, y_all, None
         else:
-            p = plan.rank_plan(sizes, q, seed, epoch, rank)
+            p = exchange_plan.rank_plan(sizes, q, seed, epoch, rank)
             order = p.order
             source_x, source_y, source_ids = x_part, y_part, ids_part
             if k > 0:

@@ -1,4 +1,5 @@
-"""One sweep point: launch its M ranks, collect their per-epoch records as rows."""
+"""What the shuffle task app's task body runs (tasks/shuffle.py): one sweep point, whose M ranks
+run `train.train_rank` under the rank runtime; their per-epoch records become the point's rows."""
 
 from __future__ import annotations
 

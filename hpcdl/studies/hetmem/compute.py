@@ -1,5 +1,9 @@
-"""One application end to end: trace it, simulate the reference, validate the estimator on many
-placements at every sampling rate, and place its data with the greedy, random and PPO policies."""
+"""What the hetmem task app's task body runs (tasks/hetmem.py): one application end to end (`run_app`).
+
+It traces the app, simulates the reference, validates the estimator on many placements at every
+sampling rate, and places the app's data with the greedy, random and PPO policies.
+`build_estimator` is also what the benchmark and the tests build their estimators with.
+"""
 
 from __future__ import annotations
 
