@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+BENCH_DIR = str(Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hpcdl.platform.rank_runtime.launch import run_ranks  # noqa: E402
@@ -42,10 +44,12 @@ def main(argv=None) -> int:
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--csv", help="also write the table here")
     args = ap.parse_args(argv)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (BENCH_DIR, os.environ.get("PYTHONPATH", "")) if p)  # inherited by the ranks
     rows = []
     for q in (0.1, 1.0):
         k = exchange_count(args.n_train, args.ranks, q)
-        res = run_ranks("hpcdl.studies.shuffle.exchange:exchange_throughput", args.ranks, {"k": k},
+        res = run_ranks("shuffle_exchange:exchange_throughput", args.ranks, {"k": k},
                         timeout_s=300)
         total = sum(r["bytes_sent"] for r in res)
         t = max(r["time_s"] for r in res)              # the exchange ends with its slowest rank

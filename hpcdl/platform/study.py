@@ -25,8 +25,8 @@ class StudySpec:
     name: str
     title: str                      # the report category
     raw_tables: tuple[str, ...]     # written by tasks/<name>.py under raw/
-    tables: tuple[str, ...]         # written by analysis.aggregate under tables/
-    figures: tuple[str, ...]        # written by analysis.plot under figures/, one caption each
+    tables: tuple[str, ...]         # written by the tables stage under tables/
+    figures: tuple[str, ...]        # written by the figures stage under figures/, one caption each
     # cfg -> cores each task reserves: an int, or a "$VAR" setting (hpcdl.platform.task_runtime.units)
     task_units: Callable[[dict], int | str]
     # cfg -> resources of the run rule: mem_mb, runtime (minutes), and for multi-rank studies

@@ -222,16 +222,6 @@ def own_cgroup() -> Path | None:
     return None
 
 
-def own_quota_cores() -> float | None:
-    """This process's CPU quota in cores, as its cgroup says now (None: unlimited or no cgroup)."""
-    path = own_cgroup()
-    if path is None:
-        return None
-    try:
-        return read_quota(path)
-    except (OSError, ValueError):
-        return None
-
 
 def threads_for(quota_cores: float | None, max_threads: int) -> int:
     """The thread count that fits a quota: the nearest whole number of cores, at least 1."""
