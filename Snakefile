@@ -27,6 +27,8 @@ validate(config, write_full_schema(f"{workflow.basedir}/.snakemake/hpcdl/schema.
 RESULTS = CONFIG["results_dir"]
 # The declarations of the studies this config runs, in its order.
 STUDY_SPECS = {name: registered()[name] for name in CONFIG["studies"]}
+# The config files as given (each study's report page names them as the run's setting).
+CONFIG_FILES = list(dict.fromkeys(map(str, workflow.configfiles)))
 # Every rule runs in this environment under --use-conda (path relative to workflows/).
 CONDA_ENV = "../envs/hpcdl.yaml"
 # Task apps import `tasks` and `hpcdl` from this checkout, also inside conda envs and on cluster nodes.
@@ -58,3 +60,4 @@ rule all:
         rules.verdict.output,
         [getattr(rules, f"{study}_figures").output for study in STUDY_SPECS],
         [getattr(rules, f"{study}_claims").output for study in STUDY_SPECS],
+        [getattr(rules, f"{study}_about").output for study in STUDY_SPECS],

@@ -16,7 +16,9 @@ import pandas as pd
 import pytest
 from chromium import Chromium, chromium_or_skip
 
+from hpcdl.platform.about import ABOUT, CLAIMS, report_label
 from hpcdl.platform.claims import STATUSES, claim, not_measured, write_claims
+from hpcdl.platform.study import registered
 from hpcdl.platform.verdict import EVIDENCE_CHARS, RUN_SUMMARY, main, render_html, verdict
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -99,16 +101,23 @@ def test_html_table(results):
     assert "commit 0123456789ab" in alpha and "host node7 (2 cores)" in alpha
     assert "started 2026-01-02 09:59:00 UTC" in alpha
     # The failing claim: statement and measured values; the not-measured one: statement and reason.
-    failed = re.search(r"<tr class='claim failed' data-claim='a2'>.*?</tr>", alpha, re.S).group(0)
+    failed = re.search(r"<div class='claim failed' data-claim='a2'>.*?</div>", alpha, re.S).group(0)
     assert "bandwidth within 2x of the ceiling" in failed and "&quot;ratio&quot;: 3.7" in failed
-    nm = re.search(r"<tr class='claim not_measured' data-claim='a3'>.*?</tr>", alpha, re.S).group(0)
+    nm = re.search(r"<div class='claim not_measured' data-claim='a3'[^>]*>.*?</div>", alpha, re.S).group(0)
     assert "NOT MEASURED" in nm and "point dcp-2 failed: rank 1 died" in nm
+    # Folded under one line that says how many of each.
+    assert "<details><summary>1 failing and 1 not measured: what was measured, or why not</summary>" in alpha
+    # At a glance: the device from the sidecars (no cpu_model in these: an older run) and the wall time.
+    row = re.search(r"<tr class='study-row'.*?</tr>", alpha, re.S).group(0)
+    assert ">CPU: unknown model (2 cores)</td>" in row
+    assert ">7.0 min</td>" in row
     assert "data-claim='a1'" not in alpha  # passing claims are counted, not listed
     # A study's title links to its report category through the report app.
     assert "href='javascript:app.showCategory(&quot;Alpha study&quot;)'" in alpha
 
     beta = _tbody(page, "beta")
     assert "color:green'>1/1</b>" in beta and "ok 4 · failed 1 · skipped ?" in beta
+    assert "<details>" not in beta and ">1.0 min</td>" in beta  # nothing to unfold
     assert "no run_summary.json; skipped unknown" in beta
 
     gamma = _tbody(page, "gamma")
@@ -145,10 +154,20 @@ VERDICT_ROWS = """(() => {
   return {
     top: table.getBoundingClientRect().top,
     rows: [...table.querySelectorAll('tbody.study')].map(b => ({
-      study: b.dataset.study, text: b.innerText,
-      failing: [...b.querySelectorAll('tr.claim.failed')].map(r => r.dataset.claim),
-      unmeasured: [...b.querySelectorAll('tr.claim.not_measured')].map(r => r.dataset.claim)})),
+      study: b.dataset.study, text: b.textContent, shown: b.querySelector('tr.study-row').innerText,
+      failing: [...b.querySelectorAll('div.claim.failed')].map(r => r.dataset.claim),
+      unmeasured: [...b.querySelectorAll('div.claim.not_measured')].map(r => r.dataset.claim)})),
   };
+})()"""
+
+# Where the landing page puts the verdict, the report's navigation and the workflow graph.
+LAYOUT = """(() => {
+  const box = el => { if (!el) return null; const b = el.getBoundingClientRect();
+                      return {left: b.left, right: b.right, top: b.top, bottom: b.bottom, width: b.width}; };
+  const table = document.querySelector('#hpcdl-verdict');
+  return {table: box(table), pane: box(table.closest('div.h-screen')),
+          nav: box(document.querySelector('nav')), graph: box(document.querySelector('#rulegraph')),
+          window: window.innerWidth};
 })()"""
 
 # The results listed in the navbar after a category is opened: [path, ...] (null until shown).
@@ -193,8 +212,10 @@ def test_report_opens_on_the_verdict_in_chromium(chromium_exe, test_scale_workfl
         for row in page["rows"]:
             study_dir = wf.results / row["study"]
             doc = json.loads((study_dir / "claims.json").read_text())
-            assert f"{doc['passed']}/{doc['total']}" in row["text"], row
-            assert _expected_points(study_dir) in row["text"], row
+            # One line at a glance: claims held / total, what ran, the device and the wall time.
+            assert f"{doc['passed']}/{doc['total']}" in row["shown"], row
+            assert _expected_points(study_dir) in row["shown"], row
+            assert doc["measured_on"] in row["shown"] and re.search(r"\d+(\.\d)? (s|min)$", row["shown"]), row
             ids = {s: [c["id"] for c in doc["claims"] if c["status"] == s] for s in STATUSES[1:]}
             assert (row["failing"], row["unmeasured"]) == (ids["failed"], ids["not_measured"]), row
             for c in doc["claims"]:
@@ -206,25 +227,59 @@ def test_report_opens_on_the_verdict_in_chromium(chromium_exe, test_scale_workfl
             assert f"commit {prov['git_commit'][:12]}" in row["text"], row
             assert f"host {prov['host']} ({prov['cores']} cores)" in row["text"], row
 
-        # Each study's link opens its category, which lists its figures and claims; each figure shows.
+        # Each study's link opens its category: its about page, its headline figure, the other figures,
+        # its claims, in that order; each figure shows.
+        embedded = browser.evaluate("results")
         for study in wf.studies:
+            spec = registered()[study]
             browser.navigate(wf.report.as_uri())
             browser.wait_for(VERDICT_ROWS, what="the verdict table")
             browser.evaluate(f"document.querySelector('tbody.study[data-study=\"{study}\"] a').click()")
             listed = browser.wait_for(LISTED, what=f"the results of {study}'s category")
-            figures = sorted(p.name for p in (wf.results / study / "figures").glob("*.png"))
+            figures = sorted(p.stem for p in (wf.results / study / "figures").glob("*.png"))
             assert figures, study
-            assert sorted(Path(p).name for p in listed) == sorted([*figures, "claims.html"]), listed
-            assert all(Path(p).parts[-3] == study or Path(p).name == "claims.html" for p in listed), listed
-            for path in listed:
+            others = sorted(report_label(spec, f) for f in figures if f != spec.headline)
+            assert listed[:2] == [report_label(spec, ABOUT), report_label(spec, spec.headline)], listed
+            assert listed[-1] == report_label(spec, CLAIMS) and sorted(listed[2:-1]) == others, listed
+            paths = {entry["labels"]["item"]: path for path, entry in embedded.items()
+                     if f"/{study}/" in path}
+            for label in listed:
+                path = paths[label]
                 if not path.endswith(".png"):
                     continue
                 browser.evaluate(f"""[...document.querySelectorAll('table.table-auto tbody tr')]
-                    .find(r => r.querySelector('td').innerText.trim() === {json.dumps(path)})
+                    .find(r => r.querySelector('td').innerText.trim() === {json.dumps(label)})
                     .querySelector('a').click()""")
                 browser.wait_for(f"""[...document.images].some(img => img.complete && img.naturalWidth > 0
                     && img.src === results[{json.dumps(path)}].data_uri)""", timeout=20,
                                  what=f"{path} displayed")
     finally:
         browser.close()
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_the_verdict_uses_the_page_width_beside_the_navigation(chromium_exe, test_scale_workflow, tmp_path,
+                                                                 width):
+    """At the widths a reader's screen has, the verdict takes the content pane's width, starts right
+    of the report's navigation, and the workflow graph comes below it; a screenshot of each width is
+    kept beside the report."""
+    wf = test_scale_workflow
+    assert wf.made is not None and wf.made.returncode == 0, wf.run.stderr[-3000:]
+    browser = Chromium(chromium_exe, tmp_path / "profile", width=width, height=1000)
+    try:
+        browser.navigate(wf.report.as_uri())
+        browser.wait_for(VERDICT_ROWS, what="the report app and its verdict table")
+        shot = browser.screenshot(wf.report.with_name(f"report-{width}.png"))
+        layout = browser.evaluate(LAYOUT)
+    finally:
+        browser.close()
+    table, pane, nav, graph = layout["table"], layout["pane"], layout["nav"], layout["graph"]
+    assert layout["window"] == width, layout
+    # The navigation keeps to a fifth of the window; the verdict fills what is left beside it.
+    assert nav["width"] <= 0.25 * width, layout
+    assert table["width"] >= 0.8 * pane["width"] and table["width"] >= 0.8 * (width - nav["right"]), layout
+    assert table["left"] >= nav["right"] and table["right"] <= width, layout
+    assert graph is not None and graph["top"] >= table["bottom"], layout
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -12,8 +12,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hpcdl.platform import stages, wiring
-from hpcdl.platform.results import write_table
+from hpcdl.platform import about, stages, wiring
+from hpcdl.platform.results import (
+    available_cores,
+    cpu_model,
+    measured_on,
+    save_figure,
+    study_measured_on,
+    write_table,
+)
 from hpcdl.platform.study import StudySpec, registered
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,10 +94,58 @@ def test_every_file_a_stage_reads_is_its_input():
     for stage in ("figures", "claims"):
         assert wiring.stage_inputs("res", TOY, cfg, stage) == ["res/toy/config.json", *raw, *tables]
     assert wiring.verdict_inputs("res", [TOY], cfg) == ["res/toy/claims.json", *raw]
-    with pytest.raises(ValueError, match="unknown stage 'plot'; stages: tables, figures, claims"):
+    assert wiring.stage_inputs("res", TOY, cfg, "about") == ["res/toy/config.json", *raw]
+    with pytest.raises(ValueError, match="unknown stage 'plot'; stages: tables, figures, claims, about"):
         wiring.stage_inputs("res", TOY, cfg, "plot")
     assert wiring.stage_command("toy", "claims", "res/toy/config.json") == \
         "python -m hpcdl toy claims --config res/toy/config.json"
+    assert wiring.stage_command("toy", "about", "res/toy/config.json", ["configs/a b.yaml"]) == \
+        "python -m hpcdl toy about --config res/toy/config.json --config-files 'configs/a b.yaml'"
+
+
+INTRODUCED = StudySpec(name="toy", title="Toy <study>", raw_tables=("points",), tables=("squares",),
+                       figures=("curve", "bars", "area"), task_units=lambda cfg: 1,
+                       run_resources=lambda cfg: {}, question="Do squares grow faster than lines?",
+                       headline="bars", setting=lambda cfg: f"{cfg['toy']['n']} points")
+
+
+def test_a_study_opens_with_its_question_setting_and_headline(tmp_path):
+    cfg = {"results_dir": "res", "toy": {"n": 7}}
+    write_table(pd.DataFrame({"x": [1]}), tmp_path / "raw" / "points.csv", {"k": 1}, time.time())
+    question, setting, answer = about.sentences(INTRODUCED, cfg, tmp_path, ["configs/test.yaml"])
+    assert question == "Do squares grow faster than lines?"
+    assert setting == (f"This run: configs/test.yaml (results in res); 7 points; measured on "
+                       f"CPU: {cpu_model()} ({available_cores()} cores).")
+    assert answer.startswith("The figure 'bars' answers it")
+    page = about.write(INTRODUCED, cfg, tmp_path, ["configs/test.yaml"]).read_text()
+    assert "<h2>Toy &lt;study&gt;</h2>" in page and "<b>Question.</b> Do squares grow" in page
+    # Without provenance the page says so instead of naming a device.
+    assert "an unknown device" in about.sentences(INTRODUCED, cfg, tmp_path / "none", [])[1]
+    # The category lists the page, the headline, the other figures, the claims.
+    labels = [about.report_label(INTRODUCED, i) for i in ("claims", "area", "curve", "bars", "about")]
+    assert sorted(labels) == ["0 · about this study", "1 · bars", "2 · area", "2 · curve", "3 · claims"]
+    with pytest.raises(ValueError, match="study toy has no figure 'line'; figures: curve, bars, area"):
+        about.report_label(INTRODUCED, "line")
+
+
+def test_the_device_comes_from_provenance_and_marks_every_figure(tmp_path):
+    assert measured_on([]) == ""
+    assert measured_on([{"cpu_model": "EPYC", "cores": 2}, {"cores": 4}]) == \
+        "CPU: EPYC (2 cores) / unknown model (4 cores)"
+    assert measured_on([{"cpu_model": "EPYC", "cores": 16, "gpu_model": "NVIDIA H100"}]) == "GPU: NVIDIA H100"
+    plt = stages.pyplot()
+
+    def height(path):
+        fig, ax = plt.subplots(figsize=(3, 2))
+        ax.plot([0, 1], [0, 1])
+        save_figure(fig, path)
+        return plt.imread(path).shape[0]
+
+    bare = height(tmp_path / "figures" / "a.png")  # no sidecars: nothing to say
+    write_table(pd.DataFrame({"x": [1]}), tmp_path / "raw" / "points.csv", {"k": 1}, time.time())
+    assert study_measured_on(tmp_path) == f"CPU: {cpu_model()} ({available_cores()} cores)"
+    assert height(tmp_path / "figures" / "b.png") > bare  # the line below the axes
+    assert height(tmp_path / "elsewhere" / "c.png") == bare  # not a study's figure
 
 
 def test_the_cli_names_what_it_refuses(tmp_path):

@@ -52,6 +52,16 @@ def test_a_registered_study_has_all_its_files(name):
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
+def test_a_study_declares_its_question_headline_and_setting(name):
+    spec = SPECS[name]
+    assert spec.question.endswith("?") and len(spec.question.split()) >= 10, spec.question
+    assert spec.headline in spec.figures, spec.headline
+    for config in ("default", "paper", "test"):
+        cfg = load_config(REPO / "configs" / f"{config}.yaml")
+        assert len(spec.setting(cfg).split()) >= 4, (config, spec.setting(cfg))
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
 def test_every_figure_has_a_caption_and_no_caption_is_orphaned(name):
     spec = SPECS[name]
     for figure in spec.figures:
@@ -110,6 +120,13 @@ def test_a_bad_declaration_is_refused(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "hpcdl.studies.wrong")
     with pytest.raises(TypeError, match=r"hpcdl/studies/wrong/__init__.py: SPEC must be a StudySpec "
                                         r"named 'wrong'"):
+        study._discover()
+    # A headline that is not one of the study's figures.
+    (pkg / "wrong" / "__init__.py").write_text(
+        "from hpcdl.platform.study import StudySpec\nSPEC = StudySpec(\n"
+        "    'wrong', 't', ('r',), ('t',), ('f',), lambda c: 1, lambda c: {}, headline='g')\n")
+    monkeypatch.delitem(sys.modules, "hpcdl.studies.wrong")
+    with pytest.raises(TypeError, match=r"SPEC.headline 'g' is not one of its figures \('f',\)"):
         study._discover()
 
 

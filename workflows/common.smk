@@ -1,5 +1,4 @@
-# What every study shares: its config file, and the cores a run rule may take.
-# Uses (from the Snakefile): CONFIG, RESULTS, CONDA_ENV, wiring, study_config, atomic_write_json.
+# Helpers the rules share (functions only): the cores a run rule may take.
 from snakemake.exceptions import WorkflowError
 
 
@@ -9,19 +8,3 @@ def all_cores(default=2):
         return workflow.cores
     except WorkflowError:
         return default
-
-
-# The study's slice of the validated config, as the file its app and stages read. Snakemake reruns
-# a study when its params (its block) change, and only that study.
-rule study_config:
-    output:
-        wiring.study_config_path(RESULTS, "{study}"),
-    params:
-        block=lambda wc: study_config(CONFIG, wc.study),
-    log:
-        f"{RESULTS}/{{study}}/logs/config.log",
-    localrule: True
-    conda:
-        CONDA_ENV
-    run:
-        atomic_write_json(output[0], params.block)

@@ -1,10 +1,32 @@
 # The rules of every study, generated from its declaration (hpcdl/studies/<study>/__init__.py: SPEC,
 # see hpcdl/platform/study.py): run (the PyCOMPSs task app) -> tables -> figures (each with its
-# caption in report/<study>/<figure>.rst) -> claims (claims.json / claims.html). The files and
+# caption in report/<study>/<figure>.rst) -> claims (claims.json / claims.html), and the page that
+# opens the study in the report (about.html); first, the study's config file. The files and
 # commands come from hpcdl.platform.wiring; adding a study edits nothing here. Snakemake evaluates a
 # `shell:` expression when the job runs, after this loop has moved on, so everything study-specific
 # a command needs goes in through `params` (evaluated here, per rule).
-# Uses (from the Snakefile): CONFIG, RESULTS, STUDY_SPECS, CONDA_ENV, wiring; all_cores (common.smk).
+# Every report entry of a study has a label that orders its category: its about page (rule
+# <study>_about, hpcdl.platform.about), its headline figure, the other figures, its claims.
+# Uses (from the Snakefile): CONFIG, CONFIG_FILES, RESULTS, STUDY_SPECS, CONDA_ENV, wiring,
+# study_config, atomic_write_json; all_cores (common.smk).
+
+
+# The study's slice of the validated config, as the file its app and stages read. Snakemake reruns
+# a study when its params (its block) change, and only that study.
+rule study_config:
+    output:
+        wiring.study_config_path(RESULTS, "{study}"),
+    params:
+        block=lambda wc: study_config(CONFIG, wc.study),
+    log:
+        f"{RESULTS}/{{study}}/logs/config.log",
+    localrule: True
+    conda:
+        CONDA_ENV
+    run:
+        atomic_write_json(output[0], params.block)
+
+
 for _spec in STUDY_SPECS.values():
     _dir = wiring.study_dir(RESULTS, _spec.name)
     _cfg = wiring.study_config_path(RESULTS, _spec.name)
@@ -55,7 +77,8 @@ for _spec in STUDY_SPECS.values():
             wiring.stage_inputs(RESULTS, _spec, CONFIG, "figures"),
         output:
             [
-                report(path, category=_spec.title, caption=f"report/{_spec.name}/{figure}.rst")
+                report(path, category=_spec.title, caption=f"report/{_spec.name}/{figure}.rst",
+                       labels=wiring.report_label(_spec, figure))
                 for figure, path in zip(_spec.figures, wiring.figure_files(RESULTS, _spec))
             ],
         log:
@@ -82,6 +105,7 @@ for _spec in STUDY_SPECS.values():
                 f"{_dir}/claims.html",
                 category=_spec.title,
                 caption=f"report/{_spec.name}/claims.rst",
+                labels=wiring.report_label(_spec, "claims"),
             ),
         log:
             f"{_dir}/logs/claims.log",
@@ -93,5 +117,30 @@ for _spec in STUDY_SPECS.values():
             CONDA_ENV
         params:
             cmd=wiring.stage_command(_spec.name, "claims", _cfg),
+        shell:
+            "{params.cmd} > {log} 2>&1"
+
+    rule:
+        name:
+            f"{_spec.name}_about"
+        input:
+            wiring.stage_inputs(RESULTS, _spec, CONFIG, "about"),
+        output:
+            report(
+                wiring.about_file(RESULTS, _spec),
+                category=_spec.title,
+                caption="report/about.rst",
+                labels=wiring.report_label(_spec, "about"),
+            ),
+        log:
+            f"{_dir}/logs/about.log",
+        threads: 1
+        resources:
+            mem_mb=500,
+            runtime=5,
+        conda:
+            CONDA_ENV
+        params:
+            cmd=wiring.stage_command(_spec.name, "about", _cfg, CONFIG_FILES),
         shell:
             "{params.cmd} > {log} 2>&1"

@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from hpcdl.platform.results import _json_default, atomic_write_json, atomic_write_text
+from hpcdl.platform.results import _json_default, atomic_write_json, atomic_write_text, study_measured_on
 
 STATUSES = ("passed", "failed", "not_measured")
 _SHOWN = {"passed": ("green", "PASS"), "failed": ("firebrick", "FAIL"),
@@ -88,11 +88,13 @@ def counts(claims: list[dict]) -> dict[str, int]:
 
 def write_claims(study_dir: str | Path, study: str, claims: list[dict],
                  ids: Iterable[str] | None = None) -> tuple[Path, Path]:
-    """claims.json (machine-readable) and claims.html (shown in the Snakemake report)."""
+    """claims.json (machine-readable) and claims.html (shown in the Snakemake report), both saying
+    the device the run was measured on (from the study's provenance sidecars)."""
     study_dir = Path(study_dir)
     check(claims, ids)
     n = counts(claims)
-    doc = {"study": study, "claims": claims, **n, "total": len(claims)}
+    device = study_measured_on(study_dir) or "unknown (no provenance sidecars)"
+    doc = {"study": study, "claims": claims, **n, "total": len(claims), "measured_on": device}
     json_path = atomic_write_json(study_dir / "claims.json", doc)
     rows = []
     for c in claims:
@@ -105,6 +107,7 @@ def write_claims(study_dir: str | Path, study: str, claims: list[dict],
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(study)} claims</title>"
             f"</head><body><h2>{html.escape(study)}: {n['passed']}/{len(claims)} claims hold on this run "
             f"({n['failed']} failed, {n['not_measured']} not measured)</h2>"
+            f"<p>Measured on {html.escape(device)}: each verdict holds for this run on this device.</p>"
             "<table border='1' cellpadding='4' style='border-collapse:collapse'>"
             "<tr><th>claim</th><th>statement</th><th>result</th><th>measured</th></tr>"
             f"{''.join(rows)}</table></body></html>\n")

@@ -4,13 +4,15 @@
     python -m hpcdl <study> figures --config FILE   # tables/ -> figures/*.png
     python -m hpcdl <study> claims  --config FILE   # tables/ (+ raw/) -> claims.json, claims.html
     python -m hpcdl <study> summary --config FILE   # a study's own digest, where it has summary.py
+    python -m hpcdl <study> about --config FILE [--config-files F …]   # the report page opening the study
     python -m hpcdl compss {command,enqueue,xml} …  # runcompss / enqueue_compss command lines
     python -m hpcdl verdict --results-dir DIR --out FILE STUDY[=TITLE] …
     python -m hpcdl ranks-probe [N]                 # N torch.distributed ranks all-reduce (launcher check)
 
 A study's stages are the modules hpcdl/studies/<study>/{tables,figures,claims}.py with
 `tables.write(cfg, study_dir)`, `figures.draw(cfg, study_dir)` and `claims.judge(cfg, study_dir)`
-(a list of hpcdl.platform.claims dicts, whose ids claims.CLAIMS declares).
+(a list of hpcdl.platform.claims dicts, whose ids claims.CLAIMS declares). The `about` stage is the
+platform's own (hpcdl.platform.about), from the study's declaration.
 """
 
 from __future__ import annotations
@@ -20,14 +22,20 @@ import importlib
 import os
 import sys
 
-STAGES = ("tables", "figures", "claims", "summary")
+STAGES = ("tables", "figures", "claims", "summary", "about")
 SHOWN = {"passed": "PASS", "failed": "FAIL", "not_measured": "NOT MEASURED"}
 
 
-def run_stage(study: str, stage: str, cfg: dict, out_dir) -> None:
+def run_stage(study: str, stage: str, cfg: dict, out_dir, config_files: list[str] | None = None) -> None:
     """Run one analysis stage of a study on a validated config."""
     from hpcdl.platform.claims import write_claims
 
+    if stage == "about":
+        from hpcdl.platform import about
+        from hpcdl.platform.study import spec
+
+        about.write(spec(study), cfg, out_dir, config_files or [])
+        return
     module = importlib.import_module(f"hpcdl.studies.{study}.{stage}")
     if stage == "tables":
         module.write(cfg, out_dir)
@@ -51,6 +59,8 @@ def study_main(argv: list[str]) -> int:
     parser.add_argument("study", choices=STUDIES)
     parser.add_argument("stage", choices=STAGES)
     parser.add_argument("--config", required=True, help="full config file (YAML or JSON)")
+    parser.add_argument("--config-files", nargs="*", default=[],
+                        help="about: the config files the workflow was given (shown as the run's setting)")
     args = parser.parse_args(argv)
     os.environ.setdefault("MPLBACKEND", "Agg")
     if args.stage == "summary" and importlib.util.find_spec(f"hpcdl.studies.{args.study}.summary") is None:
@@ -65,7 +75,7 @@ def study_main(argv: list[str]) -> int:
     if args.study not in cfg:
         print(f"error: config {args.config} has no '{args.study}' block", file=sys.stderr)
         return 2
-    run_stage(args.study, args.stage, cfg, study_dir(cfg, args.study))
+    run_stage(args.study, args.stage, cfg, study_dir(cfg, args.study), args.config_files)
     return 0
 
 

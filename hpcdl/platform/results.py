@@ -67,11 +67,20 @@ def _json_default(obj):
 
 
 def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
-    """Render a matplotlib figure to PNG in memory, write it atomically, close the figure."""
+    """Render a matplotlib figure to PNG in memory, write it atomically, close the figure.
+
+    A study's figure (`<study_dir>/figures/<name>.png`) is stamped in its lower left corner with
+    the device its run was measured on (`study_measured_on`), so the image says it wherever it goes.
+    """
     import io
 
     import matplotlib.pyplot as plt
 
+    path = Path(path)
+    if path.parent.name == "figures":
+        device = study_measured_on(path.parent.parent)
+        if device:
+            fig.text(0.0, 0.0, f"measured on {device}", ha="left", va="top", fontsize=7, color="dimgray")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     plt.close(fig)
@@ -120,6 +129,36 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def cpu_model() -> str:
+    """The CPU's model name as the kernel reports it (platform.processor() where there is no /proc)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def measured_on(records: list[dict]) -> str:
+    """The device a run was measured on, from its provenance records: "GPU: <model>" where they
+    name a GPU, else "CPU: <model> (<n> cores)"; "" without records. Distinct values are joined
+    with " / " (tables from different machines)."""
+    if not records:
+        return ""
+    gpus = sorted({str(r["gpu_model"]) for r in records if r.get("gpu_model")})
+    if gpus:
+        return "GPU: " + " / ".join(gpus)
+    cpus = sorted({f"{r.get('cpu_model') or 'unknown model'} ({r.get('cores', '?')} cores)" for r in records})
+    return "CPU: " + " / ".join(cpus)
+
+
+def study_measured_on(study_dir: str | Path) -> str:
+    """`measured_on` of a study's run: its raw tables' sidecars (the derived tables' where none)."""
+    study_dir = Path(study_dir)
+    return measured_on(read_sidecars(study_dir / "raw") or read_sidecars(study_dir / "tables"))
+
+
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
@@ -154,6 +193,7 @@ def provenance(cfg: dict, started_at: float, ended_at: float | None = None) -> d
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cores": available_cores(),
+        "cpu_model": cpu_model(),
         "start_time": _iso(started_at),
         "end_time": _iso(ended_at),
         "duration_s": round(ended_at - started_at, 3),

@@ -37,6 +37,12 @@ class StudySpec:
     # cfg -> files besides the raw tables that the task app writes and a later stage reads
     # (e.g. an Optuna journal the figures load): outputs of the run rule, inputs of the stages
     run_files: Callable[[dict], tuple[str, ...]] = field(default=lambda cfg: ())
+    # The report's introduction of the study (hpcdl.platform.about): the seed's question in one
+    # sentence, the figure that answers it (one of `figures`, listed first), and cfg -> this run's
+    # sizes in a phrase
+    question: str = ""
+    headline: str = ""
+    setting: Callable[[dict], str] = field(default=lambda cfg: "")
 
     def caption(self, figure: str) -> Path:
         return REPO_ROOT / "workflows" / "report" / self.name / f"{figure}.rst"
@@ -56,6 +62,9 @@ def _discover() -> dict[str, StudySpec]:
         if not isinstance(spec, StudySpec) or spec.name != info.name:
             raise TypeError(f"hpcdl/studies/{info.name}/__init__.py: SPEC must be a StudySpec "
                             f"named {info.name!r}")
+        if spec.headline and spec.headline not in spec.figures:
+            raise TypeError(f"hpcdl/studies/{info.name}/__init__.py: SPEC.headline {spec.headline!r} is "
+                            f"not one of its figures {spec.figures}")
         specs[spec.name] = spec
     return specs
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform.results import atomic_write_text, read_sidecars
+from hpcdl.platform.results import atomic_write_text, measured_on, read_sidecars
 
 RUN_SUMMARY = "run_summary.json"  # <study>/raw/, written by each task app: ok, failed, skipped, total
 PROVENANCE_FIELDS = ("git_commit", "config_hash", "host", "cores")
@@ -75,6 +75,7 @@ def run_provenance(study_dir: Path) -> dict:
     prov["started"] = min(starts) if starts else None  # ISO 8601 UTC: string order is time order
     prov["ended"] = max(ends) if ends else None
     prov["sidecars"] = len(records)
+    prov["measured_on"] = measured_on(records)
     return prov
 
 
@@ -148,27 +149,73 @@ def _prov_line(prov: dict) -> str:
             f" ({_E(field('cores'))} cores) · started {_E(when)}")
 
 
+def _wall_time(prov: dict) -> str:
+    """The run's wall time, from its first sidecar's start to its last one's end."""
+    if not (prov["started"] and prov["ended"]):
+        return "?"
+    seconds = (pd.Timestamp(prov["ended"]) - pd.Timestamp(prov["started"])).total_seconds()
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def _claim_details(e: dict) -> str:
+    """The failing and not-measured claims of a study, folded under a summary line."""
+    items = []
+    for c in e["failed"]:
+        measured = _MONO.format(_E(_evidence(c.get("measured", {}))))
+        items.append(f"<div class='claim failed' data-claim='{_E(c['id'])}'><b style='color:firebrick'>FAIL"
+                     f"</b> {_E(c['statement'])}<br><small>measured: {measured}</small></div>")
+    for c in e["not_measured"]:
+        items.append(f"<div class='claim not_measured' data-claim='{_E(c['id'])}' style='color:dimgray'>"
+                     f"<b>NOT MEASURED</b> {_E(c['statement'])}<br>"
+                     f"<small><i>{_E(c.get('reason', ''))}</i></small></div>")
+    if not items:
+        return ""
+    what = [f"{len(e['failed'])} failing"] if e["failed"] else []
+    what += [f"{len(e['not_measured'])} not measured"] if e["not_measured"] else []
+    return (f"<details><summary>{' and '.join(what)}: what was measured, or why not</summary>"
+            + "".join(items) + "</details>")
+
+
+# Snakemake's landing page puts this page in a narrow column (max-w-lg) beside the workflow graph,
+# inside a pane that centres its content (items-center justify-center): a wide table loses its left
+# edge under the navigation, and the navigation is as wide as its longest category title
+# (min-w-fit). These rules, scoped by :has() to the page while it shows the verdict, give the
+# verdict the pane's width, put the graph below it and let long category titles wrap in a navigation
+# of a fifth of the window (a hidden navigation, w-0, has no min-w-fit and stays hidden).
+LAYOUT_CSS = (
+    "body:has(#hpcdl-verdict) nav.min-w-fit { min-width: 0; width: min(20%, 22rem); flex-shrink: 0; }"
+    " body:has(#hpcdl-verdict) nav.min-w-fit * { white-space: normal; }"
+    " body:has(#hpcdl-verdict) nav.min-w-fit svg { flex-shrink: 0; }"
+    " div.h-screen:has(#hpcdl-verdict) { align-items: flex-start; justify-content: flex-start; }"
+    " div.flex.gap-3:has(#hpcdl-verdict) { flex-direction: column; width: 100%; min-width: 0; }"
+    " div.py-2:has(#hpcdl-verdict), div.prose:has(#hpcdl-verdict) { max-width: none; width: 100%; }"
+    " #hpcdl-verdict { width: 100%; }"
+    " #hpcdl-verdict details > summary { cursor: pointer; }"
+    " #hpcdl-verdict div.claim { margin: 4px 0 4px 1em; }"
+)
+COLUMNS = ("study", "claims held / total", "what ran (points)", "measured on", "wall time")
+
+
 def render_html(entries: list[dict]) -> str:
-    """The verdict table: one <tbody> per study (its row, provenance, failing / not-measured claims).
+    """The verdict table: one <tbody> per study, whose first row is the study at a glance (claims
+    held / total, what ran, device, time) and whose second has its provenance and, folded, its
+    failing and not-measured claims.
 
     `data-*` attributes carry the counts for machine checks; the visible text says the same.
     """
     ran_all = [e for e in entries if e["state"] == "ran"]
     passed = sum(e["passed"] for e in ran_all)
     total = sum(e["total"] for e in ran_all)
-    cell = "padding:2px 6px;vertical-align:top"
+    cell = "padding:2px 6px;vertical-align:top;text-align:left"
     parts = [
-        # Snakemake's content pane centres its child vertically (flex items-center); a verdict taller
-        # than the window would lose its top, out of reach of the scrollbar. Top-align that pane.
-        "<style>div.h-screen:has(#hpcdl-verdict) { align-items: flex-start; }</style>",
+        f"<style>{LAYOUT_CSS}</style>",
         "<table id='hpcdl-verdict' style='border-collapse:collapse;font-size:0.85rem;margin:0'>",
         f"<caption style='text-align:left;font-weight:bold'>Verdict: {passed}/{total} claims hold on "
         f"this run ({len(ran_all)} of {len(entries)} studies ran)</caption>",
-        f"<thead><tr><th style='{cell}'>study</th><th style='{cell}'>claims passed / total</th>"
-        f"<th style='{cell}'>what ran (points)</th></tr></thead>",
+        "<thead><tr>" + "".join(f"<th style='{cell}'>{c}</th>" for c in COLUMNS) + "</tr></thead>",
     ]
     for e in entries:
-        ran = e["ran"]
+        ran, prov = e["ran"], e["provenance"]
         attrs = {"data-study": e["study"], "data-state": e["state"],
                  "data-passed": _count(e["passed"]), "data-total": _count(e["total"]),
                  "data-ok": _count(ran["ok"]), "data-failed": _count(ran["failed"]),
@@ -185,20 +232,13 @@ def render_html(entries: list[dict]) -> str:
             extra = [f"{len(e['failed'])} failed"] if e["failed"] else []
             extra += [f"{len(e['not_measured'])} not measured"] if e["not_measured"] else []
             claims += f" ({', '.join(extra)})" if extra else ""
-        parts.append(f"<tr class='study-row' style='border-top:2px solid #999'><td style='{cell}'>{name}"
-                     f"<br>{_MONO.format(_E(e['study']))}</td><td style='{cell}'>{claims}</td>"
-                     f"<td style='{cell}'>{_ran_line(ran)}</td></tr>")
-        parts.append(f"<tr class='provenance'><td colspan='3' style='{cell};color:dimgray'>"
-                     f"<small>{_prov_line(e['provenance'])}</small></td></tr>")
-        for c in e["failed"]:
-            measured = _MONO.format(_E(_evidence(c.get("measured", {}))))
-            parts.append(f"<tr class='claim failed' data-claim='{_E(c['id'])}'><td colspan='3' "
-                         f"style='{cell}'><b style='color:firebrick'>FAIL</b> {_E(c['statement'])}<br>"
-                         f"<small>measured: {measured}</small></td></tr>")
-        for c in e["not_measured"]:
-            parts.append(f"<tr class='claim not_measured' data-claim='{_E(c['id'])}'><td colspan='3' "
-                         f"style='{cell};color:dimgray'><b>NOT MEASURED</b> {_E(c['statement'])}<br>"
-                         f"<small><i>{_E(c.get('reason', ''))}</i></small></td></tr>")
+        cells = (f"{name} {_MONO.format(_E(e['study']))}", claims, _ran_line(ran),
+                 _E(prov.get("measured_on") or "?"), _wall_time(prov))
+        parts.append("<tr class='study-row' style='border-top:2px solid #999'>"
+                     + "".join(f"<td style='{cell}'>{c}</td>" for c in cells) + "</tr>")
+        parts.append(f"<tr class='more'><td colspan='{len(COLUMNS)}' style='{cell}'>"
+                     f"<small class='provenance' style='color:dimgray'>{_prov_line(prov)}</small>"
+                     f"{_claim_details(e)}</td></tr>")
         parts.append("</tbody>")
     parts.append("</table>")
     return "\n".join(parts) + "\n"

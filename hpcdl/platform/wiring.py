@@ -7,6 +7,7 @@ Each rule lists every file its command reads, so Snakemake reruns it when one of
     <s>_tables   config.json + everything of _run   -> tables + their sidecars
     <s>_figures  config.json + raw + tables         -> figures
     <s>_claims   config.json + raw + tables         -> claims.json, claims.html
+    <s>_about    config.json + raw                  -> about.html (the page opening the study)
     verdict      every study's claims.json + raw    -> verdict.html
 """
 
@@ -14,10 +15,11 @@ from __future__ import annotations
 
 import shlex
 
+from hpcdl.platform import about
 from hpcdl.platform.study import StudySpec
 
 RUN_SUMMARY = "run_summary.json"  # raw/, written by every task app (hpcdl.platform.points.StudyRun)
-STAGES = ("tables", "figures", "claims")
+STAGES = ("tables", "figures", "claims", "about")
 
 
 def study_dir(results: str, study: str) -> str:
@@ -51,12 +53,12 @@ def figure_files(results: str, spec: StudySpec) -> list[str]:
 
 
 def stage_inputs(results: str, spec: StudySpec, config: dict, stage: str) -> list[str]:
-    """Every file a stage may read: the tables stage reads the run's files, the figures and claims
-    stages read those and the tables (a claim may need a raw column the tables left out)."""
+    """Every file a stage may read: the tables and about stages read the run's files, the figures
+    and claims stages read those and the tables (a claim may need a raw column the tables left out)."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
     files = [study_config_path(results, spec.name), *raw_files(results, spec, config)]
-    return files if stage == "tables" else files + table_files(results, spec)
+    return files if stage in ("tables", "about") else files + table_files(results, spec)
 
 
 def verdict_inputs(results: str, specs: list[StudySpec], config: dict) -> list[str]:
@@ -65,9 +67,20 @@ def verdict_inputs(results: str, specs: list[StudySpec], config: dict) -> list[s
             for f in (f"{study_dir(results, s.name)}/claims.json", *raw_files(results, s, config))]
 
 
-def stage_command(study: str, stage: str, config_path: str) -> str:
-    """The shell command of one analysis stage (the rule adds its log redirect)."""
-    return shlex.join(["python", "-m", "hpcdl", study, stage, "--config", config_path])
+def about_file(results: str, spec: StudySpec) -> str:
+    return f"{study_dir(results, spec.name)}/{about.ABOUT}.html"
+
+
+def report_label(spec: StudySpec, item: str) -> dict:
+    """The report `labels` of a study's entry, which order its category (hpcdl.platform.about)."""
+    return {"item": about.report_label(spec, item)}
+
+
+def stage_command(study: str, stage: str, config_path: str, config_files: list[str] = ()) -> str:
+    """The shell command of one analysis stage (the rule adds its log redirect); the about stage
+    also names the config files the workflow was given."""
+    extra = ["--config-files", *map(str, config_files)] if stage == "about" and config_files else []
+    return shlex.join(["python", "-m", "hpcdl", study, stage, "--config", config_path, *extra])
 
 
 def task_app(study: str, config_path: str, config: dict) -> str:

@@ -30,6 +30,13 @@ def _run_resources(cfg: dict) -> dict:
             "tasks": max([1, *block["dcp_ranks"]]), "mpi": "srun"}
 
 
+def _setting(cfg: dict) -> str:
+    b = cfg["checkpoint"]
+    mib = [4 * b["sizes"][k] / 2**20 for k in ("min_params", "max_params")]
+    return (f"{'/'.join(b['formats'])} x {'/'.join(b['modes'])} at {b['sizes']['points']} state sizes of "
+            f"{mib[0]:g}-{mib[1]:g} MiB fp32, {b['repeats']} repeats, DCP on {b['dcp_ranks']} ranks")
+
+
 SPEC = StudySpec(
     name="checkpoint",
     title="Checkpoint cost (formats, sync vs async, resume, interval)",
@@ -38,4 +45,8 @@ SPEC = StudySpec(
     figures=("save_load_time", "bandwidth", "blocking", "overhead", "bytes_on_disk", "dcp_ranks"),
     task_units=_task_units,
     run_resources=_run_resources,
+    question=("What does saving and restoring deep-learning training state cost in each format, and how much "
+              "of it does asynchronous (CheckFreq-style) checkpointing hide from training?"),
+    headline="blocking",
+    setting=_setting,
 )

@@ -22,6 +22,12 @@ def _task_units(cfg: dict) -> int | str:
     return int(value) if str(value).isdigit() else value
 
 
+def _setting(cfg: dict) -> str:
+    b = cfg["hetmem"]
+    return (f"kernels {'/'.join(a['name'] for a in b['apps'])}, LLC misses sampled 1 in {b['sample_every']}, "
+            f"tiers {b['tiers']['fast']['name']} / {b['tiers']['slow']['name']} of a simulated reference")
+
+
 SPEC = StudySpec(
     name="hetmem",
     title="Heterogeneous memory (differential-tracing estimator, placement agent; simulated tiers)",
@@ -30,4 +36,9 @@ SPEC = StudySpec(
     figures=("parity", "error_vs_sampling", "runtime_vs_fraction", "estimate_vs_reference_time"),
     task_units=_task_units,
     run_resources=lambda cfg: {"mem_mb": 3000, "runtime": 30},
+    question=("Can two traced runs (all data in fast memory, all in slow) estimate an application's runtime "
+              "under any placement of its data over two memory tiers, accurately and far faster than "
+              "running it?"),
+    headline="parity",
+    setting=_setting,
 )

@@ -23,6 +23,13 @@ def _run_threads(cfg: dict) -> int:
     return max([*cfg["hpo"]["grid"]["workers"], cfg["hpo"]["workers"]])
 
 
+def _setting(cfg: dict) -> str:
+    b = cfg["hpo"]
+    return (f"{b['n_trials']}-trial searches ({b['sampler']} sampler, {b['pruner']} pruner, models "
+            f"{'/'.join(b['space']['model'])}), a grid on {b['grid']['workers']} workers, "
+            f"{b['data']['train_limit'] or 'all'} training images")
+
+
 SPEC = StudySpec(
     name="hpo",
     title="Hyperparameter optimisation (Optuna on PyCOMPSs tasks)",
@@ -35,4 +42,8 @@ SPEC = StudySpec(
     # rerun after a crash continues the studies.
     run_resources=lambda cfg: {"mem_mb": 4000, "runtime": 60},
     run_threads=_run_threads,
+    question=("How much sooner does a hyperparameter search finish when its trials run as parallel PyCOMPSs "
+              "tasks, and how much training does pruning save without losing the best configuration?"),
+    headline="grid_scaling",
+    setting=_setting,
 )

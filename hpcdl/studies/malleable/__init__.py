@@ -21,6 +21,13 @@ def _units(cfg: dict) -> int:
     return int(cfg["malleable"]["cores"])
 
 
+def _setting(cfg: dict) -> str:
+    b = cfg["malleable"]
+    return (f"{b['cores']} cores, {len(b['cosched']['jobs'])} job(s) under "
+            f"{'/'.join(b['cosched']['policies'])} co-scheduling, thread changes requested by "
+            f"{'/'.join(b['response']['methods'])}")
+
+
 SPEC = StudySpec(
     name="malleable",
     title="Malleable thread counts and co-scheduling (API / signal / quota, cgroups)",
@@ -29,4 +36,8 @@ SPEC = StudySpec(
     figures=("gantt", "policy_bars", "iter_time", "utilisation"),
     task_units=_units,
     run_resources=lambda cfg: {"mem_mb": 3000, "runtime": 30},
+    question=("Can a training job change its thread count while it runs, within an iteration, and does a "
+              "co-scheduler that reshapes jobs finish a queue sooner than rigid allocation?"),
+    headline="policy_bars",
+    setting=_setting,
 )

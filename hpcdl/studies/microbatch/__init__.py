@@ -24,6 +24,12 @@ def _task_units(cfg: dict) -> int | str:
     return int(value) if str(value).isdigit() else value
 
 
+def _setting(cfg: dict) -> str:
+    b = cfg["microbatch"]
+    return (f"{'/'.join(b['networks'])} conv layers at batch {b['batch_size']}, image {b['image_size']}, "
+            f"policies {'/'.join(b['policies'])}")
+
+
 SPEC = StudySpec(
     name="microbatch",
     title="Micro-batched convolutions (μ-cuDNN: DP + ILP under a workspace limit)",
@@ -40,4 +46,8 @@ SPEC = StudySpec(
     figures=("layer_speedup", "budget_speedup", "microbatch_sizes", "predicted_vs_measured"),
     task_units=_task_units,
     run_resources=lambda cfg: {"mem_mb": 4000, "runtime": 60},
+    question=("Does dividing each convolution's mini-batch into micro-batches, planned per layer (DP) and "
+              "over a network's workspace budget (ILP), make the network's convolutions faster?"),
+    headline="budget_speedup",
+    setting=_setting,
 )

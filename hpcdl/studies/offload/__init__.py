@@ -32,6 +32,14 @@ def _run_resources(cfg: dict) -> dict:
     return {"mem_mb": max(2000, 2 * largest // 2**20), "runtime": 60}
 
 
+def _setting(cfg: dict) -> str:
+    b = cfg["offload"]
+    m = b["model"]
+    return (f"MLP width {m['width']}, batch {m['batch']}, depths {m['depths']}, strategies "
+            f"{'/'.join(b['strategies'])}, capacity under a {b['capacity']['budget_mb']:g} MiB fast-tier "
+            "budget")
+
+
 SPEC = StudySpec(
     name="offload",
     title="Memory offload (optimizer state and activations to a slower tier)",
@@ -40,4 +48,8 @@ SPEC = StudySpec(
     figures=("tradeoff", "breakdown", "capacity", "timeline"),
     task_units=_task_units,
     run_resources=_run_resources,
+    question=("How much fast-tier memory does moving optimizer state and saved activations to a slower tier "
+              "save, how much of the copy time hides behind compute, and how much larger a model fits?"),
+    headline="tradeoff",
+    setting=_setting,
 )

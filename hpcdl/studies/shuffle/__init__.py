@@ -23,6 +23,13 @@ def _largest_world(cfg: dict) -> int:
     return max(p["world_size"] for p in expand(cfg["shuffle"]))
 
 
+def _setting(cfg: dict) -> str:
+    b = cfg["shuffle"]
+    grids = "; ".join(f"M={g['world_sizes']}, Q={g['qs']}" for g in b["grids"])
+    return (f"{b['n_train']} training / {b['n_val']} validation images, {b['epochs']} epochs, {grids}, "
+            f"seeds {b['seeds']}")
+
+
 SPEC = StudySpec(
     name="shuffle",
     title="Shuffle fraction (global / local / partial-Q, KAKURENBO)",
@@ -33,4 +40,8 @@ SPEC = StudySpec(
     task_units=_largest_world,
     # the batch step starts each point's ranks with srun inside this N-task allocation
     run_resources=lambda cfg: {"mem_mb": 4000, "runtime": 60, "tasks": _largest_world(cfg), "mpi": "srun"},
+    question=("Does exchanging only a fraction Q of the samples between ranks each epoch keep the "
+              "accuracy of global shuffling, and does hiding easy samples (KAKURENBO) save training time?"),
+    headline="final_acc_vs_q",
+    setting=_setting,
 )

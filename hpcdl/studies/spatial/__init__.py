@@ -28,6 +28,13 @@ def _largest_run(cfg: dict) -> int:
     return max(p["ranks"] for p in expand(cfg["spatial"]))
 
 
+def _setting(cfg: dict) -> str:
+    b = cfg["spatial"]
+    return (f"strong scaling at {b['strong']['grid']}^3, weak at {b['weak']['grid']}^3 per rank, up to "
+            f"{_largest_run(cfg)} ranks; paper-scale predictions at {b['extrapolate']['grid']}^3 from the "
+            "oracle")
+
+
 SPEC = StudySpec(
     name="spatial",
     title="Spatial scaling (hybrid data x spatial 3D CNN)",
@@ -40,4 +47,8 @@ SPEC = StudySpec(
     task_units=lambda cfg: _largest_run(cfg) * cfg["spatial"]["threads_per_rank"],
     # the batch step starts each run's ranks with srun inside this N-task allocation
     run_resources=lambda cfg: {"mem_mb": 4000, "runtime": 30, "tasks": _largest_run(cfg), "mpi": "srun"},
+    question=("Does partitioning a 3D CNN's volume over ranks scale efficiently, and does a ParaDL-style "
+              "oracle predict its time well enough to choose the parallel strategy?"),
+    headline="efficiency",
+    setting=_setting,
 )

@@ -1,0 +1,64 @@
+"""The page that opens each study's category in the report (docs/architecture.md, "Report"):
+three sentences from the study's declaration and this run's provenance, rendered by the platform.
+
+    the seed's question (StudySpec.question);
+    this run's setting: the config files, the sizes (StudySpec.setting) and the device measured on;
+    which figure answers the question (StudySpec.headline, listed first after this page).
+
+`report_label` orders a category's entries: this page, the headline figure, the other figures,
+the claims (the report sorts entries by their labels).
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from hpcdl.platform.results import atomic_write_text, study_measured_on
+from hpcdl.platform.study import StudySpec
+
+ABOUT = "about"  # <study_dir>/about.html
+CLAIMS = "claims"  # <study_dir>/claims.html
+
+
+def report_label(spec: StudySpec, item: str) -> str:
+    """The label of a study's report entry (`item`: ABOUT, CLAIMS or a figure name); the report
+    lists a category's entries in label order."""
+    if item == ABOUT:
+        return "0 · about this study"
+    if item == CLAIMS:
+        return "3 · claims"
+    if item not in spec.figures:
+        raise ValueError(f"study {spec.name} has no figure {item!r}; figures: {', '.join(spec.figures)}")
+    return f"{1 if item == spec.headline else 2} · {item.replace('_', ' ')}"
+
+
+def sentences(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list[str]) -> list[str]:
+    """The three sentences (plain text) that introduce a study's run."""
+    device = study_measured_on(study_dir) or "an unknown device (no provenance sidecars)"
+    files = ", ".join(config_files) or "the config given to the task app"
+    sizes = spec.setting(cfg)
+    question = spec.question or f"{spec.title}: the study declares no question (StudySpec.question)."
+    setting = f"This run: {files} (results in {cfg['results_dir']}); {sizes + '; ' if sizes else ''}" \
+              f"measured on {device}."
+    if spec.headline:
+        answer = (f"The figure '{spec.headline.replace('_', ' ')}' answers it: it comes first below, "
+                  "then the other figures and the claims, each with what to look for.")
+    else:
+        answer = "The study names no headline figure (StudySpec.headline): its figures follow."
+    return [question, setting, answer]
+
+
+def render(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list[str]) -> str:
+    question, setting, answer = (html.escape(s) for s in sentences(spec, cfg, study_dir, config_files))
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
+            f"<title>{html.escape(spec.title)}</title></head>"
+            "<body style='font-family:sans-serif;max-width:60em;line-height:1.5'>"
+            f"<h2>{html.escape(spec.title)}</h2>"
+            f"<p class='question'><b>Question.</b> {question}</p>"
+            f"<p class='setting'><b>Setting.</b> {setting}</p>"
+            f"<p class='answer'><b>Answer.</b> {answer}</p></body></html>\n")
+
+
+def write(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list[str]) -> Path:
+    return atomic_write_text(Path(study_dir) / f"{ABOUT}.html", render(spec, cfg, study_dir, config_files))
