@@ -79,8 +79,12 @@ def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
     path = Path(path)
     if path.parent.name == "figures":
         device = study_measured_on(path.parent.parent)
-        if device:
-            fig.text(0.0, 0.0, f"measured on {device}", ha="left", va="top", fontsize=7, color="dimgray")
+        if device:  # under everything already drawn (legends below the axes included)
+            fig.draw_without_rendering()  # runs a layout engine first, as savefig will
+            box = fig.get_tightbbox(fig.canvas.get_renderer())
+            width, height = fig.get_size_inches()
+            fig.text(box.x0 / width, box.y0 / height, f"measured on {device}", ha="left", va="top",
+                     fontsize=7, color="dimgray")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     plt.close(fig)

@@ -89,7 +89,11 @@ def started_at(study_dir: str | Path, raw_table: str) -> float:
 
 
 def pyplot():
-    """matplotlib.pyplot, on the backend MPLBACKEND names (the CLI sets Agg where nothing is set)."""
+    """matplotlib.pyplot, on the backend MPLBACKEND names (the CLI sets Agg where nothing is set).
+
+    Log axes label 0.001 to 1000 as plain numbers (200, not 2x10^2): easier to read off a figure.
+    """
     import matplotlib.pyplot as plt
 
+    plt.rcParams["axes.formatter.min_exponent"] = 4
     return plt

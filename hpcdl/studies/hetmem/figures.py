@@ -62,7 +62,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
             )
         ax.axhline(100 * block["error_ceiling"], color="firebrick", ls=":", label="claim ceiling")
         ax.set_xscale("log")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))  # inside, it hid a curve
     ax.set_xlabel("sampling period N (1 in N LLC misses sampled)")
     ax.set_ylabel("mean |error| vs simulated reference (%)")
     ax.set_title("Estimator error vs sampling rate (reference simulated)", fontsize=10)

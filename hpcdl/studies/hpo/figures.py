@@ -58,7 +58,7 @@ def _plot_scaling(df: pd.DataFrame, path: Path) -> None:
     a2.set_xlabel("concurrent workers")
     a2.set_ylabel(f"ratio over {int(w[0])} worker(s) (x)")
     a2.set_title("Grid speedup")
-    a2.legend()
+    a2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize=8)  # inside, it hid the lines
     for a in (a1, a2):
         a.set_xticks(df["workers"])
         a.grid(alpha=0.3)

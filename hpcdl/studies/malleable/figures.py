@@ -11,6 +11,13 @@ from hpcdl.platform.results import mark_no_data, save_figure
 from hpcdl.platform.stages import pyplot
 from hpcdl.studies.malleable.tables import PHASE_SKIP, raw, table
 
+# One colour per policy in every figure: rigid red, the malleable ones blue and orange.
+POLICY_COLOR = {"rigid": "C3", "equal": "C0", "proportional": "C1"}
+
+
+def _policy_color(policy: str, i: int) -> str:
+    return POLICY_COLOR.get(policy, f"C{4 + i}")
+
 
 def draw(cfg: dict, study_dir: Path) -> None:
     plt = pyplot()
@@ -101,12 +108,12 @@ def _plot_policy_bars(plt, pol: pd.DataFrame, path) -> None:
         if ok.empty:
             mark_no_data(ax, "no successful co-scheduling run")
             continue
-        colors = ["C3" if p == "rigid" else "C0" for p in ok["policy"]]
+        colors = [_policy_color(p, i) for i, p in enumerate(ok["policy"])]
         ax.bar(ok["policy"], ok[col], color=colors)
         for x, v in enumerate(ok[col]):
             ax.text(x, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
         ax.set_ylabel(label, fontsize=9)
-    fig.suptitle("Same workload, three policies (red: rigid; blue: malleable)", fontsize=10)
+    fig.suptitle("Same workload, three policies (red: rigid; blue, orange: malleable)", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path)
 
@@ -162,18 +169,19 @@ def _plot_utilisation(plt, util: pd.DataFrame, cfg: dict, path) -> None:
     if util.empty:
         mark_no_data(ax, "no co-scheduling run")
     for i, (policy, g) in enumerate(util.groupby("policy") if not util.empty else []):
-        ax.plot(g["t_s"], g["utilisation_frac"], color=f"C{i}", label=f"{policy}: busy (CPU time)")
+        ax.plot(g["t_s"], g["utilisation_frac"], color=_policy_color(policy, i),
+                label=f"{policy}: busy (CPU time)")
         ax.step(
             g["t_s"],
             g["allocated_cores"] / cfg["malleable"]["cores"],
             where="post",
-            color=f"C{i}",
+            color=_policy_color(policy, i),
             ls=":",
             label=f"{policy}: allocated (quota)",
         )
     ax.set_xlabel("time since the workload started (s)")
     ax.set_ylabel("fraction of the cores")
     ax.set_ylim(0, 1.15)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.18))  # not over the curves
     ax.set_title("Core utilisation over time per policy", fontsize=10)
     save_figure(fig, path)

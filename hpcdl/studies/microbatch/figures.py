@@ -40,7 +40,9 @@ def draw(cfg: dict, study_dir: Path) -> None:
 
     # 1. per-layer measured speedup of the ILP plan, one bar per policy (predicted as markers)
     names = _networks(layers)
-    fig, axes = plt.subplots(len(names) or 1, 1, figsize=(11, 3.2 * max(1, len(names))), squeeze=False)
+    # constrained layout: each panel's rotated layer names clear the next panel's title
+    fig, axes = plt.subplots(len(names) or 1, 1, figsize=(11, 3.6 * max(1, len(names))), squeeze=False,
+                             layout="constrained")
     for ax, net in zip(axes[:, 0], names or [None], strict=True):
         if net is None:
             mark_no_data(ax, "no executed plans in this run")
@@ -61,7 +63,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
         ax.set(
             ylabel="default time / plan time", title=f"{net}: per-layer speedup of the executed plan ({dev})"
         )
-        ax.legend(fontsize=7, ncol=4)
+        ax.legend(fontsize=7, ncol=4, loc="lower left", bbox_to_anchor=(0, 1.1))  # above, not on the bars
         ax.grid(True, axis="y", alpha=0.3)
     save_figure(fig, figs / "layer_speedup.png")
 
@@ -105,15 +107,19 @@ def draw(cfg: dict, study_dir: Path) -> None:
         ax.axhline(1.0, color="k", lw=0.8)
         from matplotlib.ticker import NullFormatter
 
-        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set(
             xscale="log",
             xlabel="total workspace budget (MiB)",
             ylabel="default time / plan time",
             title=f"{net} ({dev})",
         )
+        # after set_xscale, which installs its own formatters: the swept budgets as plain numbers
+        swept = sorted(set(d["budget_bytes"] / MiB))
+        ax.set_xticks(swept, [f"{v:.3g}" for v in swept])
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        # below the axes: inside, it covered the paper's reference line
+        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     save_figure(fig, figs / "budget_speedup.png")
 
     # 3. chosen micro-batches per layer and kernel (policy all, ILP): segments coloured by algorithm
@@ -197,7 +203,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
             label=f"prediction within {tol:.0%}",
         )
         ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim)
-        ax.legend(fontsize=6, ncol=2)
+        ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.02, 1))  # off the band
     ax.set(
         xlabel="predicted conv time per iteration (ms, sum of benchmarked kernels)",
         ylabel="measured fwd+bwd conv time (ms, executed)",

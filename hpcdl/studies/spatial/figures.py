@@ -100,6 +100,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
         line, = ax.plot(g["ranks"], g["peak_delta_mb_max"], "o-", label=f"{kind}: measured (peak RSS growth)")
         ax.plot(g["ranks"], g["pred_memory_mb"], "s--", color=line.get_color(), label=f"{kind}: oracle")
     ax.set(xlabel="ranks", ylabel="memory per rank (MiB)", title="Memory per rank vs ranks")
+    ax.set_xticks(sorted(set(df.loc[df["kind"].isin(["strong", "weak"]), "ranks"].astype(int))))
     ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, figs / "memory.png")
@@ -144,7 +145,7 @@ def _plot_efficiency(plt, df: pd.DataFrame, block: dict, figs: Path) -> None:
         ax.set(xlabel="spatial layout (depth x height ranks)", ylabel="speedup over 1 rank",
                title=f"Strong scaling {block['strong']['grid']}^3 against the machine's own ceiling "
                      f"(goal efficiency >= {need:.2f})")
-        ax.legend(fontsize=8, loc="upper left")
+        ax.legend(fontsize=8, loc="lower right")  # the annotations sit above the bars
     fig.tight_layout()
     save_figure(fig, figs / "efficiency.png")
 
