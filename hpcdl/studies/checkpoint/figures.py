@@ -106,7 +106,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
         for b, r in zip(bars, ratio, strict=True):
             ax.annotate(f"x{r:.4f}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
                         va="bottom", fontsize=8)
-        ax.legend(loc="lower right")
+        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.08))  # above the axes, not over a bar
         ax.set_title(f"Bytes on disk at {float(d['state_bytes'].iloc[0]) / MiB:.3g} MiB of state")
         for f in _formats(sync):
             e = sync[sync["format"] == f].sort_values("state_bytes")

@@ -102,7 +102,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
         ax.bar(x + 0.2, speed["estimate_s"], 0.4, label="one estimate (differential tracing)")
         ax.set_xticks(x, speed["app"])
         ax.set_yscale("log")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12))  # not over the bars
     ax.set_ylabel("wall time per placement (s, log)")
     ax.set_title("Cost of one estimate vs one simulated reference run", fontsize=10)
     save_figure(fig, figs / "estimate_vs_reference_time.png")

@@ -105,6 +105,8 @@ def _optuna_figures(cfg: dict, figures: Path) -> None:
             if ylabel:
                 first.set_ylabel(ylabel)
             fig = first.figure
+            if name == "optuna_parallel_coordinate":
+                fig.set_size_inches(13, 5)  # optuna's default crowds one axis's tick labels onto the next
             fig.suptitle(f"study {study_name}", y=1.02)
             save_figure(fig, path)
             plt.close(fig)
