@@ -2,6 +2,8 @@
 #   snakemake --cores 2 --configfile configs/default.yaml      (laptop scale)
 #   snakemake --profile slurm --configfile configs/paper.yaml   (cluster, paper scale)
 # Every name the workflows/*.smk files use is defined here, before the first include.
+import os
+
 from snakemake.utils import min_version, validate
 
 from hpcdl.platform import wiring
@@ -28,7 +30,7 @@ RESULTS = CONFIG["results_dir"]
 # The declarations of the studies this config runs, in its order.
 STUDY_SPECS = {name: registered()[name] for name in CONFIG["studies"]}
 # The config files as given (each study's report page names them as the run's setting).
-CONFIG_FILES = list(dict.fromkeys(map(str, workflow.configfiles)))
+CONFIG_FILES = wiring.config_files_shown(map(str, workflow.configfiles), os.getcwd())
 # Every rule runs in this environment under --use-conda (path relative to workflows/).
 CONDA_ENV = "../envs/hpcdl.yaml"
 # Task apps import `tasks` and `hpcdl` from this checkout, also inside conda envs and on cluster nodes.

@@ -103,6 +103,13 @@ def test_every_file_a_stage_reads_is_its_input():
         "python -m hpcdl toy about --config res/toy/config.json --config-files 'configs/a b.yaml'"
 
 
+def test_the_config_files_are_shown_once_and_relative_where_they_can_be(tmp_path):
+    (tmp_path / "configs").mkdir()
+    given = [str(tmp_path / "configs" / "default.yaml"), "configs/default.yaml", "/elsewhere/paper.yaml"]
+    shown = wiring.config_files_shown(given, str(tmp_path))
+    assert shown == ["configs/default.yaml", "/elsewhere/paper.yaml"]
+
+
 INTRODUCED = StudySpec(name="toy", title="Toy <study>", raw_tables=("points",), tables=("squares",),
                        figures=("curve", "bars", "area"), task_units=lambda cfg: 1,
                        run_resources=lambda cfg: {}, question="Do squares grow faster than lines?",

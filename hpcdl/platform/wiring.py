@@ -13,6 +13,7 @@ Each rule lists every file its command reads, so Snakemake reruns it when one of
 
 from __future__ import annotations
 
+import os
 import shlex
 
 from hpcdl.platform import about
@@ -65,6 +66,17 @@ def verdict_inputs(results: str, specs: list[StudySpec], config: dict) -> list[s
     """The verdict shows each study's claims, what ran (run summary) and provenance (sidecars)."""
     return [f for s in specs
             for f in (f"{study_dir(results, s.name)}/claims.json", *raw_files(results, s, config))]
+
+
+def config_files_shown(paths, workdir: str) -> list[str]:
+    """The config files a workflow was given, each once (Snakemake lists the Snakefile's default
+    both as given and resolved), relative to the working directory where they lie under it."""
+    shown = {}
+    for p in paths:
+        resolved = os.path.realpath(os.path.join(workdir, p))
+        rel = os.path.relpath(resolved, workdir)
+        shown.setdefault(resolved, resolved if rel.startswith("..") else rel)
+    return list(shown.values())
 
 
 def about_file(results: str, spec: StudySpec) -> str:
