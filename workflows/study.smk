@@ -134,10 +134,9 @@ for _spec in STUDY_SPECS.values():
             ),
         log:
             f"{_dir}/logs/about.log",
+        # a page of three sentences: not worth a cluster job
+        localrule: True
         threads: 1
-        resources:
-            mem_mb=500,
-            runtime=5,
         conda:
             CONDA_ENV
         params:
