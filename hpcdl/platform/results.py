@@ -157,10 +157,15 @@ def measured_on(records: list[dict]) -> str:
     return "CPU: " + " / ".join(cpus)
 
 
-def study_measured_on(study_dir: str | Path) -> str:
-    """`measured_on` of a study's run: its raw tables' sidecars (the derived tables' where none)."""
+def run_sidecars(study_dir: str | Path) -> list[dict]:
+    """A study run's provenance: its raw tables' sidecars (the derived tables' where there are none)."""
     study_dir = Path(study_dir)
-    return measured_on(read_sidecars(study_dir / "raw") or read_sidecars(study_dir / "tables"))
+    return read_sidecars(study_dir / "raw") or read_sidecars(study_dir / "tables")
+
+
+def study_measured_on(study_dir: str | Path) -> str:
+    """`measured_on` of a study's run (`run_sidecars`)."""
+    return measured_on(run_sidecars(study_dir))
 
 
 def _iso(t: float) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform.results import atomic_write_text, measured_on, read_sidecars
+from hpcdl.platform.results import atomic_write_text, measured_on, run_sidecars
 
 RUN_SUMMARY = "run_summary.json"  # <study>/raw/, written by each task app: ok, failed, skipped, total
 PROVENANCE_FIELDS = ("git_commit", "config_hash", "host", "cores")
@@ -68,7 +68,7 @@ def run_provenance(study_dir: Path) -> dict:
     Each field lists its distinct values (one, unless the raw tables came from different runs);
     `started` / `ended` span all of them.
     """
-    records = read_sidecars(study_dir / "raw") or read_sidecars(study_dir / "tables")
+    records = run_sidecars(study_dir)
     prov = {f: sorted({str(r[f]) for r in records if f in r}) for f in PROVENANCE_FIELDS}
     starts = [r["start_time"] for r in records if r.get("start_time")]
     ends = [r["end_time"] for r in records if r.get("end_time")]
