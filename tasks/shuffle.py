@@ -3,7 +3,7 @@
     python -m tasks.shuffle --config configs/default.yaml          # local backend
     python -m hpcdl compss command shuffle --config FILE    # prints the runcompss command line
 
-Writes raw/epochs.csv (one row per point, epoch and rank) and raw/points.csv (one row per
+Writes raw/epochs.csv (one row per point, run, epoch and rank) and raw/points.csv (one row per
 point with its status; a failed point keeps its error). HPCDL_SHUFFLE_KILL="POINT:RANK:EPOCH"
 makes RANK of sweep point POINT ("*" = every partial point) die inside its exchange of
 EPOCH (fault-injection for tests). Every point's record is kept in <results>/shuffle/points/ as
@@ -62,13 +62,14 @@ def main(argv=None) -> None:
     (outcomes,) = study.gather([batch], compss_wait_on, failure_reason)
     rows, status = [], []
     for o in outcomes:
+        labels = {**{k: v for k, v in o.point.items() if k != "runs"}, "runs": len(o.point["runs"])}
         if not o.ok:
-            status.append({**failed_row(o.point, o.error), "point_wall_s": float("nan")})
+            status.append({**failed_row(labels, o.error), "point_wall_s": float("nan")})
             last = o.error.strip().splitlines()[-1] if o.error.strip() else ""
             print(f"[shuffle] point {o.point['point']} FAILED: {last}", file=sys.stderr, flush=True)
             continue
         rows.extend(o.result)
-        status.append({**o.point, "status": "ok", "error": "", "point_wall_s": o.result[0]["point_wall_s"]})
+        status.append({**labels, "status": "ok", "error": "", "point_wall_s": o.result[0]["point_wall_s"]})
     raw = study.dir / "raw"
     write_table(pd.DataFrame(rows), raw / "epochs.csv", cfg, study.started)
     write_table(pd.DataFrame(status), raw / "points.csv", cfg, study.started)

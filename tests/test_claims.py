@@ -155,56 +155,81 @@ SHUFFLE_CFG = {
         "epochs": 2,
         "tolerance_pt": 1.0,
         "alpha": 0.1,
-        "seeds": [0],
+        "seeds": [0, 1, 2],
+        "claim_q": 0.1,
         "grids": [{"world_sizes": [M], "qs": [0, 0.1, 1], "partitionings": ["random", "skewed"]}],
         "kakurenbo": {"fractions": [0, 0.2], "world_size": M},
     }
 }
+SEEDS = (0, 1, 2)
+GLOBAL_ACC = (0.80, 0.81, 0.79)
+KK = f"kakurenbo-M{M}"
 
 
-def _point(strategy, q, part, f=0.0):
-    return f"{strategy}-q{q:g}-{part}-M{M}-F{f:g}-s0"
+def _point(strategy, q, part):
+    return f"{strategy}-q{q:g}-{part}-M{M}"
 
 
-def _final_row(strategy, q, part, acc, f=0.0, time_s=10.0, shown_as=None):
+def _final_row(strategy, q, part, acc, seed=0, f=0.0, time_s=10.0, shown_as=None, point=None, rnd=None):
     label = strategy if strategy != "partial" else f"partial-{q:g}"
     held = int(np.ceil(N / M) + q * N / M) if strategy == "partial" else N // M
     return {
-        "point": _point(strategy, q, part, f),
+        "point": point or _point(strategy, q, part),
         "strategy": strategy,
         "q": q,
         "label": label,
         "partitioning": shown_as or part,
         "world_size": M,
-        "seed": 0,
+        "seed": seed,
         "kakurenbo_fraction": f,
+        "round": SEEDS.index(seed) if rnd is None else rnd,
         "final_val_acc": acc,
         "train_time_s": time_s,
+        "train_compute_total_s": 0.9 * time_s,
+        "overhead_total_s": 0.03 * time_s if f > 0 else 0.0,
+        "skipped_fraction": f * 0.9,
         "samples_held_max": held,
         "held_rows_max": held + (int(q * N / M) if strategy == "partial" else 0),
     }
 
 
+def _sweep_rows(strategy, q, part, gaps_pt):
+    """One row per seed, `gaps_pt[i]` percentage points from global's accuracy of that seed."""
+    return [_final_row(strategy, q, part, g + d / 100, seed=s) for s, g, d in zip(SEEDS, GLOBAL_ACC, gaps_pt,
+                                                                                   strict=True)]
+
+
+def _kk_rows(f, times, acc_change_pt=(0.0, 0.0, 0.0)):
+    rows = []
+    for s, g, t, d in zip(SEEDS, GLOBAL_ACC, times, acc_change_pt, strict=True):
+        rows += [_final_row("global", 1.0, "shared", g + d / 100, seed=s, f=f, time_s=t, shown_as=p, point=KK)
+                 for p in ("random", "skewed")]
+    return rows
+
+
 def _shuffle() -> tuple[dict, dict]:
-    final = [
-        _final_row("local", 0.0, "random", 0.795),
-        _final_row("partial", 0.1, "random", 0.80),
-        _final_row("local", 0.0, "skewed", 0.60),
-        _final_row("partial", 0.1, "skewed", 0.795),
-    ]
+    final = (_sweep_rows("local", 0.0, "random", (0.1, -0.1, 0.0))
+             + _sweep_rows("partial", 0.1, "random", (0.0, 0.2, -0.1))
+             + _sweep_rows("local", 0.0, "skewed", (-20, -19, -21))
+             + _sweep_rows("partial", 0.1, "skewed", (-0.1, 0.1, -0.2)))
     for part in ("random", "skewed"):  # the global baseline is shown in both partitionings
-        final.append(_final_row("global", 1.0, "shared", 0.80, shown_as=part))
-        final.append(_final_row("global", 1.0, "shared", 0.795, f=0.2, time_s=8.0, shown_as=part))
+        final += [_final_row("global", 1.0, "shared", g, seed=s, shown_as=part)
+                  for s, g in zip(SEEDS, GLOBAL_ACC, strict=True)]
+    final += [_final_row("global", 1.0, "shared", 0.5, seed=0, shown_as=p, point=KK, rnd=-1)  # warm-up
+              for p in ("random", "skewed")]
+    final += _kk_rows(0.0, (10.0, 10.2, 9.9)) + _kk_rows(0.2, (8.0, 8.3, 7.9), (-0.1, -0.2, 0.0))
     epochs = [
         {
             "point": _point("partial", 0.1, part),
             "q": 0.1,
+            "seed": s,
             "epoch": e,
             "samples_sent": 0.1 * N,
             "bytes_sent": 0.1 * N * SAMPLE_BYTES,
             "bytes_recv": 0.1 * N * SAMPLE_BYTES,
         }
         for part in ("random", "skewed")
+        for s in SEEDS
         for e in range(2)
     ]
     points = sorted({r["point"] for r in final})
@@ -231,21 +256,32 @@ def _final_set(t, point, col, value, part=None):
     df.loc[(df["point"] == point) & ((df["partitioning"] == part) if part else True), col] = value
 
 
+def _shuffle_gaps(strategy, q, part, gaps_pt):
+    """Replace a sweep point's per-seed accuracies by global's plus `gaps_pt`."""
+    def mutate(c, t):
+        final = t["tables/final.csv"]
+        final = final[final["point"] != _point(strategy, q, part)]
+        t["tables/final.csv"] = pd.concat([final, pd.DataFrame(_sweep_rows(strategy, q, part, gaps_pt))],
+                                          ignore_index=True)
+    return mutate
+
+
+def _kk_times(f, times, acc_change_pt=(0.0, 0.0, 0.0)):
+    """Replace the KAKURENBO runs of fraction f (adding f to the config if new)."""
+    def mutate(c, t):
+        fractions = c["shuffle"]["kakurenbo"]["fractions"]
+        c["shuffle"]["kakurenbo"]["fractions"] = sorted({*fractions, f})
+        final = t["tables/final.csv"]
+        final = final[~((final["point"] == KK) & np.isclose(final["kakurenbo_fraction"], f))]
+        t["tables/final.csv"] = pd.concat([final, pd.DataFrame(_kk_rows(f, times, acc_change_pt))],
+                                          ignore_index=True)
+    return mutate
+
+
 def _two_fractions(cfg, t):
-    """F=0.1 saves time, F=0.2 loses it: a claim over 'any F' would pass, one over every F must not."""
-    cfg["shuffle"]["kakurenbo"]["fractions"] = [0, 0.1, 0.2]
-    _final_set(t, _point("global", 1.0, "shared", 0.2), "train_time_s", 10.3)
-    extra = [
-        _final_row("global", 1.0, "shared", 0.80, f=0.1, time_s=9.2, shown_as=p) for p in ("random", "skewed")
-    ]
-    t["tables/final.csv"] = pd.concat([t["tables/final.csv"], pd.DataFrame(extra)], ignore_index=True)
-    t["raw/points.csv"] = pd.concat(
-        [
-            t["raw/points.csv"],
-            pd.DataFrame([{"point": _point("global", 1.0, "shared", 0.1), "status": "ok", "error": ""}]),
-        ],
-        ignore_index=True,
-    )
+    """F=0.1 saves time, F=0.2 clearly loses it: a claim over 'any F' would pass, over every F must not."""
+    _kk_times(0.1, (9.2, 9.4, 9.1))(cfg, t)
+    _kk_times(0.2, (10.3, 10.5, 10.2))(cfg, t)
 
 
 # --------------------------------------------------------------------------------------- spatial
@@ -596,76 +632,40 @@ CASES = [
     ),
     # shuffle
     ("shuffle", "random_local_partial_match_global_M{M}", "passed", None, None),
-    (
-        "shuffle",
-        "random_local_partial_match_global_M{M}",
-        "failed",
-        lambda c, t: _final_set(t, _point("local", 0.0, "random"), "final_val_acc", 0.70),
-        None,
-    ),
-    (
-        "shuffle",
-        "random_local_partial_match_global_M{M}",
-        "not_measured",
-        lambda c, t: _shuffle_failed(t, _point("partial", 0.1, "random")),
-        ["point partial-q0.1-random-M2-F0-s0 failed", "on 2 ranks failed"],
-    ),
+    ("shuffle", "random_local_partial_match_global_M{M}", "failed",
+     _shuffle_gaps("local", 0.0, "random", (-5.0, -4.5, -5.5)), None),
+    ("shuffle", "random_local_partial_match_global_M{M}", "straddles",
+     _shuffle_gaps("local", 0.0, "random", (-2.0, 0.0, 1.0)), None),
+    ("shuffle", "random_local_partial_match_global_M{M}", "not_measured",
+     lambda c, t: _shuffle_failed(t, _point("partial", 0.1, "random")),
+     ["point partial-q0.1-random-M2 failed", "on 2 ranks failed"]),
     ("shuffle", "skewed_partial_recovers_global_M{M}", "passed", None, None),
-    (
-        "shuffle",
-        "skewed_partial_recovers_global_M{M}",
-        "failed",
-        lambda c, t: _final_set(t, _point("local", 0.0, "skewed"), "final_val_acc", 0.80),
-        None,
-    ),
-    (
-        "shuffle",
-        "skewed_partial_recovers_global_M{M}",
-        "not_measured",
-        lambda c, t: _shuffle_failed(t, _point("global", 1.0, "shared")),
-        ["global-q1-shared-M2-F0-s0 failed"],
-    ),
+    ("shuffle", "skewed_partial_recovers_global_M{M}", "failed",    # local is as good as global
+     _shuffle_gaps("local", 0.0, "skewed", (0.1, -0.1, 0.0)), None),
+    ("shuffle", "skewed_partial_recovers_global_M{M}", "straddles",
+     _shuffle_gaps("partial", 0.1, "skewed", (-3.0, 0.0, 1.0)), None),
+    ("shuffle", "skewed_partial_recovers_global_M{M}", "not_measured",
+     lambda c, t: _shuffle_failed(t, _point("global", 1.0, "shared")),
+     ["global-q1-shared-M2 failed"]),
     ("shuffle", "bytes_per_epoch_equal_QN", "passed", None, None),
-    (
-        "shuffle",
-        "bytes_per_epoch_equal_QN",
-        "failed",
-        lambda c, t: _set(t, "tables/epochs.csv", lambda d: d.index == 3, "bytes_recv", 39 * SAMPLE_BYTES),
-        None,
-    ),
-    (
-        "shuffle",
-        "bytes_per_epoch_equal_QN",
-        "not_measured",
-        lambda c, t: t.__setitem__("tables/epochs.csv", t["tables/epochs.csv"].iloc[:3]),
-        ["partial-q0.1-skewed-M2-F0-s0", "1 of 2 epochs recorded"],
-    ),
+    ("shuffle", "bytes_per_epoch_equal_QN", "failed",
+     lambda c, t: _set(t, "tables/epochs.csv", lambda d: d.index == 3, "bytes_recv", 39 * SAMPLE_BYTES),
+     None),
+    ("shuffle", "bytes_per_epoch_equal_QN", "not_measured",
+     lambda c, t: t.__setitem__("tables/epochs.csv", t["tables/epochs.csv"].iloc[:9]),
+     ["partial-q0.1-skewed-M2", "3 of 6 epochs (runs x epochs) recorded"]),
     ("shuffle", "held_at_most_1_plus_Q_N_over_M", "passed", None, None),
-    (
-        "shuffle",
-        "held_at_most_1_plus_Q_N_over_M",
-        "failed",
-        lambda c, t: _final_set(t, _point("partial", 0.1, "skewed"), "samples_held_max", 221),
-        None,
-    ),
-    (
-        "shuffle",
-        "held_at_most_1_plus_Q_N_over_M",
-        "not_measured",
-        lambda c, t: _shuffle_failed(
-            t, _point("partial", 0.1, "skewed"), "ExchangeError: rank 1: shuffle exchange of epoch 1 failed"
-        ),
-        ["partial-q0.1-skewed-M2-F0-s0 failed", "ExchangeError"],
-    ),
+    ("shuffle", "held_at_most_1_plus_Q_N_over_M", "failed",
+     lambda c, t: _final_set(t, _point("partial", 0.1, "skewed"), "samples_held_max", 221), None),
+    ("shuffle", "held_at_most_1_plus_Q_N_over_M", "not_measured",
+     lambda c, t: _shuffle_failed(
+         t, _point("partial", 0.1, "skewed"), "ExchangeError: rank 1: shuffle exchange of epoch 1 failed"),
+     ["partial-q0.1-skewed-M2 failed", "ExchangeError"]),
     ("shuffle", "kakurenbo_saves_time", "passed", None, None),
     ("shuffle", "kakurenbo_saves_time", "failed", _two_fractions, None),
-    (
-        "shuffle",
-        "kakurenbo_saves_time",
-        "not_measured",
-        lambda c, t: _shuffle_failed(t, _point("global", 1.0, "shared", 0.2)),
-        ["F=0.2", "failed"],
-    ),
+    ("shuffle", "kakurenbo_saves_time", "straddles", _kk_times(0.2, (8.0, 10.5, 9.5)), None),
+    ("shuffle", "kakurenbo_saves_time", "not_measured",
+     lambda c, t: _shuffle_failed(t, KK), ["kakurenbo-M2 failed"]),
     # spatial
     ("spatial", "partitioned_exact", "passed", None, None),
     (
@@ -925,23 +925,46 @@ def test_baseline_passes_every_claim_and_emits_only_declared_ids(study, tmp_path
 
 
 def test_every_declared_claim_has_a_pass_fail_and_missing_case():
+    """... and a straddling case for every claim judged on an interval (the module's INTERVAL_CLAIMS)."""
     covered = {(s, c, o) for s, c, o, _, _ in CASES}
-    absent = [
-        (study, cid, o)
-        for study in STUDIES
-        for cid in importlib.import_module(f"hpcdl.studies.{study}.claims").CLAIMS
-        for o in OUTCOMES
-        if (study, cid, o) not in covered
-    ]
+    absent = []
+    for study in STUDIES:
+        module = importlib.import_module(f"hpcdl.studies.{study}.claims")
+        for cid in module.CLAIMS:
+            wanted = OUTCOMES + (("straddles",) if cid in getattr(module, "INTERVAL_CLAIMS", ()) else ())
+            absent += [(study, cid, o) for o in wanted if (study, cid, o) not in covered]
     assert not absent, f"claims without a test of each outcome: {absent}"
 
 
 # ------------------------------------------------------------------ specific rules and the writer
-def test_kakurenbo_evidence_lists_every_fraction(tmp_path):
+def test_kakurenbo_evidence_lists_every_fraction_with_rounds_and_interval(tmp_path):
     c = _find(_run("shuffle", _two_fractions, tmp_path), "kakurenbo_saves_time")
     assert c["measured"]["holds"] == {"F=0.1": True, "F=0.2": False}
-    assert c["measured"]["time_saving"] == {"F=0.1": pytest.approx(0.08), "F=0.2": pytest.approx(-0.03)}
+    saving = c["measured"]["time_saving"]
+    assert saving["F=0.1"]["per_pair"] == {"round 0": 0.08, "round 1": pytest.approx(0.0784, abs=1e-4),
+                                           "round 2": pytest.approx(0.0808, abs=1e-4)}
+    assert saving["F=0.2"]["n"] == 3 and saving["F=0.2"]["ci95"][1] < 0      # wholly below zero: fails
+    work = c["measured"]["work_and_overhead"]["F=0.1"]
+    assert work["backward_skipped_fraction"] == pytest.approx(0.09)          # 0.9 * F in the fixture
+    assert work["overhead"] == pytest.approx(0.03 * 9.2 / 10.0, abs=1e-3)
     assert "every configured hiding fraction F in [0.1, 0.2]" in c["statement"]
+
+
+def test_shuffle_accuracy_claims_need_two_seeds_for_an_interval(tmp_path):
+    def one_seed(c, t):
+        c["shuffle"]["seeds"] = [0]
+        t["tables/final.csv"] = t["tables/final.csv"][t["tables/final.csv"]["seed"].eq(0)]
+    c = _find(_run("shuffle", one_seed, tmp_path), "random_local_partial_match_global_M{M}")
+    assert c["status"] == "not_measured"
+    assert "1 paired seed(s); an interval needs 2 (shuffle.seeds)" in c["reason"]
+
+
+def test_shuffle_accuracy_evidence_pairs_by_seed(tmp_path):
+    c = _find(_run("shuffle", None, tmp_path), "skewed_partial_recovers_global_M{M}")
+    local = c["measured"]["local_minus_global_pt"]
+    assert local["per_pair"] == {"seed 0": -20.0, "seed 1": -19.0, "seed 2": -21.0}
+    assert local["mean"] == -20.0 and local["ci95"] == [pytest.approx(-22.48, abs=0.01),
+                                                        pytest.approx(-17.52, abs=0.01)]
 
 
 def test_held_claim_compares_measured_samples_with_the_real_bound(tmp_path):
@@ -969,19 +992,35 @@ def test_a_failed_measured_item_outranks_a_missing_one():
     assert every("x", "every X holds", {}, {})["status"] == "not_measured"
 
 
-def test_claims_json_and_html_show_three_statuses(tmp_path):
+def test_every_x_straddles_only_when_nothing_fails_or_is_missing():
+    c = every("x", "every X holds", {"a": True, "b": "straddles"}, {}, threshold=0)
+    assert c["status"] == "straddles" and not c["passed"]
+    assert c["measured"]["holds"] == {"a": True, "b": "straddles"}
+    assert every("x", "s", {"a": "fails", "b": "straddles"}, {}, threshold=0)["status"] == "failed"
+    missing = every("x", "s", {"a": "straddles"}, {"b": "point b failed"}, threshold=0)
+    assert missing["status"] == "not_measured"
+    assert every("x", "s", {"a": "holds", "b": True}, {}, threshold=0)["status"] == "passed"
+    with pytest.raises(ValueError, match="interval verdict"):
+        claim("x", "s", "maybe")
+
+
+def test_claims_json_and_html_show_four_statuses(tmp_path):
     claims = [
         claim("fast", "x is fast", True, speedup=2.0, threshold=1.5),
         claim("small", "y < 1", False, y=3, threshold=1),
         not_measured("exact", "z is exact", "point z-M8 failed", threshold=0),
+        claim("noisy", "a beats b", "straddles", ci95=[-0.1, 0.3], threshold=0),
     ]
-    json_path, html_path = write_claims(tmp_path, "demo", claims, ["fast", "small", "exact"])
+    json_path, html_path = write_claims(tmp_path, "demo", claims, ["fast", "small", "exact", "noisy"])
     doc = json.loads(json_path.read_text())
-    assert (doc["passed"], doc["failed"], doc["not_measured"], doc["total"]) == (1, 1, 1, 3)
-    assert [c["status"] for c in doc["claims"]] == ["passed", "failed", "not_measured"]
+    counts = (doc["passed"], doc["failed"], doc["straddles"], doc["not_measured"], doc["total"])
+    assert counts == (1, 1, 1, 1, 4)
+    assert [c["status"] for c in doc["claims"]] == ["passed", "failed", "not_measured", "straddles"]
+    assert doc["claims"][3]["passed"] is False
     assert doc["claims"][2]["reason"] == "not measured: point z-M8 failed"
     page = html_path.read_text()
-    assert "1/3 claims hold on this run (1 failed, 1 not measured)" in page
+    assert "1/4 claims hold on this run (1 failed, 1 straddle, 1 not measured)" in page
+    assert "<tr class='straddles'><td>noisy</td>" in page and "STRADDLES" in page
     assert "<tr class='not_measured'><td>exact</td>" in page and "NOT MEASURED" in page
     assert "not measured: point z-M8 failed" in page
 

@@ -18,8 +18,8 @@ STUDIES = sorted(p.parent.name for p in (HPCDL / "studies").glob("*/__init__.py"
 TARGET = re.compile(r"^(hpcdl(?:\.\w+)+):\w+$")
 # What compute code and shared code may use of the platform: no task runtime, no workflow-facing parts.
 PLATFORM_PURE = ("hpcdl.platform.config", "hpcdl.platform.results", "hpcdl.platform.claims",
-                 "hpcdl.platform.points", "hpcdl.platform.stages", "hpcdl.platform.study",
-                 "hpcdl.platform.rank_runtime")
+                 "hpcdl.platform.intervals", "hpcdl.platform.points", "hpcdl.platform.stages",
+                 "hpcdl.platform.study", "hpcdl.platform.rank_runtime")
 
 
 def imported(path: Path) -> set[str]:

@@ -93,7 +93,7 @@ def _conformance_config(tmp_path: Path, test_config: dict, name: str, runtime: s
     sp["strong"]["layouts"] = [[1, 2, 1]]  # one scaling run on 2 ranks, then the train run
     sp["hybrid"]["layouts"], sp["ceiling"] = [], False  # more runs of the same task add nothing here
     sp["calibration"] = {"pingpong_bytes": [1024, 4096], "fractions": [1.0], "repeats": 1, "rounds": 1}
-    cfg["shuffle"]["grids"] = [{"world_sizes": [2], "qs": [0.5], "partitionings": ["skewed"]}]  # + F=0 global
+    cfg["shuffle"]["grids"] = [{"world_sizes": [2], "qs": [0.5], "partitionings": ["skewed"]}]
     cfg["hetmem"]["apps"] = [{"name": "gups", "size": 10, "iters": 1}]
     # one candidate, undivided: the plan (and so every raw column but the timings) is deterministic
     cfg["microbatch"].update(algorithms=["onednn-nchw"], policies=["undivided"], backward_forms=["fused"])

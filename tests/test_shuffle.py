@@ -139,14 +139,29 @@ def test_repo_configs_expand_to_the_documented_sweeps(repo):
     from hpcdl.platform.config import load_config
 
     default = sweep.expand(load_config(repo / "configs" / "default.yaml")["shuffle"])
-    labels = {(p["strategy"], p["q"], p["partitioning"], p["world_size"], p["kakurenbo_fraction"])
-              for p in default}
-    assert ("global", 1.0, "shared", 4, 0.0) in labels                  # once, serves both partitionings
-    assert ("partial", 0.1, "skewed", 8, 0.0) in labels
-    assert {p["kakurenbo_fraction"] for p in default} == {0, 0.1, 0.2, 0.3}
-    assert len(default) == len({p["point"] for p in default}) == 17
+    by_id = {p["point"]: p for p in default}
+    assert len(default) == len(by_id) == 15
+    seeds = lambda pid: [r["seed"] for r in by_id[pid]["runs"]]  # noqa: E731
+    assert seeds("global-q1-shared-M4") == [0, 1, 2]                # once, serves both partitionings
+    assert seeds("partial-q0.1-skewed-M8") == seeds("local-q0-random-M8") == [0, 1, 2]   # the claims' Q
+    assert seeds("partial-q0.5-skewed-M4") == [0]                   # the rest of the Q sweep
+    kk = by_id["kakurenbo-M2"]["runs"]
+    assert {r["kakurenbo_fraction"] for r in kk} == {0, 0.1, 0.2, 0.3}
+    assert len(kk) == 1 + 5 * 4                                     # warm-up + 5 rounds x 4 fractions
     paper = load_config(repo / "configs" / "paper.yaml")["shuffle"]
     for m in (4, 8, 16, 32):                       # exact Q*N exchange volume at every paper point
         for q in (0.01, 0.1, 0.5):
             k = exchange_plan.exchange_count(paper["n_train"], m, q)
             assert k * m == pytest.approx(q * paper["n_train"])
+
+
+def test_kakurenbo_rounds_interleave_every_fraction_with_its_baseline():
+    runs = sweep.kakurenbo_runs([0.2, 0, 0.1], [7, 8, 9])
+    assert runs[0] == {"seed": 7, "kakurenbo_fraction": 0.0, "round": sweep.WARMUP_ROUND}
+    order = [(r["round"], r["kakurenbo_fraction"], r["seed"]) for r in runs[1:]]
+    assert order == [(0, 0.0, 7), (0, 0.1, 7), (0, 0.2, 7),       # round 0: F=0 first
+                     (1, 0.2, 8), (1, 0.1, 8), (1, 0.0, 8),       # round 1 reversed: linear drift cancels
+                     (2, 0.0, 9), (2, 0.1, 9), (2, 0.2, 9)]
+    assert sweep.kakurenbo_runs([0.3], [1])[1:] == [            # F = 0 is always in a round
+        {"seed": 1, "kakurenbo_fraction": 0.0, "round": 0},
+        {"seed": 1, "kakurenbo_fraction": 0.3, "round": 0}]

@@ -1,14 +1,17 @@
 """Claims: each study's headline restated as a check on this run's numbers (docs/architecture.md, "Results").
 
-One rule for every study: a claim is always present, with one of three statuses.
+One rule for every study: a claim is always present, with one of four statuses.
 
     passed        measured, and the measured values meet the threshold
     failed        measured, and they do not (a finding of this run, not a crash)
+    straddles     measured over repeats, and the 95 % interval of the compared quantity straddles the
+                  threshold (hpcdl.platform.intervals): noise decides, so neither a pass nor a fail
     not_measured  an input is missing, failed or incomplete: the claim is present, NOT passed,
                   and its `reason` says which input ("not measured: point partial-0.1 M=8 failed")
 
 A claim over "every X" lists each X in its evidence; a measured X that misses the threshold
-fails it, and otherwise a missing X leaves it not measured (see `every`).
+fails it, otherwise a missing X leaves it not measured, and otherwise one that straddles makes the
+claim straddle (see `every`).
 
 Each study's analysis module declares the claim ids it can emit in `CLAIMS` (a `{M}` in an id
 stands for a number); `write_claims` refuses an undeclared id, and tests/test_claims.py
@@ -23,16 +26,22 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from hpcdl.platform.intervals import FAILS, HOLDS, STRADDLES
 from hpcdl.platform.results import _json_default, atomic_write_json, atomic_write_text, study_measured_on
 
-STATUSES = ("passed", "failed", "not_measured")
-_SHOWN = {"passed": ("green", "PASS"), "failed": ("firebrick", "FAIL"),
-          "not_measured": ("dimgray", "NOT MEASURED")}
+STATUSES = ("passed", "failed", "straddles", "not_measured")
+SHOWN = {"passed": ("green", "PASS"), "failed": ("firebrick", "FAIL"),
+         "straddles": ("darkorange", "STRADDLES"), "not_measured": ("dimgray", "NOT MEASURED")}
+_STATUS_OF = {True: "passed", False: "failed", HOLDS: "passed", FAILS: "failed", STRADDLES: "straddles"}
 
 
-def claim(claim_id: str, statement: str, passed: bool, **measured) -> dict:
-    """A measured claim: `measured` holds the values it was decided on and the threshold."""
-    status = "passed" if passed else "failed"
+def claim(claim_id: str, statement: str, passed: bool | str, **measured) -> dict:
+    """A measured claim: `measured` holds the values it was decided on and the threshold.
+
+    `passed`: a bool, or an interval verdict (intervals.HOLDS / FAILS / STRADDLES)."""
+    if passed not in _STATUS_OF:
+        raise ValueError(f"claim {claim_id}: passed must be a bool or an interval verdict, got {passed!r}")
+    status = _STATUS_OF[passed]
     return {"id": claim_id, "statement": statement, "status": status, "passed": status == "passed",
             "measured": measured}
 
@@ -46,21 +55,25 @@ def not_measured(claim_id: str, statement: str, reason: str | Iterable[str], **m
             "reason": "not measured: " + "; ".join(reasons), "measured": measured}
 
 
-def every(claim_id: str, statement: str, holds: Mapping[str, bool], missing: Mapping[str, str],
+def every(claim_id: str, statement: str, holds: Mapping[str, bool | str], missing: Mapping[str, str],
           **measured) -> dict:
-    """A claim over every X. `holds[x]`: the check on a measured x; `missing[x]`: why x has no value.
+    """A claim over every X. `holds[x]`: the check on a measured x (a bool or an interval verdict);
+    `missing[x]`: why x has no value.
 
     Failed if any measured x misses the threshold (that is a finding whatever else is missing);
-    otherwise not measured if any x is missing; passed only when every x was measured and holds.
+    otherwise not measured if any x is missing; otherwise straddles if any x straddles; passed only
+    when every x was measured and holds.
     """
-    measured = {"holds": {str(k): bool(v) for k, v in holds.items()}, "missing": dict(missing), **measured}
+    status = {str(k): _STATUS_OF[v] for k, v in holds.items()}
+    shown = {k: s == "passed" if s != "straddles" else s for k, s in status.items()}
+    measured = {"holds": shown, "missing": dict(missing), **measured}
     if not holds and not missing:
         return not_measured(claim_id, statement, "the run defines nothing to check", **measured)
-    if not all(holds.values()):
+    if "failed" in status.values():
         return claim(claim_id, statement, False, **measured)
     if missing:
         return not_measured(claim_id, statement, [f"{x}: {why}" for x, why in missing.items()], **measured)
-    return claim(claim_id, statement, True, **measured)
+    return claim(claim_id, statement, STRADDLES if "straddles" in status.values() else True, **measured)
 
 
 def declared(claim_id: str, ids: Iterable[str]) -> bool:
@@ -98,7 +111,7 @@ def write_claims(study_dir: str | Path, study: str, claims: list[dict],
     json_path = atomic_write_json(study_dir / "claims.json", doc)
     rows = []
     for c in claims:
-        color, word = _SHOWN[c["status"]]
+        color, word = SHOWN[c["status"]]
         why = f"<br><i>{html.escape(c['reason'])}</i>" if c.get("reason") else ""
         evidence = html.escape(json.dumps(c["measured"], default=_json_default))
         rows.append(f"<tr class='{c['status']}'><td>{html.escape(c['id'])}</td>"
@@ -106,7 +119,7 @@ def write_claims(study_dir: str | Path, study: str, claims: list[dict],
                     f"<td><code>{evidence}</code></td></tr>")
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(study)} claims</title>"
             f"</head><body><h2>{html.escape(study)}: {n['passed']}/{len(claims)} claims hold on this run "
-            f"({n['failed']} failed, {n['not_measured']} not measured)</h2>"
+            f"({n['failed']} failed, {n['straddles']} straddle, {n['not_measured']} not measured)</h2>"
             f"<p>Measured on {html.escape(device)}: each verdict holds for this run on this device.</p>"
             "<table border='1' cellpadding='4' style='border-collapse:collapse'>"
             "<tr><th>claim</th><th>statement</th><th>result</th><th>measured</th></tr>"

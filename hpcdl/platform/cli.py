@@ -23,12 +23,11 @@ import os
 import sys
 
 STAGES = ("tables", "figures", "claims", "summary", "about")
-SHOWN = {"passed": "PASS", "failed": "FAIL", "not_measured": "NOT MEASURED"}
 
 
 def run_stage(study: str, stage: str, cfg: dict, out_dir, config_files: list[str] | None = None) -> None:
     """Run one analysis stage of a study on a validated config."""
-    from hpcdl.platform.claims import write_claims
+    from hpcdl.platform.claims import SHOWN, write_claims
 
     if stage == "about":
         from hpcdl.platform import about
@@ -46,7 +45,7 @@ def run_stage(study: str, stage: str, cfg: dict, out_dir, config_files: list[str
         write_claims(out_dir, study, claims, module.CLAIMS)
         for c in claims:
             why = f" ({c['reason']})" if c.get("reason") else ""
-            print(f"[{SHOWN[c['status']]}] {c['id']}: {c['statement']}{why}")
+            print(f"[{SHOWN[c['status']][1]}] {c['id']}: {c['statement']}{why}")
     else:
         print(module.summary(out_dir))
 

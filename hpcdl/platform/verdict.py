@@ -1,8 +1,9 @@
 """The report's front page: the verdict of a run, one table for every study (docs/architecture.md, "Report").
 
-Per study: claims passed / total (from `<study>/claims.json`, hpcdl.platform.claims), each failing claim
-with its measured values, each not-measured claim with its reason, what ran (points ok / failed /
-skipped) and the run's provenance (the raw tables' `*.provenance.json` sidecars, hpcdl.platform.results).
+Per study: claims passed / total (from `<study>/claims.json`, hpcdl.platform.claims), each failing or
+straddling claim with its measured values, each not-measured claim with its reason, what ran (points
+ok / failed / skipped) and the run's provenance (the raw tables' `*.provenance.json` sidecars,
+hpcdl.platform.results).
 A study without claims.json is shown as "not run", never left out.
 
 Pure: reads the results directory, returns data or HTML; the workflow's `verdict` rule writes
@@ -86,13 +87,14 @@ def study_verdict(results_dir: str | Path, study: str, title: str | None = None)
                "provenance": run_provenance(study_dir)}
     if doc is None:
         return verdict | {"state": "not run", "passed": None, "total": None, "failed": [],
-                          "not_measured": []}
+                          "straddles": [], "not_measured": []}
     claims = doc.get("claims", [])
     return verdict | {
         "state": "ran",
         "passed": sum(c["status"] == "passed" for c in claims),
         "total": len(claims),
         "failed": [c for c in claims if c["status"] == "failed"],
+        "straddles": [c for c in claims if c["status"] == "straddles"],
         "not_measured": [c for c in claims if c["status"] == "not_measured"],
     }
 
@@ -158,12 +160,17 @@ def _wall_time(prov: dict) -> str:
 
 
 def _claim_details(e: dict) -> str:
-    """The failing and not-measured claims of a study, folded under a summary line."""
+    """The failing, straddling and not-measured claims of a study, folded under a summary line."""
     items = []
     for c in e["failed"]:
         measured = _MONO.format(_E(_evidence(c.get("measured", {}))))
         items.append(f"<div class='claim failed' data-claim='{_E(c['id'])}'><b style='color:firebrick'>FAIL"
                      f"</b> {_E(c['statement'])}<br><small>measured: {measured}</small></div>")
+    for c in e["straddles"]:
+        measured = _MONO.format(_E(_evidence(c.get("measured", {}))))
+        items.append(f"<div class='claim straddles' data-claim='{_E(c['id'])}'><b style='color:darkorange'>"
+                     f"STRADDLES</b> {_E(c['statement'])}<br><small>the interval straddles the line: "
+                     f"{measured}</small></div>")
     for c in e["not_measured"]:
         items.append(f"<div class='claim not_measured' data-claim='{_E(c['id'])}' style='color:dimgray'>"
                      f"<b>NOT MEASURED</b> {_E(c['statement'])}<br>"
@@ -171,6 +178,7 @@ def _claim_details(e: dict) -> str:
     if not items:
         return ""
     what = [f"{len(e['failed'])} failing"] if e["failed"] else []
+    what += [f"{len(e['straddles'])} straddling"] if e["straddles"] else []
     what += [f"{len(e['not_measured'])} not measured"] if e["not_measured"] else []
     return (f"<details><summary>{' and '.join(what)}: what was measured, or why not</summary>"
             + "".join(items) + "</details>")
@@ -199,7 +207,7 @@ COLUMNS = ("study", "claims held / total", "what ran (points)", "measured on", "
 def render_html(entries: list[dict]) -> str:
     """The verdict table: one <tbody> per study, whose first row is the study at a glance (claims
     held / total, what ran, device, time) and whose second has its provenance and, folded, its
-    failing and not-measured claims.
+    failing, straddling and not-measured claims.
 
     `data-*` attributes carry the counts for machine checks; the visible text says the same.
     """
@@ -230,6 +238,7 @@ def render_html(entries: list[dict]) -> str:
             color = "green" if e["passed"] == e["total"] else "firebrick"
             claims = f"<b class='claims' style='color:{color}'>{e['passed']}/{e['total']}</b>"
             extra = [f"{len(e['failed'])} failed"] if e["failed"] else []
+            extra += [f"{len(e['straddles'])} straddle"] if e["straddles"] else []
             extra += [f"{len(e['not_measured'])} not measured"] if e["not_measured"] else []
             claims += f" ({', '.join(extra)})" if extra else ""
         cells = (f"{name} {_MONO.format(_E(e['study']))}", claims, _ran_line(ran),

@@ -1,5 +1,6 @@
 """Figures stage of the shuffle study: tables/ -> figures/ (accuracy vs epoch, final accuracy vs Q,
-time per epoch vs Q, bytes exchanged vs Q, KAKURENBO time vs accuracy)."""
+the accuracy gap to global vs Q with its interval (the Q that recovers global), time per epoch vs
+Q, bytes exchanged vs Q, KAKURENBO's time saved against the work it skips and its overhead)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 from hpcdl.platform.results import read_table, save_figure
 from hpcdl.platform.stages import pyplot
 from hpcdl.studies.shuffle.compute import SAMPLE_BYTES
-from hpcdl.studies.shuffle.tables import PARTITIONINGS
+from hpcdl.studies.shuffle.tables import PARTITIONINGS, plain_runs
 
 TIME_PARTS = [("load_s", "data loading"), ("exposed_exchange_s", "exposed exchange"),
               ("fwd_bwd_s", "forward + backward"), ("update_s", "update")]
@@ -28,8 +29,8 @@ def draw(cfg: dict, study_dir: Path) -> None:
     epochs = read_table(study_dir / "tables" / "epochs.csv")
     final = read_table(study_dir / "tables" / "final.csv")
     figs = study_dir / "figures"
-    plain = epochs[epochs["kakurenbo_fraction"].eq(0)]
-    plain_final = final[final["kakurenbo_fraction"].eq(0)]
+    plain = epochs[~epochs["point"].str.startswith("kakurenbo-")]
+    plain_final = plain_runs(final)
     sizes = sorted(plain["world_size"].unique())
     styles = ["-", "--", ":", "-."]
 
@@ -43,7 +44,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
             curve = g.groupby("epoch")["val_acc"].mean()
             ax.plot(curve.index + 1, 100 * curve.values, styles[sizes.index(m) % 4], color=colors[lbl],
                     marker="o", ms=3, label=f"{lbl}, M={m}")
-        ax.set_title(f"{part} partitioning")
+        ax.set_title(f"{part} partitioning (mean over seeds)")
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("validation accuracy (%)")
@@ -100,16 +101,83 @@ def draw(cfg: dict, study_dir: Path) -> None:
     save_figure(fig, figs / "bytes_vs_q.png")
     plt.close(fig)
 
-    # 5. KAKURENBO: training time vs accuracy per F
+    _gap_figure(plt, cfg, study_dir)
+    _kakurenbo_figure(plt, cfg, study_dir)
+
+
+def _gap_figure(plt, cfg: dict, study_dir: Path) -> None:
+    """Accuracy gap to global vs Q per partitioning: mean over paired seeds with its 95 % interval
+    (one-seed points hollow, no interval), the tolerance line, and the smallest Q within it."""
+    gap = read_table(study_dir / "tables" / "gap.csv")
+    rec = read_table(study_dir / "tables" / "recovery.csv")
+    tol = cfg["shuffle"]["tolerance_pt"]
+    sizes = sorted(gap["world_size"].unique())
+    qs = sorted(gap["q"].unique())
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, part in zip(axes, PARTITIONINGS, strict=True):
+        for i, m in enumerate(sizes):
+            g = gap[gap["partitioning"].eq(part) & gap["world_size"].eq(m)].sort_values("q")
+            if g.empty:
+                continue
+            x = np.array([qs.index(q) for q in g["q"]]) + (i - (len(sizes) - 1) / 2) * 0.12
+            color = plt.cm.tab10(i)
+            ax.plot(x, g["gap_pt_mean"], "-", color=color, lw=0.8)
+            many = g["seeds"].ge(2).to_numpy()
+            err = np.vstack([g["gap_pt_mean"] - g["gap_pt_low"], g["gap_pt_high"] - g["gap_pt_mean"]])
+            ax.errorbar(x[many], g["gap_pt_mean"][many], yerr=err[:, many], fmt="o", color=color, capsize=3,
+                        label=f"M={m}, mean of {int(g['seeds'].max())} seeds, 95 % interval")
+            if (~many).any():
+                ax.plot(x[~many], g["gap_pt_mean"][~many], "o", mfc="white", color=color,
+                        label=f"M={m}, one seed (no interval)")
+            r = rec[rec["partitioning"].eq(part) & rec["world_size"].eq(m)]
+            if not r.empty and np.isfinite(r["q_recovers"].iloc[0]):
+                qr = float(r["q_recovers"].iloc[0])
+                ax.annotate(f"Q={qr:g}", (qs.index(qr) + (i - (len(sizes) - 1) / 2) * 0.12, -tol),
+                            textcoords="offset points", xytext=(0, -22 - 10 * i), ha="center", fontsize=8,
+                            color=color, arrowprops={"arrowstyle": "->", "color": color, "lw": 0.8})
+        ax.axhline(-tol, color="gray", ls="--", lw=0.8, label=f"-{tol:g} pt (tolerance)")
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set_xticks(range(len(qs)), [f"{q:g}" for q in qs])
+        ax.set_xlabel("shuffle fraction Q (0 = local)")
+        ax.set_title(f"{part} partitioning")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("final accuracy minus global's (pt)")
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+    save_figure(fig, study_dir / "figures" / "acc_gap_vs_q.png")
+    plt.close(fig)
+
+
+def _kakurenbo_figure(plt, cfg: dict, study_dir: Path) -> None:
+    """Per hiding fraction F: wall time saved (paired with F = 0 of the same round, 95 % interval)
+    beside the backward work skipped and the overhead added; and the accuracy change."""
     k = read_table(study_dir / "tables" / "kakurenbo.csv")
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(k["train_time_s"], 100 * k["final_val_acc"], "o-")
-    for _, r in k.iterrows():
-        ax.annotate(f"F={r['kakurenbo_fraction']:g}", (r["train_time_s"], 100 * r["final_val_acc"]),
-                    textcoords="offset points", xytext=(5, 5), fontsize=8)
-    ax.set_xlabel("training time, all epochs (s)")
-    ax.set_ylabel("final validation accuracy (%)")
-    ax.set_title(f"KAKURENBO on global shuffling, M = {cfg['shuffle']['kakurenbo']['world_size']}")
-    ax.grid(alpha=0.3)
-    save_figure(fig, figs / "kakurenbo.png")
+    tol = cfg["shuffle"]["tolerance_pt"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
+    x = np.arange(len(k))
+    w = 0.26
+    ax.bar(x - w, 100 * k["work_saved"], w, color="tab:green", label="backward work skipped (of F=0's time)")
+    ax.bar(x, -100 * k["overhead"], w, color="tab:red", label="overhead: loss recording, re-selection,\n"
+           "hidden samples' forward")
+    err = 100 * np.vstack([k["time_saving_mean"] - k["time_saving_low"],
+                           k["time_saving_high"] - k["time_saving_mean"]])
+    ax.bar(x + w, 100 * k["time_saving_mean"], w, yerr=err, capsize=3, color="tab:blue",
+           label="wall time saved (mean, 95 % interval)")
+    ax.axhline(0, color="black", lw=0.5)
+    ax.set_xticks(x, [f"F={f:g}" for f in k["kakurenbo_fraction"]])
+    ax.set_ylabel("% of F=0's training time")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(alpha=0.3, axis="y")
+    err = np.vstack([k["acc_change_pt_mean"] - k["acc_change_pt_low"],
+                     k["acc_change_pt_high"] - k["acc_change_pt_mean"]])
+    bx.errorbar(x, k["acc_change_pt_mean"], yerr=err, fmt="o", capsize=3)
+    bx.axhline(-tol, color="gray", ls="--", lw=0.8, label=f"-{tol:g} pt (tolerance)")
+    bx.axhline(0, color="black", lw=0.5)
+    bx.set_xticks(x, [f"F={f:g}" for f in k["kakurenbo_fraction"]])
+    bx.set_ylabel("accuracy change vs F=0 (pt)")
+    bx.legend(fontsize=7)
+    bx.grid(alpha=0.3)
+    kk = cfg["shuffle"]["kakurenbo"]
+    rounds = int(k["rounds"].max()) if not k.empty else 0
+    fig.suptitle(f"KAKURENBO on global shuffling, M = {kk['world_size']}, {rounds} interleaved rounds")
+    save_figure(fig, study_dir / "figures" / "kakurenbo.png")
     plt.close(fig)

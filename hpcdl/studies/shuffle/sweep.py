@@ -1,9 +1,20 @@
 """Expand the `shuffle:` config block into sweep points (one task each).
 
 Q = 0 is run as `local`, Q = 1 as `global`, anything between as `partial`. A global point
-reads from the whole dataset, so it does not depend on the partitioning: it runs once per
-(M, seed) with partitioning "shared" and serves as the baseline of both partitionings.
-KAKURENBO points run global shuffling at one M; F = 0 is that M's global point.
+reads from the whole dataset, so it does not depend on the partitioning: it runs once per M
+with partitioning "shared" and serves as the baseline of both partitionings.
+
+A point trains once per entry of its `runs` (seed, hiding fraction F, round), one after the other
+within one launch of its M ranks: starting ranks costs more than a laptop-scale training run, so
+the seeds of one configuration share it. The claims' comparisons (global, local and partial at
+`claim_q`) run every seed of `seeds`; the other Q values of the sweep run `q_sweep_seeds`.
+
+KAKURENBO is one point of global shuffling at its M whose runs interleave the hiding fractions
+(F = 0 included) round by round, one round per seed, the order reversed every other round: F and
+F = 0 of a round share the seed and run minutes apart, so the paired time saving sees the same
+machine drift on both sides, and a drift linear in time cancels over two rounds. A warm-up run
+(round -1, F = 0) comes first, so the first timed run does not also pay the launch's first-touch
+costs (allocator, gloo buffers, page cache); the tables leave it out.
 """
 
 from __future__ import annotations
@@ -14,27 +25,51 @@ def strategy_for(q: float) -> str:
 
 
 def point_id(p: dict) -> str:
-    return (f"{p['strategy']}-q{p['q']:g}-{p['partitioning']}-M{p['world_size']}"
-            f"-F{p['kakurenbo_fraction']:g}-s{p['seed']}")
+    if p.get("kakurenbo"):
+        return f"kakurenbo-M{p['world_size']}"
+    return f"{p['strategy']}-q{p['q']:g}-{p['partitioning']}-M{p['world_size']}"
+
+
+WARMUP_ROUND = -1
+
+
+def kakurenbo_runs(fractions: list[float], seeds: list[int]) -> list[dict]:
+    """The interleaved order: a warm-up, then round r runs every F (0 first) with the r-th seed,
+    reversed on odd rounds."""
+    fs = sorted({0.0, *map(float, fractions)})
+    runs = [{"seed": int(seeds[0]), "kakurenbo_fraction": 0.0, "round": WARMUP_ROUND}]
+    for r, seed in enumerate(seeds):
+        for f in (fs if r % 2 == 0 else fs[::-1]):
+            runs.append({"seed": int(seed), "kakurenbo_fraction": f, "round": r})
+    return runs
+
+
+def plain_runs(seeds: list[int]) -> list[dict]:
+    return [{"seed": int(s), "kakurenbo_fraction": 0.0, "round": r} for r, s in enumerate(seeds)]
+
+
+def sweep_seeds(block: dict) -> list[int]:
+    return list(block.get("q_sweep_seeds") or block["seeds"][:1])
 
 
 def expand(block: dict) -> list[dict]:
     points: dict[str, dict] = {}
+    claim_qs = {0.0, float(block["claim_q"]), 1.0}
 
-    def add(strategy, q, partitioning, m, seed, f=0.0):
-        p = {"strategy": strategy, "q": float(q), "partitioning": partitioning, "world_size": int(m),
-             "seed": int(seed), "kakurenbo_fraction": float(f)}
+    def add(p: dict) -> None:
         p["point"] = point_id(p)
         points.setdefault(p["point"], p)
 
-    for seed in block["seeds"]:
-        for grid in block["grids"]:
-            for m in grid["world_sizes"]:
-                for q in grid["qs"]:
-                    strategy = strategy_for(q)
-                    for part in (["shared"] if strategy == "global" else grid["partitionings"]):
-                        add(strategy, q, part, m, seed)
-        kk = block["kakurenbo"]
-        for f in kk["fractions"]:
-            add("global", 1.0, "shared", kk["world_size"], seed, f)
+    for grid in block["grids"]:
+        for m in grid["world_sizes"]:
+            for q in grid["qs"]:
+                strategy = strategy_for(q)
+                seeds = block["seeds"] if float(q) in claim_qs else sweep_seeds(block)
+                for part in (["shared"] if strategy == "global" else grid["partitionings"]):
+                    add({"strategy": strategy, "q": float(q), "partitioning": part, "world_size": int(m),
+                         "kakurenbo": False, "runs": plain_runs(seeds)})
+    kk = block["kakurenbo"]
+    if any(f > 0 for f in kk["fractions"]):
+        add({"strategy": "global", "q": 1.0, "partitioning": "shared", "world_size": int(kk["world_size"]),
+             "kakurenbo": True, "runs": kakurenbo_runs(kk["fractions"], kk.get("seeds") or block["seeds"])})
     return list(points.values())

@@ -1,8 +1,12 @@
 """Tables stage of the shuffle study: raw/ -> tables/ (docs/architecture.md, "Stages").
 
-raw/ (written by tasks/shuffle.py): epochs.csv (point x epoch x rank), points.csv (status per point).
-tables/: epochs.csv (point x epoch, ranks combined; the global baseline copied into both
-partitionings), final.csv (point: last-epoch accuracy, times, bytes), kakurenbo.csv.
+raw/ (written by tasks/shuffle.py): epochs.csv (point x run x epoch x rank), points.csv (status per point).
+tables/: epochs.csv (point x run x epoch, ranks combined; the global baseline copied into both
+partitionings), final.csv (point x run: last-epoch accuracy, times, bytes), gap.csv (accuracy gap to
+global per partitioning, M and Q, paired by seed, with its interval), recovery.csv (the smallest Q
+within tolerance of global per partitioning and M), kakurenbo_rounds.csv (each hiding fraction F
+against F = 0 of the same interleaved round: time, work skipped, overhead) and kakurenbo.csv (the
+rounds summarised with intervals).
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hpcdl.platform.intervals import CONFIDENCE, mean_interval
 from hpcdl.platform.results import read_table, write_table
 from hpcdl.platform.stages import started_at
 from hpcdl.studies.shuffle.compute import SAMPLE_BYTES
 from hpcdl.studies.shuffle.exchange_plan import exchange_count
+from hpcdl.studies.shuffle.sweep import WARMUP_ROUND
 
 PARTITIONINGS = ("random", "skewed")
 
@@ -26,18 +32,20 @@ def label(strategy: str, q: float) -> str:
 
 def epoch_table(raw: pd.DataFrame) -> pd.DataFrame:
     """Ranks combined: accuracy is the same on every rank; volumes summed; times averaged."""
-    keys = ["point", "strategy", "q", "partitioning", "world_size", "seed", "kakurenbo_fraction", "epoch"]
+    keys = ["point", "strategy", "q", "partitioning", "world_size", "seed", "kakurenbo_fraction", "round",
+            "epoch"]
     agg = raw.groupby(keys, sort=False).agg(
         val_acc=("val_acc", "mean"), val_loss=("val_loss", "mean"), train_loss=("train_loss", "mean"),
         samples_sent=("samples_sent", "sum"), samples_recv=("samples_recv", "sum"),
         bytes_sent=("bytes_sent", "sum"), bytes_recv=("bytes_recv", "sum"),
         exchange_s=("exchange_s", "mean"), exposed_exchange_s=("exposed_exchange_s", "mean"),
         load_s=("load_s", "mean"), fwd_bwd_s=("fwd_bwd_s", "mean"), update_s=("update_s", "mean"),
-        hidden_forward_s=("hidden_forward_s", "mean"), compute_s=("compute_s", "mean"),
+        hidden_forward_s=("hidden_forward_s", "mean"), record_s=("record_s", "mean"),
+        select_s=("select_s", "mean"), compute_s=("compute_s", "mean"),
         epoch_s=("epoch_s", "mean"), samples_held_max=("samples_held", "max"),
         held_rows_max=("held_rows", "max"),
         samples_trained=("samples_trained", "sum"), hidden=("hidden", "max"),
-        moved_back=("moved_back", "max"),
+        moved_back=("moved_back", "max"), n_train=("n_train", "max"),
         partition_skew_tv=("partition_skew_tv", "mean"),
     ).reset_index()
     agg["label"] = [label(s, q) for s, q in zip(agg["strategy"], agg["q"], strict=True)]
@@ -48,17 +56,26 @@ def epoch_table(raw: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+RUN = ["point", "partitioning", "seed", "kakurenbo_fraction", "round"]
+
+
 def final_table(epochs: pd.DataFrame, n_train: int) -> pd.DataFrame:
-    last = epochs.sort_values("epoch").groupby(["point", "partitioning"], sort=False).tail(1)
-    totals = epochs.groupby(["point", "partitioning"], sort=False).agg(
+    """One row per run of a point: last-epoch accuracy, time and volume totals."""
+    last = epochs.sort_values("epoch").groupby(RUN, sort=False).tail(1)
+    e = epochs.assign(skipped_fraction=epochs["hidden"] / n_train,
+                      train_compute_s=epochs["fwd_bwd_s"] + epochs["update_s"],
+                      overhead_s=epochs["record_s"] + epochs["select_s"] + epochs["hidden_forward_s"])
+    totals = e.groupby(RUN, sort=False).agg(
         train_time_s=("epoch_s", "sum"), epoch_time_s=("epoch_s", "mean"),
         bytes_per_epoch=("bytes_sent", "mean"), samples_per_epoch=("samples_sent", "mean"),
         exchange_s=("exchange_s", "mean"), exposed_exchange_s=("exposed_exchange_s", "mean"),
         load_s=("load_s", "mean"), fwd_bwd_s=("fwd_bwd_s", "mean"), update_s=("update_s", "mean"),
+        train_compute_total_s=("train_compute_s", "sum"), overhead_total_s=("overhead_s", "sum"),
+        skipped_fraction=("skipped_fraction", "mean"),
         samples_held_max=("samples_held_max", "max"), held_rows_max=("held_rows_max", "max")).reset_index()
     out = last[["point", "strategy", "q", "label", "partitioning", "world_size", "seed", "kakurenbo_fraction",
-                "val_acc", "train_loss"]].rename(columns={"val_acc": "final_val_acc"})
-    out = out.merge(totals, on=["point", "partitioning"])
+                "round", "val_acc", "train_loss"]].rename(columns={"val_acc": "final_val_acc"})
+    out = out.merge(totals, on=RUN)
     out["expected_bytes_per_epoch"] = [
         exchange_count(n_train, int(m), q) * int(m) * SAMPLE_BYTES if s == "partial" else 0
         for s, q, m in zip(out["strategy"], out["q"], out["world_size"], strict=True)]
@@ -67,17 +84,87 @@ def final_table(epochs: pd.DataFrame, n_train: int) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def kakurenbo_table(final: pd.DataFrame, world_size: int) -> pd.DataFrame:
-    k = final[final["strategy"].eq("global") & final["world_size"].eq(world_size)
-              & final["partitioning"].eq("random")]
-    k = k.groupby("kakurenbo_fraction").agg(final_val_acc=("final_val_acc", "mean"),
-                                            train_time_s=("train_time_s", "mean"), seeds=("seed", "nunique"))
-    k = k.reset_index()
-    base = k[k["kakurenbo_fraction"].eq(0)]
-    if not base.empty:
-        k["time_saving"] = 1 - k["train_time_s"] / float(base["train_time_s"].iloc[0])
-        k["acc_change_pt"] = 100 * (k["final_val_acc"] - float(base["final_val_acc"].iloc[0]))
-    return k
+def _interval_columns(values: list[float], prefix: str) -> dict:
+    if len(values) < 2:
+        return {f"{prefix}_mean": float(np.mean(values)) if values else np.nan,
+                f"{prefix}_low": np.nan, f"{prefix}_high": np.nan}
+    iv = mean_interval(values)
+    return {f"{prefix}_mean": iv.mean, f"{prefix}_low": iv.low, f"{prefix}_high": iv.high}
+
+
+def plain_runs(final: pd.DataFrame) -> pd.DataFrame:
+    """Runs of the sweep points (not the KAKURENBO point, whose F = 0 runs are its own baseline)."""
+    return final[~final["point"].str.startswith("kakurenbo-")]
+
+
+def gap_table(final: pd.DataFrame) -> pd.DataFrame:
+    """Per partitioning, M and strategy/Q: final accuracy minus global's, paired by seed (pt)."""
+    plain = plain_runs(final)
+    rows = []
+    for (part, m), g in plain.groupby(["partitioning", "world_size"]):
+        glob = g[g["strategy"].eq("global")].set_index("seed")["final_val_acc"]
+        for (lbl, q), h in g[~g["strategy"].eq("global")].groupby(["label", "q"]):
+            acc = h.set_index("seed")["final_val_acc"]
+            seeds = [s for s in acc.index if s in glob.index]
+            gaps = [100 * (acc[s] - glob[s]) for s in seeds]
+            rows.append({"partitioning": part, "world_size": m, "label": lbl, "q": q, "seeds": len(seeds),
+                         "gap_pt_per_seed": ";".join(f"{s}:{v:.2f}"
+                                                     for s, v in zip(seeds, gaps, strict=True)),
+                         **_interval_columns(gaps, "gap_pt"), "confidence": CONFIDENCE})
+    return pd.DataFrame(rows)
+
+
+def recovery_table(gap: pd.DataFrame, tolerance_pt: float) -> pd.DataFrame:
+    """Per partitioning and M: the smallest swept Q whose mean gap to global is within tolerance, and
+    whether its interval confirms it (lower end above -tolerance; seeds < 2: not judged)."""
+    rows = []
+    for (part, m), g in gap.groupby(["partitioning", "world_size"]):
+        g = g.sort_values("q")
+        within = g[g["gap_pt_mean"] >= -tolerance_pt]
+        first = within.iloc[0] if not within.empty else None
+        rows.append({"partitioning": part, "world_size": m, "tolerance_pt": tolerance_pt,
+                     "q_recovers": float(first["q"]) if first is not None else np.nan,
+                     "seeds": int(first["seeds"]) if first is not None else 0,
+                     "interval_confirms": (bool(first["gap_pt_low"] > -tolerance_pt)
+                                           if first is not None and first["seeds"] >= 2 else None),
+                     "qs_swept": ";".join(f"{q:g}" for q in g["q"])})
+    return pd.DataFrame(rows)
+
+
+def kakurenbo_rounds(final: pd.DataFrame) -> pd.DataFrame:
+    """Each F > 0 of the KAKURENBO point against F = 0 of the same round (same seed, minutes apart)."""
+    k = final[final["point"].str.startswith("kakurenbo-") & final["partitioning"].eq("random")
+              & final["round"].ne(WARMUP_ROUND)]
+    base = k[k["kakurenbo_fraction"].eq(0)].set_index("round")
+    rows = []
+    for _, r in k[k["kakurenbo_fraction"].gt(0)].iterrows():
+        if r["round"] not in base.index:
+            continue
+        b = base.loc[r["round"]]
+        t0 = float(b["train_time_s"])
+        rows.append({"kakurenbo_fraction": r["kakurenbo_fraction"], "round": int(r["round"]),
+                     "seed": int(r["seed"]), "world_size": int(r["world_size"]),
+                     "train_time_s": r["train_time_s"], "baseline_time_s": t0,
+                     "time_saving": 1 - r["train_time_s"] / t0,
+                     "acc_change_pt": 100 * (r["final_val_acc"] - b["final_val_acc"]),
+                     "skipped_fraction": r["skipped_fraction"],
+                     # the backward work hidden samples skip, at F = 0's measured cost per sample
+                     "work_saved": r["skipped_fraction"] * float(b["train_compute_total_s"]) / t0,
+                     "compute_saved": (float(b["train_compute_total_s"]) - r["train_compute_total_s"]) / t0,
+                     "overhead": r["overhead_total_s"] / t0})
+    return pd.DataFrame(rows)
+
+
+def kakurenbo_table(rounds: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for f, g in rounds.groupby("kakurenbo_fraction"):
+        rows.append({"kakurenbo_fraction": f, "rounds": len(g),
+                     **_interval_columns(list(g["time_saving"]), "time_saving"),
+                     **_interval_columns(list(g["acc_change_pt"]), "acc_change_pt"),
+                     "skipped_fraction": g["skipped_fraction"].mean(), "work_saved": g["work_saved"].mean(),
+                     "compute_saved": g["compute_saved"].mean(), "overhead": g["overhead"].mean(),
+                     "confidence": CONFIDENCE})
+    return pd.DataFrame(rows)
 
 
 def write(cfg: dict, study_dir: Path) -> None:
@@ -93,5 +180,9 @@ def write(cfg: dict, study_dir: Path) -> None:
     final = final_table(epochs, block["n_train"])
     write_table(epochs, tables / "epochs.csv", cfg, started)
     write_table(final, tables / "final.csv", cfg, started)
-    kk = kakurenbo_table(final, block["kakurenbo"]["world_size"])
-    write_table(kk, tables / "kakurenbo.csv", cfg, started)
+    gap = gap_table(final)
+    write_table(gap, tables / "gap.csv", cfg, started)
+    write_table(recovery_table(gap, block["tolerance_pt"]), tables / "recovery.csv", cfg, started)
+    rounds = kakurenbo_rounds(final)
+    write_table(rounds, tables / "kakurenbo_rounds.csv", cfg, started)
+    write_table(kakurenbo_table(rounds), tables / "kakurenbo.csv", cfg, started)

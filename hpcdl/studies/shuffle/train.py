@@ -1,7 +1,9 @@
 """The rank function: data-parallel training (DDP over gloo) with one shuffling strategy.
 
 Run by `hpcdl.platform.rank_runtime.launch.run_ranks("hpcdl.studies.shuffle.train:train_rank", M,
-kwargs)`; the process group is already initialised. Returns this rank's per-epoch records.
+kwargs)`; the process group is already initialised. Trains once per entry of `runs` (seed, KAKURENBO
+fraction, round: hpcdl.studies.shuffle.sweep), each from a fresh model, and returns this rank's
+per-epoch records of every run.
 
 Strategies
 - global: every epoch a shared permutation of all N (DistributedSampler semantics); each
@@ -12,6 +14,9 @@ Strategies
   e+1 (so a rank holds at most N/M + k distinct samples; `samples_held` counts them from the
   buffers at the epoch's peak, `held_rows` the sample rows in memory then, staged copies included).
 KAKURENBO (global only): hide easy samples from the backward pass (hpcdl.studies.shuffle.kakurenbo).
+Its cost is timed apart from the work it saves: `record_s` (keeping each sample's loss, correctness
+and confidence, and merging them over ranks), `select_s` (choosing the hidden samples) and
+`hidden_forward_s` (the forward pass that refreshes the hidden samples' loss).
 """
 
 from __future__ import annotations
@@ -82,29 +87,59 @@ def _validate(net, x_val, y_val, rank, m) -> tuple[float, float]:
     return float(stats[0] / stats[2]), float(stats[1] / stats[2])
 
 
-def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha: float, seed: int,
+def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha: float, runs: list[dict],
                epochs: int, batch_size: int, lr: float, momentum: float, model: dict,
-               kakurenbo_fraction: float = 0.0, kill: dict | None = None,
-               exchange_timeout_s: float | None = None, return_ids: bool = False) -> dict:
-    rank, m = dist.get_rank(), dist.get_world_size()
+               kill: dict | None = None, exchange_timeout_s: float | None = None,
+               return_ids: bool = False) -> dict:
+    """`runs`: [{"seed", "kakurenbo_fraction", "round"}], trained in this order. `kill` (tests) makes a
+    rank die in the exchange of one epoch of the first run."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     exchange_plan.check_q(q)
-    kakurenbo.check_fraction(kakurenbo_fraction)
-    if kakurenbo_fraction > 0 and strategy != "global":
-        raise ValueError("KAKURENBO is run on top of global shuffling (strategy 'global')")
+    if not runs:
+        raise ValueError("runs is empty: a point trains at least once")
+    for run in runs:
+        kakurenbo.check_fraction(run["kakurenbo_fraction"])
+        if run["kakurenbo_fraction"] > 0 and strategy != "global":
+            raise ValueError("KAKURENBO is run on top of global shuffling (strategy 'global')")
     timeout = float(exchange_timeout_s or os.environ.get("HPCDL_COLLECTIVE_TIMEOUT_S", "60"))
-    kill = kill or {}
+    shared = _Shared(data, timeout, partial=strategy == "partial")
+    records, ids = [], None
+    for i, run in enumerate(runs):
+        recs, ids = _train_one(shared, strategy=strategy, q=q, partitioning=partitioning, alpha=alpha,
+                               seed=int(run["seed"]), kakurenbo_fraction=float(run["kakurenbo_fraction"]),
+                               epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, model=model,
+                               kill=(kill or {}) if i == 0 else {})
+        records += [{**r, "seed": int(run["seed"]), "kakurenbo_fraction": float(run["kakurenbo_fraction"]),
+                     "round": int(run["round"])} for r in recs]
+    result = {"records": records}
+    if return_ids and ids is not None:
+        result["ids"] = ids
+    return result
+
+
+class _Shared:
+    """What every run of a point shares: the memory-mapped data and the exchange's gloo group."""
+
+    def __init__(self, data: dict, timeout: float, partial: bool):
+        self.timeout = timeout
+        self.x_file = np.load(data["x_train"], mmap_mode="r")
+        self.y_all = np.load(data["y_train"])
+        self.x_val, self.y_val = np.load(data["x_val"], mmap_mode="r"), np.load(data["y_val"])
+        self.xgroup = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout)) if partial else None
+
+
+def _train_one(shared: _Shared, *, strategy: str, q: float, partitioning: str, alpha: float, seed: int,
+               kakurenbo_fraction: float, epochs: int, batch_size: int, lr: float, momentum: float,
+               model: dict, kill: dict) -> tuple[list[dict], np.ndarray | None]:
+    rank, m = dist.get_rank(), dist.get_world_size()
+    timeout, xgroup = shared.timeout, shared.xgroup
+    x_file, y_all, x_val, y_val = shared.x_file, shared.y_all, shared.x_val, shared.y_val
     torch.manual_seed(seed)
-    x_file = np.load(data["x_train"], mmap_mode="r")
-    y_all = np.load(data["y_train"])
-    x_val, y_val = np.load(data["x_val"], mmap_mode="r"), np.load(data["y_val"])
     n = len(y_all)
     sizes = partition.partition_sizes(n, m)
     net = DistributedDataParallel(model_mod.build(model["kind"], model["width"], model["depth"]))
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
-    xgroup = (dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
-              if strategy == "partial" else None)
 
     load0 = time.perf_counter()
     if strategy == "global":
@@ -126,8 +161,10 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
         hidden = np.zeros(n, dtype=bool)
         hiding = None
         if kakurenbo_fraction > 0:
+            t0 = time.perf_counter()
             hiding = kakurenbo.select_hidden(stats[0], stats[1], stats[2], kakurenbo_fraction)
             hidden = hiding.hidden
+            sw.add("select_s", t0)
         # cosine decay settles the last epochs, so "final accuracy" is not one noisy step's luck
         epoch_lr = lr * 0.5 * (1 + np.cos(np.pi * epoch / epochs)) * kakurenbo.lr_scale(float(hidden.mean()))
         for g in opt.param_groups:
@@ -173,12 +210,14 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
                 loss_sum += float(loss.item())
                 steps += 1
                 if kakurenbo_fraction > 0:
+                    t0 = time.perf_counter()
                     with torch.no_grad():
                         prob = out.softmax(1)
                         seen["ids"].append(bid)
                         seen["loss"].append(per_sample.detach().numpy())
                         seen["correct"].append((out.argmax(1) == yb).numpy())
                         seen["conf"].append(prob.max(1).values.numpy())
+                    sw.add("record_s", t0)
             if kakurenbo_fraction > 0:
                 t0 = time.perf_counter()
                 hid = np.flatnonzero(hidden)[rank::m]
@@ -191,6 +230,7 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
                         seen["loss"].append(F.cross_entropy(out, yb, reduction="none").numpy())
                         seen["correct"].append((out.argmax(1) == yb).numpy())
                         seen["conf"].append(out.softmax(1).max(1).values.numpy())
+                t0 = sw.add("hidden_forward_s", t0)
                 merged = torch.zeros((4, n), dtype=torch.float64)
                 sid = np.concatenate(seen["ids"])
                 for row, key in enumerate(("loss", "correct", "conf")):
@@ -201,7 +241,7 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
                 cnt = merged[3].numpy()
                 got = cnt > 0
                 stats[:, got] = merged[:3, got].numpy() / cnt[got]
-                sw.add("hidden_forward_s", t0)
+                sw.add("record_s", t0)
         except RuntimeError as exc:
             if ex is not None and not isinstance(exc, ExchangeError):
                 raise ExchangeError(f"rank {rank}: lost a peer in epoch {epoch} while its shuffle exchange "
@@ -234,15 +274,14 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
             "exchange_s": outcome.time_s if outcome else 0.0, "exposed_exchange_s": exposed,
             "load_s": t.get("load_s", 0.0) + (initial_load_s if epoch == 0 else 0.0),
             "fwd_bwd_s": t.get("fwd_bwd_s", 0.0), "update_s": t.get("update_s", 0.0),
-            "hidden_forward_s": t.get("hidden_forward_s", 0.0),
+            "hidden_forward_s": t.get("hidden_forward_s", 0.0), "record_s": t.get("record_s", 0.0),
+            "select_s": t.get("select_s", 0.0),
             "compute_s": t.get("fwd_bwd_s", 0.0) + t.get("update_s", 0.0) + t.get("hidden_forward_s", 0.0),
             "epoch_s": epoch_s, "val_s": time.perf_counter() - val0,
             "samples_held": held.samples, "held_rows": held.rows,
-            "hidden": int(hidden.sum()), "moved_back": hiding.moved_back if hiding else 0, "lr": epoch_lr,
+            "hidden": int(hidden.sum()), "n_train": n, "moved_back": hiding.moved_back if hiding else 0,
+            "lr": epoch_lr,
             "partition_skew_tv": (partition.label_skew(y_all, [ids_part.numpy()]) if ids is not None
                                   else float("nan")),
         })
-    result = {"records": records}
-    if return_ids and ids is not None:
-        result["ids"] = ids_part.numpy().copy()
-    return result
+    return records, (ids_part.numpy().copy() if ids is not None else None)

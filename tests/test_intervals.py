@@ -1,0 +1,51 @@
+"""The one interval method (hpcdl.platform.intervals) against known cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hpcdl.platform import intervals
+
+
+def test_t_interval_matches_the_textbook_case():
+    # mean 2, sd 1 (values 1, 2, 3), n = 3: half-width t(0.975, 2) * 1 / sqrt(3) = 4.3027 / 1.7321
+    iv = intervals.mean_interval([1.0, 2.0, 3.0])
+    assert iv.mean == pytest.approx(2.0)
+    assert iv.high - iv.mean == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
+    assert iv.low == pytest.approx(2.0 - 2.484138, rel=1e-6)
+    # more pairs, a narrower interval: n = 10, sd 1 -> t(0.975, 9) = 2.262157
+    ten = intervals.mean_interval([0, 2] * 5)
+    assert ten.high - ten.mean == pytest.approx(2.262157 * math.sqrt(10 / 9) / math.sqrt(10), rel=1e-6)
+    assert intervals.mean_interval([1, 2, 3], confidence=0.9).high < iv.high
+
+
+def test_pairs_are_differences_of_the_same_key():
+    keys, diffs = intervals.paired({"s0": 5.0, "s1": 7.0, "s2": 1.0}, {"s1": 6.0, "s0": 4.5})
+    assert keys == ["s0", "s1"] and diffs == [0.5, 1.0]
+
+
+def test_verdicts_against_a_line():
+    iv = intervals.mean_interval([1.0, 2.0, 3.0])      # about [-0.48, 4.48]
+    assert intervals.above(iv, -1.0) == intervals.HOLDS
+    assert intervals.above(iv, 0.0) == intervals.STRADDLES
+    assert intervals.above(iv, 5.0) == intervals.FAILS
+    assert intervals.below(iv, 5.0) == intervals.HOLDS
+    assert intervals.below(iv, 0.0) == intervals.STRADDLES
+    assert intervals.below(iv, -1.0) == intervals.FAILS
+    assert intervals.all_of([intervals.HOLDS, intervals.STRADDLES]) == intervals.STRADDLES
+    assert intervals.all_of([intervals.STRADDLES, intervals.FAILS]) == intervals.FAILS
+    assert intervals.all_of([intervals.HOLDS, intervals.HOLDS]) == intervals.HOLDS
+
+
+def test_evidence_shows_each_pair_the_mean_and_the_interval():
+    ev = intervals.mean_interval([1.0, 2.0, 3.0]).evidence(2, keys=["seed 0", "seed 1", "seed 2"])
+    assert ev == {"per_pair": {"seed 0": 1.0, "seed 1": 2.0, "seed 2": 3.0}, "mean": 2.0,
+                  "ci95": [-0.48, 4.48], "n": 3}
+
+
+@pytest.mark.parametrize("values, message", [([1.0], "at least 2"), ([1.0, float("nan")], "NaN")])
+def test_too_few_or_missing_values_are_refused(values, message):
+    with pytest.raises(ValueError, match=message):
+        intervals.mean_interval(values)
