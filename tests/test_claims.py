@@ -947,7 +947,27 @@ def test_kakurenbo_evidence_lists_every_fraction_with_rounds_and_interval(tmp_pa
     work = c["measured"]["work_and_overhead"]["F=0.1"]
     assert work["backward_skipped_fraction"] == pytest.approx(0.09)          # 0.9 * F in the fixture
     assert work["overhead"] == pytest.approx(0.03 * 9.2 / 10.0, abs=1e-3)
-    assert "every configured hiding fraction F in [0.1, 0.2]" in c["statement"]
+    assert "hiding fractions F in [0.1, 0.2]: at every F" in c["statement"]
+
+
+def test_kakurenbo_time_is_judged_only_where_this_run_can_resolve_it(tmp_path):
+    # F=0 spread (10.0, 10.2, 9.9 s) resolves about 5.4 % of F=0's time; F=0.05 skips 4.5 % of a compute
+    # that is 90 % of the time, for 3 % overhead: net 1 %, below it, so a slower F=0.05 is not judged on time.
+    c = _find(_run("shuffle", _kk_times(0.05, (10.3, 10.5, 10.2)), tmp_path), "kakurenbo_saves_time")
+    assert c["measured"]["timing_resolution"] == pytest.approx(0.054, abs=0.001)
+    low = c["measured"]["work_and_overhead"]["F=0.05"]
+    assert low["predicted_net_saving"] == pytest.approx(0.045 * 0.9 - 0.0309, abs=1e-3)
+    assert not low["time_judged"]
+    assert c["measured"]["work_and_overhead"]["F=0.2"]["time_judged"]
+    assert c["status"] == "passed" and c["measured"]["time_saving"]["F=0.05"]["mean"] < 0
+
+    def only_small(c, t):
+        _kk_times(0.05, (10.3, 10.5, 10.2))(c, t)
+        c["shuffle"]["kakurenbo"]["fractions"] = [0, 0.05]
+        final = t["tables/final.csv"]
+        t["tables/final.csv"] = final[~np.isclose(final["kakurenbo_fraction"], 0.2)]
+    c = _find(_run("shuffle", only_small, tmp_path / "small"), "kakurenbo_saves_time")
+    assert c["status"] == "not_measured" and "saves nothing measurable at this scale" in c["reason"]
 
 
 def test_shuffle_accuracy_claims_need_two_seeds_for_an_interval(tmp_path):

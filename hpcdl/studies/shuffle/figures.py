@@ -163,8 +163,14 @@ def _kakurenbo_figure(plt, cfg: dict, study_dir: Path) -> None:
     ax.bar(x + w, 100 * k["time_saving_mean"], w, yerr=err, capsize=3, color="tab:blue",
            label="wall time saved (mean, 95 % interval)")
     ax.axhline(0, color="black", lw=0.5)
-    ax.set_xticks(x, [f"F={f:g}" for f in k["kakurenbo_fraction"]])
+    if not k.empty and np.isfinite(k["timing_resolution"].iloc[0]):
+        ax.axhline(100 * k["timing_resolution"].iloc[0], color="gray", ls="--", lw=0.8,
+                   label="timing resolution of this run (from F=0's spread)")
+    ax.set_xticks(x, [f"F={f:g}" + ("" if judged else "\n(time not judged)")
+                      for f, judged in zip(k["kakurenbo_fraction"], k["resolvable"], strict=True)])
     ax.set_ylabel("% of F=0's training time")
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high + 0.6 * (high - low))   # headroom: the legend sits above the bars
     ax.legend(fontsize=7, loc="upper left")
     ax.grid(alpha=0.3, axis="y")
     err = np.vstack([k["acc_change_pt_mean"] - k["acc_change_pt_low"],

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform.intervals import CONFIDENCE, mean_interval
+from hpcdl.platform.intervals import CONFIDENCE, mean_interval, resolution
 from hpcdl.platform.results import read_table, write_table
 from hpcdl.platform.stages import started_at
 from hpcdl.studies.shuffle.compute import SAMPLE_BYTES
@@ -155,10 +155,25 @@ def kakurenbo_rounds(final: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def timing_resolution(rounds: pd.DataFrame) -> float:
+    """The smallest time saving (fraction of F = 0's time) this run's interleaved rounds can resolve:
+    from the round-to-round spread of the F = 0 runs alone (intervals.resolution)."""
+    base = rounds.drop_duplicates("round")
+    if len(base) < 2:
+        return float("nan")
+    t0 = base["baseline_time_s"]
+    return resolution(t0 / t0.mean())
+
+
 def kakurenbo_table(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Per F: the rounds summarised, and whether F is in the regime this run can judge: its predicted
+    net saving (backward work skipped minus the overhead, both measured) above the timing resolution."""
     rows = []
+    res = timing_resolution(rounds) if not rounds.empty else float("nan")
     for f, g in rounds.groupby("kakurenbo_fraction"):
-        rows.append({"kakurenbo_fraction": f, "rounds": len(g),
+        net = float(g["work_saved"].mean() - g["overhead"].mean())
+        rows.append({"kakurenbo_fraction": f, "rounds": len(g), "predicted_net_saving": net,
+                     "timing_resolution": res, "resolvable": bool(net > res) if np.isfinite(res) else False,
                      **_interval_columns(list(g["time_saving"]), "time_saving"),
                      **_interval_columns(list(g["acc_change_pt"]), "acc_change_pt"),
                      "skipped_fraction": g["skipped_fraction"].mean(), "work_saved": g["work_saved"].mean(),
