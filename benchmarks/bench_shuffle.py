@@ -27,7 +27,7 @@ from hpcdl.studies.shuffle import data as shuffle_data  # noqa: E402
 from hpcdl.studies.shuffle.exchange_plan import exchange_count  # noqa: E402
 
 TRAIN = dict(batch_size=64, lr=0.1, momentum=0.9, model={"kind": "mlp_bn", "width": 64, "depth": 2},
-             alpha=0.1, partitioning="random", seed=0)
+             alpha=0.1, partitioning="random", runs=[{"seed": 0, "kakurenbo_fraction": 0.0, "round": 0}])
 
 
 def _epochs(data, strategy, q, ranks, epochs):

@@ -145,9 +145,9 @@ def test_repo_configs_expand_to_the_documented_sweeps(repo):
     assert seeds("global-q1-shared-M4") == [0, 1, 2]                # once, serves both partitionings
     assert seeds("partial-q0.1-skewed-M8") == seeds("local-q0-random-M8") == [0, 1, 2]   # the claims' Q
     assert seeds("partial-q0.5-skewed-M4") == [0]                   # the rest of the Q sweep
-    kk = by_id["kakurenbo-M2"]["runs"]
+    kk = by_id["kakurenbo-M1"]["runs"]
     assert {r["kakurenbo_fraction"] for r in kk} == {0, 0.1, 0.2, 0.3}
-    assert len(kk) == 1 + 7 * 4                                     # warm-up + 7 rounds x 4 fractions
+    assert len(kk) == 1 + 5 * 4                                     # warm-up + 5 rounds x 4 fractions
     paper = load_config(repo / "configs" / "paper.yaml")["shuffle"]
     for m in (4, 8, 16, 32):                       # exact Q*N exchange volume at every paper point
         for q in (0.01, 0.1, 0.5):

@@ -19,7 +19,7 @@ from hpcdl.platform.intervals import above, all_of, below, mean_interval, paired
 from hpcdl.platform.stages import failed_because, read_or_empty
 from hpcdl.studies.shuffle.compute import SAMPLE_BYTES
 from hpcdl.studies.shuffle.sweep import expand
-from hpcdl.studies.shuffle.tables import kakurenbo_rounds, label, plain_runs, timing_resolution
+from hpcdl.studies.shuffle.tables import kakurenbo_rounds, label, plain_runs, resolvable, timing_resolution
 
 CLAIMS = ("random_local_partial_match_global_M{M}", "skewed_partial_recovers_global_M{M}",
           "bytes_per_epoch_equal_QN", "held_at_most_1_plus_Q_N_over_M", "kakurenbo_saves_time")
@@ -199,9 +199,9 @@ def _claim_kakurenbo(block: dict, final: pd.DataFrame, pts: _Points) -> dict:
     statement = (f"KAKURENBO, M={m}, hiding fractions F in {fractions}: at every F the accuracy change "
                  f"against F=0 of the same interleaved round has its 95 % interval above -{tol:g} pt; "
                  "at every F whose predicted net saving (backward work skipped minus the measured "
-                 "overhead of loss recording, re-selection and the hidden samples' forward) exceeds this "
-                 "run's timing resolution (from the F=0 runs' spread), the wall time saved has its 95 % "
-                 "interval above 0. An F below the resolution is listed with its numbers, its time not "
+                 "overhead of loss recording, re-selection and the hidden samples' forward) is at least "
+                 "twice this run's timing resolution (from the F=0 runs' spread), the wall time saved has "
+                 "its 95 % interval above 0. An F below that is listed with its numbers, its time not "
                  "judged.")
     if not fractions:
         return not_measured(cid, statement, "the config runs no hiding fraction F > 0", tolerance_pt=tol)
@@ -227,10 +227,10 @@ def _claim_kakurenbo(block: dict, final: pd.DataFrame, pts: _Points) -> dict:
         work[key] = {"backward_skipped_fraction": round(float(g["skipped_fraction"].mean()), 4),
                      "work_saved": round(float(g["work_saved"].mean()), 4),
                      "overhead": round(float(g["overhead"].mean()), 4),
-                     "predicted_net_saving": round(net, 4), "time_judged": bool(net > res)}
-        holds[key] = all_of([above(a, -tol)] + ([above(t, 0.0)] if net > res else []))
+                     "predicted_net_saving": round(net, 4), "time_judged": resolvable(net, res)}
+        holds[key] = all_of([above(a, -tol)] + ([above(t, 0.0)] if resolvable(net, res) else []))
     if not any(w["time_judged"] for w in work.values()) and not missing:
-        return not_measured(cid, statement, f"no F's predicted net saving exceeds this run's timing "
+        return not_measured(cid, statement, f"no F's predicted net saving is twice this run's timing "
                             f"resolution ({res:.3f} of F=0's time): the method saves nothing measurable at "
                             "this scale", time_saving=saving, acc_change_pt=change, work_and_overhead=work,
                             timing_resolution=round(res, 4), tolerance_pt=tol)

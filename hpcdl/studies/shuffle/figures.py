@@ -164,8 +164,8 @@ def _kakurenbo_figure(plt, cfg: dict, study_dir: Path) -> None:
            label="wall time saved (mean, 95 % interval)")
     ax.axhline(0, color="black", lw=0.5)
     if not k.empty and np.isfinite(k["timing_resolution"].iloc[0]):
-        ax.axhline(100 * k["timing_resolution"].iloc[0], color="gray", ls="--", lw=0.8,
-                   label="timing resolution of this run (from F=0's spread)")
+        ax.axhline(200 * k["timing_resolution"].iloc[0], color="gray", ls="--", lw=0.8,
+                   label="twice this run's timing resolution (from F=0's spread)")
     ax.set_xticks(x, [f"F={f:g}" + ("" if judged else "\n(time not judged)")
                       for f, judged in zip(k["kakurenbo_fraction"], k["resolvable"], strict=True)])
     ax.set_ylabel("% of F=0's training time")

@@ -21,6 +21,7 @@ and confidence, and merging them over ranks), `select_s` (choosing the hidden sa
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from datetime import timedelta
@@ -112,6 +113,8 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
                                kill=(kill or {}) if i == 0 else {})
         records += [{**r, "seed": int(run["seed"]), "kakurenbo_fraction": float(run["kakurenbo_fraction"]),
                      "round": int(run["round"])} for r in recs]
+        # DDP's reducer holds reference cycles: free each run's model now, not at process-group teardown
+        gc.collect()
     result = {"records": records}
     if return_ids and ids is not None:
         result["ids"] = ids
