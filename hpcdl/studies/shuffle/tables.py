@@ -165,23 +165,22 @@ def timing_resolution(rounds: pd.DataFrame) -> float:
     return resolution(t0 / t0.mean())
 
 
-def resolvable(predicted_net_saving: float, resolution_: float) -> bool:
-    """Whether this run can judge a saving of the predicted size: at twice the interval's half-width a
-    true saving of that size gives an interval above zero in 97.5 % of runs (power 1 - 0.025), so the
-    verdict does not hinge on one run's noise."""
-    return bool(np.isfinite(resolution_) and predicted_net_saving >= 2 * resolution_)
+def in_regime(net_compute_saving: float, resolution_: float) -> bool:
+    """Whether the method can save measurable time at this F: the compute it saves, net of the
+    overhead it adds (both timed apart from the wall time), is at least twice the run's timing
+    resolution, the size at which a true saving gives an interval above zero in 97.5 % of runs."""
+    return bool(np.isfinite(resolution_) and net_compute_saving >= 2 * resolution_)
 
 
 def kakurenbo_table(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Per F: the rounds summarised, and whether F is in the regime this run can judge (`resolvable`):
-    its predicted net saving (backward work skipped minus the overhead, both measured) against the
-    timing resolution."""
+    """Per F: the rounds summarised, the smallest saving the rounds resolve (from the F = 0 runs'
+    spread), and whether F is in the method's regime at this scale (`in_regime`)."""
     rows = []
     res = timing_resolution(rounds) if not rounds.empty else float("nan")
     for f, g in rounds.groupby("kakurenbo_fraction"):
-        net = float(g["work_saved"].mean() - g["overhead"].mean())
-        rows.append({"kakurenbo_fraction": f, "rounds": len(g), "predicted_net_saving": net,
-                     "timing_resolution": res, "resolvable": resolvable(net, res),
+        net = float(g["compute_saved"].mean() - g["overhead"].mean())
+        rows.append({"kakurenbo_fraction": f, "rounds": len(g), "net_compute_saving": net,
+                     "timing_resolution": res, "in_regime": in_regime(net, res),
                      **_interval_columns(list(g["time_saving"]), "time_saving"),
                      **_interval_columns(list(g["acc_change_pt"]), "acc_change_pt"),
                      "skipped_fraction": g["skipped_fraction"].mean(), "work_saved": g["work_saved"].mean(),
