@@ -21,14 +21,6 @@ def test_t_interval_matches_the_textbook_case():
     assert intervals.mean_interval([1, 2, 3], confidence=0.9).high < iv.high
 
 
-def test_resolution_is_the_half_width_of_two_runs_varying_as_the_repeats():
-    # sd 1, n = 3: t(0.975, 2) * sqrt(2) * 1 / sqrt(3)
-    assert intervals.resolution([1.0, 2.0, 3.0]) == pytest.approx(4.302653 * math.sqrt(2 / 3), rel=1e-6)
-    assert intervals.resolution([5.0, 5.0]) == 0.0
-    with pytest.raises(ValueError, match="at least 2"):
-        intervals.resolution([1.0])
-
-
 def test_pairs_are_differences_of_the_same_key():
     keys, diffs = intervals.paired({"s0": 5.0, "s1": 7.0, "s2": 1.0}, {"s1": 6.0, "s0": 4.5})
     assert keys == ["s0", "s1"] and diffs == [0.5, 1.0]

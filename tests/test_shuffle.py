@@ -147,7 +147,7 @@ def test_repo_configs_expand_to_the_documented_sweeps(repo):
     assert seeds("partial-q0.5-skewed-M4") == [0]                   # the rest of the Q sweep
     kk = by_id["kakurenbo-M1"]["runs"]
     assert {r["kakurenbo_fraction"] for r in kk} == {0, 0.1, 0.2, 0.3}
-    assert len(kk) == 1 + 5 * 4                                     # warm-up + 5 rounds x 4 fractions
+    assert len(kk) == 1 + 5 * 5                                     # warm-up + 5 rounds x (F=0, 3 F, F=0)
     paper = load_config(repo / "configs" / "paper.yaml")["shuffle"]
     for m in (4, 8, 16, 32):                       # exact Q*N exchange volume at every paper point
         for q in (0.01, 0.1, 0.5):
@@ -155,13 +155,10 @@ def test_repo_configs_expand_to_the_documented_sweeps(repo):
             assert k * m == pytest.approx(q * paper["n_train"])
 
 
-def test_kakurenbo_rounds_interleave_every_fraction_with_its_baseline():
+def test_kakurenbo_rounds_bracket_every_fraction_with_two_baselines():
     runs = sweep.kakurenbo_runs([0.2, 0, 0.1], [7, 8, 9])
-    assert runs[0] == {"seed": 7, "kakurenbo_fraction": 0.0, "round": sweep.WARMUP_ROUND}
-    order = [(r["round"], r["kakurenbo_fraction"], r["seed"]) for r in runs[1:]]
-    assert order == [(0, 0.0, 7), (0, 0.1, 7), (0, 0.2, 7),       # round 0: F=0 first
-                     (1, 0.2, 8), (1, 0.1, 8), (1, 0.0, 8),       # round 1 reversed: linear drift cancels
-                     (2, 0.0, 9), (2, 0.1, 9), (2, 0.2, 9)]
-    assert sweep.kakurenbo_runs([0.3], [1])[1:] == [            # F = 0 is always in a round
-        {"seed": 1, "kakurenbo_fraction": 0.0, "round": 0},
-        {"seed": 1, "kakurenbo_fraction": 0.3, "round": 0}]
+    assert runs[0] == {"seed": 7, "kakurenbo_fraction": 0.0, "round": sweep.WARMUP_ROUND, "slot": 0}
+    order = [(r["round"], r["slot"], r["kakurenbo_fraction"], r["seed"]) for r in runs[1:]]
+    assert order == [(0, 0, 0.0, 7), (0, 1, 0.1, 7), (0, 2, 0.2, 7), (0, 3, 0.0, 7),   # F=0 on both sides
+                     (1, 0, 0.0, 8), (1, 1, 0.2, 8), (1, 2, 0.1, 8), (1, 3, 0.0, 8),   # reversed inside
+                     (2, 0, 0.0, 9), (2, 1, 0.1, 9), (2, 2, 0.2, 9), (2, 3, 0.0, 9)]

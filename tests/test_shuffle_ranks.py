@@ -23,7 +23,7 @@ TRAIN = dict(epochs=3, batch_size=40, lr=0.1, momentum=0.9, model={"kind": "mlp_
 
 
 def _runs(*seeds):
-    return [{"seed": s, "kakurenbo_fraction": 0.0, "round": r} for r, s in enumerate(seeds)]
+    return [{"seed": s, "kakurenbo_fraction": 0.0, "round": r, "slot": 0} for r, s in enumerate(seeds)]
 
 
 @pytest.fixture(scope="module")
@@ -98,17 +98,18 @@ def test_task_app_end_to_end(write_config, tmp_path):
     assert dict(zip(points["point"], points["runs"], strict=True)) == {
         "local-q0-skewed-M2": 2, "global-q1-shared-M2": 2,          # the claims' Q values: every seed
         "partial-q0.5-skewed-M2": 1,                                 # the rest of the sweep: one seed
-        "kakurenbo-M2": 1 + 2 * 2}                                   # warm-up + 2 rounds x (F=0, F=0.2)
+        "kakurenbo-M2": 1 + 2 * 3}                                   # warm-up + 2 rounds x (F=0, 0.2, 0)
     assert (points["status"] == "ok").all()
     raw = pd.read_csv(out / "raw" / "epochs.csv")
-    assert len(raw) == 10 * 2 * 2                               # runs x epochs x ranks
+    assert len(raw) == 12 * 2 * 2                               # runs x epochs x ranks
     for col in ("train_loss", "val_acc", "samples_sent", "bytes_sent", "bytes_recv", "exchange_s",
                 "exposed_exchange_s", "compute_s", "load_s", "samples_held", "record_s", "select_s"):
         assert raw[col].notna().all(), col
     kk = raw[raw["point"].eq("kakurenbo-M2") & raw["rank"].eq(0) & raw["epoch"].eq(0)]
-    # interleaved: warm-up, round 0 forward, round 1 reversed; each round with its own seed
-    assert list(zip(kk["round"], kk["kakurenbo_fraction"], kk["seed"], strict=True)) == [
-        (-1, 0.0, 0), (0, 0.0, 0), (0, 0.2, 0), (1, 0.2, 1), (1, 0.0, 1)]
+    # interleaved: warm-up, then per round (its own seed) F=0, F=0.2, F=0
+    assert list(zip(kk["round"], kk["slot"], kk["kakurenbo_fraction"], kk["seed"], strict=True)) == [
+        (-1, 0, 0.0, 0), (0, 0, 0.0, 0), (0, 1, 0.2, 0), (0, 2, 0.0, 0),
+        (1, 0, 0.0, 1), (1, 1, 0.2, 1), (1, 2, 0.0, 1)]
     hid = raw[raw["point"].eq("kakurenbo-M2") & raw["kakurenbo_fraction"].eq(0.2) & raw["epoch"].eq(1)]
     # floor(F*N) = 80 lowest-loss candidates: hidden, or moved back when wrong or unsure; cost timed
     assert ((hid["hidden"] + hid["moved_back"]) == 80).all() and (hid["record_s"] > 0).all()

@@ -57,20 +57,6 @@ def mean_interval(values: Iterable[float], confidence: float = CONFIDENCE) -> In
     return Interval(vals, mean, mean - half, mean + half, confidence)
 
 
-def resolution(repeats: Iterable[float], confidence: float = CONFIDENCE) -> float:
-    """The smallest difference a paired comparison of two runs can resolve, given `repeats` of one of
-    them (n >= 2): the interval half-width of n paired differences whose two sides each vary as the
-    repeats do (standard deviation sqrt(2) times theirs). Measured before looking at the comparison,
-    it says where a claim can be decided at all."""
-    vals = [float(v) for v in repeats]
-    if len(vals) < 2:
-        raise ValueError(f"a resolution needs at least 2 repeats, got {len(vals)}")
-    n = len(vals)
-    mean = sum(vals) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
-    return float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * math.sqrt(2) * sd / math.sqrt(n)
-
-
 def paired(a: Mapping, b: Mapping) -> tuple[list, list[float]]:
     """Keys measured in both, in a's order, and the differences a[k] - b[k]."""
     keys = [k for k in a if k in b]

@@ -197,7 +197,7 @@ def _claim_kakurenbo(block: dict, final: pd.DataFrame, pts: _Points) -> dict:
     fractions = sorted(f for f in kk["fractions"] if f > 0)
     cid = "kakurenbo_saves_time"
     statement = (f"KAKURENBO, M={m}, hiding fractions F in {fractions}: at every F the accuracy change "
-                 f"against F=0 of the same interleaved round has its 95 % interval above -{tol:g} pt, and "
+                 f"against F=0 of its interleaved round has its 95 % interval above -{tol:g} pt, and "
                  "at every F in the method's regime at this scale, where the compute it saves (forward, "
                  "backward and update time against F=0) net of the overhead it adds (loss recording, "
                  "re-selection, the hidden samples' forward) is at least twice the run's timing "

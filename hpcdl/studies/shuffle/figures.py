@@ -166,7 +166,7 @@ def _kakurenbo_figure(plt, cfg: dict, study_dir: Path) -> None:
     ax.axhline(0, color="black", lw=0.5)
     if not k.empty and np.isfinite(k["timing_resolution"].iloc[0]):
         ax.axhline(200 * k["timing_resolution"].iloc[0], color="gray", ls="--", lw=0.8,
-                   label="twice the run's timing resolution (from F=0's spread)")
+                   label="twice the run's timing resolution (F=0 vs F=0)")
     ax.set_xticks(x, [f"F={f:g}" + ("" if judged else "\n(outside regime:\ntime not judged)")
                       for f, judged in zip(k["kakurenbo_fraction"], k["in_regime"], strict=True)])
     ax.set_ylabel("% of F=0's training time")

@@ -10,11 +10,12 @@ the seeds of one configuration share it. The claims' comparisons (global, local 
 `claim_q`) run every seed of `seeds`; the other Q values of the sweep run `q_sweep_seeds`.
 
 KAKURENBO is one point of global shuffling at its M whose runs interleave the hiding fractions
-(F = 0 included) round by round, one round per seed, the order reversed every other round: F and
-F = 0 of a round share the seed and run minutes apart, so the paired time saving sees the same
-machine drift on both sides, and a drift linear in time cancels over two rounds. A warm-up run
-(round -1, F = 0) comes first, so the first timed run does not also pay the launch's first-touch
-costs (allocator, gloo buffers, page cache); the tables leave it out.
+round by round, one round per seed: F = 0, every F > 0 (the order reversed every other round), F = 0
+again. F and the two F = 0 runs bracketing it share the seed and run seconds apart, so the paired
+time saving (against the bracket's mean) sees the same machine drift on both sides, and the two
+F = 0 runs of a round measure the noise of such a pair on their own. A warm-up run (round -1,
+F = 0) comes first, so the first timed run does not also pay the launch's first-touch costs
+(allocator, gloo buffers, page cache); the tables leave it out. `slot` is a run's place in its round.
 """
 
 from __future__ import annotations
@@ -34,18 +35,19 @@ WARMUP_ROUND = -1
 
 
 def kakurenbo_runs(fractions: list[float], seeds: list[int]) -> list[dict]:
-    """The interleaved order: a warm-up, then round r runs every F (0 first) with the r-th seed,
-    reversed on odd rounds."""
-    fs = sorted({0.0, *map(float, fractions)})
-    runs = [{"seed": int(seeds[0]), "kakurenbo_fraction": 0.0, "round": WARMUP_ROUND}]
+    """The interleaved order: a warm-up, then round r with the r-th seed: F = 0, every F > 0
+    (reversed on odd rounds), F = 0."""
+    fs = sorted({float(f) for f in fractions if f > 0})
+    runs = [{"seed": int(seeds[0]), "kakurenbo_fraction": 0.0, "round": WARMUP_ROUND, "slot": 0}]
     for r, seed in enumerate(seeds):
-        for f in (fs if r % 2 == 0 else fs[::-1]):
-            runs.append({"seed": int(seed), "kakurenbo_fraction": f, "round": r})
+        order = [0.0, *(fs if r % 2 == 0 else fs[::-1]), 0.0]
+        runs += [{"seed": int(seed), "kakurenbo_fraction": f, "round": r, "slot": i}
+                 for i, f in enumerate(order)]
     return runs
 
 
 def plain_runs(seeds: list[int]) -> list[dict]:
-    return [{"seed": int(s), "kakurenbo_fraction": 0.0, "round": r} for r, s in enumerate(seeds)]
+    return [{"seed": int(s), "kakurenbo_fraction": 0.0, "round": r, "slot": 0} for r, s in enumerate(seeds)]
 
 
 def sweep_seeds(block: dict) -> list[int]:

@@ -92,8 +92,8 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
                epochs: int, batch_size: int, lr: float, momentum: float, model: dict,
                kill: dict | None = None, exchange_timeout_s: float | None = None,
                return_ids: bool = False) -> dict:
-    """`runs`: [{"seed", "kakurenbo_fraction", "round"}], trained in this order. `kill` (tests) makes a
-    rank die in the exchange of one epoch of the first run."""
+    """`runs`: [{"seed", "kakurenbo_fraction", "round", "slot"}], trained in this order. `kill` (tests)
+    makes a rank die in the exchange of one epoch of the first run."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     exchange_plan.check_q(q)
@@ -112,7 +112,7 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
                                epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, model=model,
                                kill=(kill or {}) if i == 0 else {})
         records += [{**r, "seed": int(run["seed"]), "kakurenbo_fraction": float(run["kakurenbo_fraction"]),
-                     "round": int(run["round"])} for r in recs]
+                     "round": int(run["round"]), "slot": int(run.get("slot", 0))} for r in recs]
         # DDP's reducer holds reference cycles: free each run's model now, not at process-group teardown
         gc.collect()
     result = {"records": records}
