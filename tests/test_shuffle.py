@@ -162,3 +162,22 @@ def test_kakurenbo_rounds_bracket_every_fraction_with_two_baselines():
     assert order == [(0, 0, 0.0, 7), (0, 1, 0.1, 7), (0, 2, 0.2, 7), (0, 3, 0.0, 7),   # F=0 on both sides
                      (1, 0, 0.0, 8), (1, 1, 0.2, 8), (1, 2, 0.1, 8), (1, 3, 0.0, 8),   # reversed inside
                      (2, 0, 0.0, 9), (2, 1, 0.1, 9), (2, 2, 0.2, 9), (2, 3, 0.0, 9)]
+
+
+def test_tables_without_rows_keep_their_columns(tmp_path):
+    """A config with no KAKURENBO fraction F > 0 and no global point: the tables are header-only CSVs
+    that the figures and claims stages can read back."""
+    import pandas as pd
+
+    from hpcdl.studies.shuffle import tables
+
+    final = pd.DataFrame([{"point": "partial-q0.5-random-M4", "partitioning": "random", "strategy": "partial",
+                           "label": "partial-0.5", "q": 0.5, "world_size": 4, "seed": 0,
+                           "kakurenbo_fraction": 0.0, "round": 0, "slot": 0, "final_val_acc": 0.8}])
+    rounds = tables.kakurenbo_rounds(final)
+    built = {"kakurenbo_rounds": rounds, "kakurenbo": tables.kakurenbo_table(rounds),
+             "recovery": tables.recovery_table(tables.gap_table(final.iloc[0:0]), 1.0)}
+    for name, df in built.items():
+        assert df.empty and len(df.columns) > 3, name
+        df.to_csv(tmp_path / f"{name}.csv", index=False)
+        assert list(pd.read_csv(tmp_path / f"{name}.csv").columns) == list(df.columns)

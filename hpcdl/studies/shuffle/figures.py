@@ -111,6 +111,10 @@ def _gap_figure(plt, cfg: dict, study_dir: Path) -> None:
     gap = read_table(study_dir / "tables" / "gap.csv")
     rec = read_table(study_dir / "tables" / "recovery.csv")
     tol = cfg["shuffle"]["tolerance_pt"]
+    if gap.empty:
+        _nothing(plt, study_dir / "figures" / "acc_gap_vs_q.png", "no local or partial point to compare "
+                 "with global in this config")
+        return
     sizes = sorted(gap["world_size"].unique())
     qs = sorted(gap["q"].unique())
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
@@ -152,6 +156,9 @@ def _kakurenbo_figure(plt, cfg: dict, study_dir: Path) -> None:
     beside the backward work skipped and the overhead added; and the accuracy change."""
     k = read_table(study_dir / "tables" / "kakurenbo.csv")
     tol = cfg["shuffle"]["tolerance_pt"]
+    if k.empty:
+        _nothing(plt, study_dir / "figures" / "kakurenbo.png", "no KAKURENBO round with F > 0 in this run")
+        return
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
     x = np.arange(len(k))
     w = 0.26
@@ -187,4 +194,13 @@ def _kakurenbo_figure(plt, cfg: dict, study_dir: Path) -> None:
     rounds = int(k["rounds"].max()) if not k.empty else 0
     fig.suptitle(f"KAKURENBO on global shuffling, M = {kk['world_size']}, {rounds} interleaved rounds")
     save_figure(fig, study_dir / "figures" / "kakurenbo.png")
+    plt.close(fig)
+
+
+def _nothing(plt, path: Path, why: str) -> None:
+    """A figure the config gives no data for still exists, and says why."""
+    fig, ax = plt.subplots(figsize=(6, 2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, why, ha="center", va="center")
+    save_figure(fig, path)
     plt.close(fig)

@@ -84,6 +84,11 @@ def final_table(epochs: pd.DataFrame, n_train: int) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def _frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:
+    """A table with its columns even when the config gives it no rows (a header-only CSV reads back)."""
+    return pd.DataFrame(rows, columns=columns) if rows else pd.DataFrame(columns=columns)
+
+
 def _interval_columns(values: list[float], prefix: str) -> dict:
     if len(values) < 2:
         return {f"{prefix}_mean": float(np.mean(values)) if values else np.nan,
@@ -111,14 +116,15 @@ def gap_table(final: pd.DataFrame) -> pd.DataFrame:
                          "gap_pt_per_seed": ";".join(f"{s}:{v:.2f}"
                                                      for s, v in zip(seeds, gaps, strict=True)),
                          **_interval_columns(gaps, "gap_pt"), "confidence": CONFIDENCE})
-    return pd.DataFrame(rows)
+    return _frame(rows, ["partitioning", "world_size", "label", "q", "seeds", "gap_pt_per_seed",
+                         "gap_pt_mean", "gap_pt_low", "gap_pt_high", "confidence"])
 
 
 def recovery_table(gap: pd.DataFrame, tolerance_pt: float) -> pd.DataFrame:
     """Per partitioning and M: the smallest swept Q whose mean gap to global is within tolerance, and
     whether its interval confirms it (lower end above -tolerance; seeds < 2: not judged)."""
     rows = []
-    for (part, m), g in gap.groupby(["partitioning", "world_size"]):
+    for (part, m), g in (gap.groupby(["partitioning", "world_size"]) if not gap.empty else []):
         g = g.sort_values("q")
         within = g[g["gap_pt_mean"] >= -tolerance_pt]
         first = within.iloc[0] if not within.empty else None
@@ -128,7 +134,8 @@ def recovery_table(gap: pd.DataFrame, tolerance_pt: float) -> pd.DataFrame:
                      "interval_confirms": (bool(first["gap_pt_low"] > -tolerance_pt)
                                            if first is not None and first["seeds"] >= 2 else None),
                      "qs_swept": ";".join(f"{q:g}" for q in g["q"])})
-    return pd.DataFrame(rows)
+    return _frame(rows, ["partitioning", "world_size", "tolerance_pt", "q_recovers", "seeds",
+                         "interval_confirms", "qs_swept"])
 
 
 def kakurenbo_rounds(final: pd.DataFrame) -> pd.DataFrame:
@@ -157,7 +164,9 @@ def kakurenbo_rounds(final: pd.DataFrame) -> pd.DataFrame:
                      "work_saved": r["skipped_fraction"] * c0 / t0,
                      "compute_saved": (c0 - r["train_compute_total_s"]) / t0,
                      "overhead": r["overhead_total_s"] / t0})
-    return pd.DataFrame(rows)
+    return _frame(rows, ["kakurenbo_fraction", "round", "seed", "world_size", "train_time_s",
+                         "baseline_time_s", "baseline_pair_change", "time_saving", "acc_change_pt",
+                         "skipped_fraction", "work_saved", "compute_saved", "overhead"])
 
 
 def timing_resolution(rounds: pd.DataFrame) -> float:
@@ -191,7 +200,10 @@ def kakurenbo_table(rounds: pd.DataFrame) -> pd.DataFrame:
                      "skipped_fraction": g["skipped_fraction"].mean(), "work_saved": g["work_saved"].mean(),
                      "compute_saved": g["compute_saved"].mean(), "overhead": g["overhead"].mean(),
                      "confidence": CONFIDENCE})
-    return pd.DataFrame(rows)
+    return _frame(rows, ["kakurenbo_fraction", "rounds", "net_compute_saving", "timing_resolution",
+                         "in_regime", "time_saving_mean", "time_saving_low", "time_saving_high",
+                         "acc_change_pt_mean", "acc_change_pt_low", "acc_change_pt_high", "skipped_fraction",
+                         "work_saved", "compute_saved", "overhead", "confidence"])
 
 
 def write(cfg: dict, study_dir: Path) -> None:
