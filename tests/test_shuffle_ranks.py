@@ -124,8 +124,10 @@ def test_task_app_end_to_end(write_config, tmp_path):
     held = claims["held_at_most_1_plus_Q_N_over_M"]
     assert held["passed"] and held["measured"]["samples_held_max"] == {"partial-q0.5-skewed-M2": 300}
     kk_claim = claims["kakurenbo_saves_time"]
-    assert kk_claim["status"] in ("passed", "failed", "straddles"), kk_claim   # measured, either way
+    # two ~0.1 s rounds: judged, or not measured because the timing resolution is too coarse
+    assert kk_claim["status"] in ("passed", "failed", "straddles", "not_measured"), kk_claim
     assert kk_claim["measured"]["time_saving"]["F=0.2"]["n"] == 2
+    assert kk_claim["status"] != "not_measured" or "timing resolution" in kk_claim["reason"]
     # the config has no partial-0.1 point: the papers' accuracy claims are there, and not measured
     for cid in ("random_local_partial_match_global_M2", "skewed_partial_recovers_global_M2"):
         assert claims[cid]["status"] == "not_measured"

@@ -19,9 +19,10 @@ from hpcdl.platform.study import StudySpec
 
 
 def _largest_world(cfg: dict) -> int:
-    from hpcdl.studies.shuffle.sweep import expand
-
-    return max(p["world_size"] for p in expand(cfg["shuffle"]))
+    b = cfg["shuffle"]
+    kk = b.get("kakurenbo", {})
+    sizes = [m for g in b["grids"] for m in g["world_sizes"]]
+    return max(sizes + ([kk["world_size"]] if any(f > 0 for f in kk.get("fractions", [])) else []))
 
 
 def _setting(cfg: dict) -> str:
