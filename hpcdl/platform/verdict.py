@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from hpcdl.platform.claims import SHOWN
 from hpcdl.platform.results import atomic_write_text, measured_on, run_sidecars
 
 RUN_SUMMARY = "run_summary.json"  # <study>/raw/, written by each task app: ok, failed, skipped, total
@@ -162,15 +163,12 @@ def _wall_time(prov: dict) -> str:
 def _claim_details(e: dict) -> str:
     """The failing, straddling and not-measured claims of a study, folded under a summary line."""
     items = []
-    for c in e["failed"]:
-        measured = _MONO.format(_E(_evidence(c.get("measured", {}))))
-        items.append(f"<div class='claim failed' data-claim='{_E(c['id'])}'><b style='color:firebrick'>FAIL"
-                     f"</b> {_E(c['statement'])}<br><small>measured: {measured}</small></div>")
-    for c in e["straddles"]:
-        measured = _MONO.format(_E(_evidence(c.get("measured", {}))))
-        items.append(f"<div class='claim straddles' data-claim='{_E(c['id'])}'><b style='color:darkorange'>"
-                     f"STRADDLES</b> {_E(c['statement'])}<br><small>the interval straddles the line: "
-                     f"{measured}</small></div>")
+    for status, lead in (("failed", "measured"), ("straddles", "the interval straddles the line")):
+        color, word = SHOWN[status]
+        for c in e[status]:
+            measured = _MONO.format(_E(_evidence(c.get("measured", {}))))
+            items.append(f"<div class='claim {status}' data-claim='{_E(c['id'])}'><b style='color:{color}'>"
+                         f"{word}</b> {_E(c['statement'])}<br><small>{lead}: {measured}</small></div>")
     for c in e["not_measured"]:
         items.append(f"<div class='claim not_measured' data-claim='{_E(c['id'])}' style='color:dimgray'>"
                      f"<b>NOT MEASURED</b> {_E(c['statement'])}<br>"

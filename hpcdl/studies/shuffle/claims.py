@@ -19,7 +19,7 @@ from hpcdl.platform.intervals import above, all_of, below, mean_interval, paired
 from hpcdl.platform.stages import failed_because, read_or_empty
 from hpcdl.studies.shuffle.compute import SAMPLE_BYTES
 from hpcdl.studies.shuffle.sweep import expand
-from hpcdl.studies.shuffle.tables import in_regime, kakurenbo_rounds, label, plain_runs, timing_resolution
+from hpcdl.studies.shuffle.tables import kakurenbo_rounds, kakurenbo_table, label, plain_runs
 
 CLAIMS = ("random_local_partial_match_global_M{M}", "skewed_partial_recovers_global_M{M}",
           "bytes_per_epoch_equal_QN", "held_at_most_1_plus_Q_N_over_M", "kakurenbo_saves_time")
@@ -210,7 +210,8 @@ def _claim_kakurenbo(block: dict, final: pd.DataFrame, pts: _Points) -> dict:
     if why or rounds.empty:
         return not_measured(cid, statement, why or [f"the KAKURENBO point at M={m} has no paired round"],
                             tolerance_pt=tol)
-    res = timing_resolution(rounds)
+    summary = kakurenbo_table(rounds).set_index("kakurenbo_fraction")
+    res = float(summary["timing_resolution"].iloc[0]) if not summary.empty else float("nan")
     holds, missing, saving, change, work = {}, {}, {}, {}, {}
     for f in fractions:
         key = f"F={f:g}"
@@ -223,13 +224,14 @@ def _claim_kakurenbo(block: dict, final: pd.DataFrame, pts: _Points) -> dict:
         a = mean_interval(g["acc_change_pt"])
         saving[key] = t.evidence(4, keys=[f"round {r}" for r in g["round"]])
         change[key] = a.evidence(2, keys=[f"round {r}" for r in g["round"]])
-        net = float(g["compute_saved"].mean() - g["overhead"].mean())
-        work[key] = {"backward_skipped_fraction": round(float(g["skipped_fraction"].mean()), 4),
-                     "work_saved": round(float(g["work_saved"].mean()), 4),
-                     "compute_saved": round(float(g["compute_saved"].mean()), 4),
-                     "overhead": round(float(g["overhead"].mean()), 4),
-                     "net_compute_saving": round(net, 4), "time_judged": in_regime(net, res)}
-        holds[key] = all_of([above(a, -tol)] + ([above(t, 0.0)] if in_regime(net, res) else []))
+        row = summary.loc[float(g["kakurenbo_fraction"].iloc[0])]
+        judged = bool(row["in_regime"])
+        work[key] = {"backward_skipped_fraction": round(float(row["skipped_fraction"]), 4),
+                     "work_saved": round(float(row["work_saved"]), 4),
+                     "compute_saved": round(float(row["compute_saved"]), 4),
+                     "overhead": round(float(row["overhead"]), 4),
+                     "net_compute_saving": round(float(row["net_compute_saving"]), 4), "time_judged": judged}
+        holds[key] = all_of([above(a, -tol)] + ([above(t, 0.0)] if judged else []))
     if not any(w["time_judged"] for w in work.values()) and not missing:
         why = (f"at no F does the compute saved net of the overhead reach twice this run's timing "
                f"resolution ({res:.1%} of F=0's time, from each round's two F=0 runs): either the method "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdl.platform.results import read_table, save_figure
+from hpcdl.platform.results import mark_no_data, read_table, save_figure
 from hpcdl.platform.stages import pyplot
 from hpcdl.studies.shuffle.compute import SAMPLE_BYTES
 from hpcdl.studies.shuffle.tables import PARTITIONINGS, plain_runs
@@ -201,6 +201,6 @@ def _nothing(plt, path: Path, why: str) -> None:
     """A figure the config gives no data for still exists, and says why."""
     fig, ax = plt.subplots(figsize=(6, 2))
     ax.axis("off")
-    ax.text(0.5, 0.5, why, ha="center", va="center")
+    mark_no_data(ax, why)
     save_figure(fig, path)
     plt.close(fig)
