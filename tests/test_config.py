@@ -83,3 +83,31 @@ def test_task_app_command_line_exits_2_with_the_key(tmp_path, capsys):
     good = tmp_path / "good.yaml"
     good.write_text("studies: []\n")
     assert config_from_args(["--config", str(good)])["results_dir"] == "results"
+
+
+def test_every_study_block_accepts_tuned_notes_whose_key_exists():
+    note = {"key": "kakurenbo.world_size", "claims": ["kakurenbo_saves_time"], "why": "2 -> 1 after a fail"}
+    cfg = validate_config({"studies": ["shuffle"], "shuffle": {"tuned": [note]}})
+    assert cfg["shuffle"]["tuned"] == [note]
+    assert validate_config({"studies": ["hpo"]})["hpo"]["tuned"] == []     # every block, default none
+    with pytest.raises(ConfigError) as err:     # a note outliving its key
+        validate_config({"studies": ["shuffle"], "shuffle": {"tuned": [{**note, "key": "kakurenbo.nope"}]}})
+    assert err.value.key == "shuffle.tuned[0].key" and "a key of the shuffle block" in str(err.value)
+    with pytest.raises(ConfigError) as err:     # a note must say why
+        validate_config({"studies": ["shuffle"], "shuffle": {"tuned": [{"key": "epochs", "claims": ["x"]}]}})
+    assert err.value.key.startswith("shuffle.tuned[0]") and "why" in str(err.value)
+
+
+def test_snakemakes_schema_file_accepts_the_repo_configs_tuned_notes(repo, tmp_path):
+    """Snakemake validates the config against write_full_schema's files, not against load_schema()."""
+    from snakemake.utils import validate
+
+    from hpcdl.platform.config import read_config_file, write_full_schema
+
+    schema = write_full_schema(tmp_path / "schema.yaml")
+    cfg = read_config_file(repo / "configs" / "default.yaml")
+    assert any(cfg[s].get("tuned") for s in STUDIES if s in cfg), "default.yaml has no tuned note to check"
+    validate(cfg, str(schema))
+    cfg["shuffle"]["tuned"][0]["colour"] = "red"
+    with pytest.raises(Exception, match="colour"):
+        validate(cfg, str(schema))

@@ -283,3 +283,22 @@ def test_the_verdict_uses_the_page_width_beside_the_navigation(chromium_exe, tes
     assert table["left"] >= nav["right"] and table["right"] <= width, layout
     assert graph is not None and graph["top"] >= table["bottom"], layout
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_tuned_claim_is_shown_with_its_key_and_why(tmp_path):
+    res = tmp_path / "results"
+    notes = [{"key": "kakurenbo.world_size", "claims": ["k"], "why": "2 -> 1 after seeing it fail"}]
+    write_claims(res / "s", "s", [claim("k", "saves time", True, saving=0.1), claim("o", "other", True)],
+                 ["k", "o"], notes)
+    doc = json.loads((res / "s" / "claims.json").read_text())
+    assert doc["claims"][0]["tuned"] == [{"key": "kakurenbo.world_size",
+                                          "why": "2 -> 1 after seeing it fail"}]
+    assert "tuned" not in doc["claims"][1]
+    shown = (res / "s" / "claims.html").read_text()
+    assert "after seeing this claim: <code>kakurenbo.world_size</code>" in shown
+    page = render_html(verdict(res, ["s"]))
+    assert "2/2</b> (1 tuned)" in page
+    assert re.search(r"class='claim tuned' data-claim='k'.*kakurenbo\.world_size.*2 -&gt; 1 after", page)
+    with pytest.raises(ValueError, match="'tuned\\[0\\].claims': 'nope' is not a claim of the study"):
+        write_claims(res / "s", "s", [claim("k", "saves time", True)], ["k"],
+                     [{**notes[0], "claims": ["nope"]}])

@@ -175,7 +175,7 @@ def test_tables_without_rows_keep_their_columns(tmp_path):
                            "label": "partial-0.5", "q": 0.5, "world_size": 4, "seed": 0,
                            "kakurenbo_fraction": 0.0, "round": 0, "slot": 0, "final_val_acc": 0.8}])
     rounds = tables.kakurenbo_rounds(final)
-    built = {"kakurenbo_rounds": rounds, "kakurenbo": tables.kakurenbo_table(rounds),
+    built = {"kakurenbo_rounds": rounds, "kakurenbo": tables.kakurenbo_table(rounds, 0.05),
              "recovery": tables.recovery_table(tables.gap_table(final.iloc[0:0]), 1.0)}
     for name, df in built.items():
         assert df.empty and len(df.columns) > 3, name

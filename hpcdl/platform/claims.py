@@ -99,12 +99,38 @@ def counts(claims: list[dict]) -> dict[str, int]:
     return {s: sum(c["status"] == s for c in claims) for s in STATUSES}
 
 
+def attach_tuned(claims: list[dict], notes: Iterable[Mapping],
+                 ids: Iterable[str] | None = None) -> list[dict]:
+    """Each claim with the config's `tuned` notes that name it (a note may name a declared id with
+    `{M}`), under `tuned`: [{key, why}]. A note naming no declared claim is an error, not ignored."""
+    notes, ids = list(notes), list(ids) if ids is not None else None
+    for i, note in enumerate(notes):
+        for named in note["claims"]:
+            if ids is not None and named not in ids and not declared(named, ids):
+                raise ValueError(f"config key 'tuned[{i}].claims': {named!r} is not a claim of the study; "
+                                 f"allowed: {', '.join(ids)}")
+    out = []
+    for c in claims:
+        hits = [{"key": n["key"], "why": n["why"]} for n in notes
+                if any(c["id"] == named or declared(c["id"], [named]) for named in n["claims"])]
+        out.append({**c, "tuned": hits} if hits else c)
+    return out
+
+
+def _tuned_html(c: dict) -> str:
+    return "".join(f"<br><small class='tuned'><b>tuned</b> after seeing this claim: "
+                   f"<code>{html.escape(n['key'])}</code>: {html.escape(n['why'])}</small>"
+                   for n in c.get("tuned", []))
+
+
 def write_claims(study_dir: str | Path, study: str, claims: list[dict],
-                 ids: Iterable[str] | None = None) -> tuple[Path, Path]:
+                 ids: Iterable[str] | None = None, tuned: Iterable[Mapping] = ()) -> tuple[Path, Path]:
     """claims.json (machine-readable) and claims.html (shown in the Snakemake report), both saying
-    the device the run was measured on (from the study's provenance sidecars)."""
+    the device the run was measured on (from the study's provenance sidecars). `tuned`: the study
+    block's `tuned` notes, shown with the claims they name (`attach_tuned`)."""
     study_dir = Path(study_dir)
     check(claims, ids)
+    claims = attach_tuned(claims, tuned, ids)
     n = counts(claims)
     device = study_measured_on(study_dir) or "unknown (no provenance sidecars)"
     doc = {"study": study, "claims": claims, **n, "total": len(claims), "measured_on": device}
@@ -115,7 +141,8 @@ def write_claims(study_dir: str | Path, study: str, claims: list[dict],
         why = f"<br><i>{html.escape(c['reason'])}</i>" if c.get("reason") else ""
         evidence = html.escape(json.dumps(c["measured"], default=_json_default))
         rows.append(f"<tr class='{c['status']}'><td>{html.escape(c['id'])}</td>"
-                    f"<td>{html.escape(c['statement'])}{why}</td><td style='color:{color}'><b>{word}</b></td>"
+                    f"<td>{html.escape(c['statement'])}{why}{_tuned_html(c)}</td>"
+                    f"<td style='color:{color}'><b>{word}</b></td>"
                     f"<td><code>{evidence}</code></td></tr>")
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(study)} claims</title>"
             f"</head><body><h2>{html.escape(study)}: {n['passed']}/{len(claims)} claims hold on this run "

@@ -27,7 +27,7 @@ STAGES = ("tables", "figures", "claims", "summary", "about")
 
 def run_stage(study: str, stage: str, cfg: dict, out_dir, config_files: list[str] | None = None) -> None:
     """Run one analysis stage of a study on a validated config."""
-    from hpcdl.platform.claims import SHOWN, write_claims
+    from hpcdl.platform.claims import SHOWN, attach_tuned, write_claims
 
     if stage == "about":
         from hpcdl.platform import about
@@ -42,10 +42,12 @@ def run_stage(study: str, stage: str, cfg: dict, out_dir, config_files: list[str
         module.draw(cfg, out_dir)
     elif stage == "claims":
         claims = module.judge(cfg, out_dir)
-        write_claims(out_dir, study, claims, module.CLAIMS)
-        for c in claims:
+        tuned = cfg[study].get("tuned", [])
+        write_claims(out_dir, study, claims, module.CLAIMS, tuned)
+        for c in attach_tuned(claims, tuned):
             why = f" ({c['reason']})" if c.get("reason") else ""
-            print(f"[{SHOWN[c['status']][1]}] {c['id']}: {c['statement']}{why}")
+            note = "".join(f" [tuned: {n['key']}: {n['why']}]" for n in c.get("tuned", []))
+            print(f"[{SHOWN[c['status']][1]}] {c['id']}: {c['statement']}{why}{note}")
     else:
         print(module.summary(out_dir))
 

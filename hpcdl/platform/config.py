@@ -27,6 +27,7 @@ from hpcdl.platform.study import registered
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 SCHEMA_PATH = CONFIG_DIR / "schema.yaml"
+TUNED_SCHEMA = "tuned.yaml"  # under schema/: the `tuned` notes every study block accepts
 STUDIES = tuple(registered())
 
 
@@ -54,15 +55,27 @@ def _with_defaults(cls):
 _DefaultFillingValidator = _with_defaults(Draft202012Validator)
 
 
+def _schema_file(path: Path) -> dict:
+    contents = yaml.safe_load(path.read_text())
+    # A `$schema` key would switch the sub-schema to a plain validator class that fills no defaults.
+    contents.pop("$schema", None)
+    return contents
+
+
+def block_schema(path: Path) -> dict:
+    """A study block's schema file, with the `tuned` notes every study block accepts added."""
+    contents = _schema_file(path)
+    if path.parent.name == "schema" and path.stem in STUDIES:
+        contents.setdefault("properties", {})["tuned"] = _schema_file(path.parent / TUNED_SCHEMA)
+    return contents
+
+
 def _registry(schema_dir: Path) -> Registry:
     def retrieve(uri: str):
         path = Path(uri.removeprefix("file://"))
         if not path.is_absolute():
             path = schema_dir / path
-        contents = yaml.safe_load(path.read_text())
-        # A `$schema` key would switch the sub-schema to a plain validator class that fills no defaults.
-        contents.pop("$schema", None)
-        return Resource.from_contents(contents, default_specification=DRAFT202012)
+        return Resource.from_contents(block_schema(path), default_specification=DRAFT202012)
     return Registry(retrieve=retrieve)
 
 
@@ -82,10 +95,29 @@ def load_schema(path: Path = SCHEMA_PATH) -> dict:
 
 
 def write_full_schema(out: str | Path) -> Path:
-    """load_schema() as a file, for Snakemake's validate() (which takes a path)."""
+    """load_schema() as a file, for Snakemake's validate() (which takes a path); each study's block
+    schema is written beside it as `block_schema` gives it, since Snakemake reads the files as they are."""
     from hpcdl.platform.results import atomic_write_text
 
-    return atomic_write_text(out, yaml.safe_dump(load_schema(), sort_keys=False))
+    out = Path(out)
+    schema = load_schema()
+    for study in STUDIES:
+        contents = {"$schema": schema["$schema"], **block_schema(CONFIG_DIR / "schema" / f"{study}.yaml")}
+        block = atomic_write_text(out.parent / "blocks" / f"{study}.yaml",
+                                  yaml.safe_dump(contents, sort_keys=False))
+        schema["properties"][study] = {"$ref": str(block.absolute())}
+    return atomic_write_text(out, yaml.safe_dump(schema, sort_keys=False))
+
+
+def _check_tuned(cfg: dict) -> None:
+    """Each `tuned` note names a key its block has (the note must not outlive the key)."""
+    for study in cfg["studies"]:
+        for i, note in enumerate(cfg[study].get("tuned", [])):
+            node = cfg[study]
+            for part in note["key"].split("."):
+                if not isinstance(node, dict) or part not in node:
+                    raise ConfigError(f"{study}.tuned[{i}].key", note["key"], f"a key of the {study} block")
+                node = node[part]
 
 
 def _key(path) -> str:
@@ -150,6 +182,7 @@ def validate_config(cfg: dict, schema_path: Path = SCHEMA_PATH) -> dict:
     if errors:
         raise _to_config_error(errors[0])
     check_results_dir(cfg["results_dir"])
+    _check_tuned(cfg)
     for study in cfg["studies"]:
         module = f"hpcdl.studies.{study}.checks"
         if importlib.util.find_spec(f"hpcdl.studies.{study}") and importlib.util.find_spec(module):

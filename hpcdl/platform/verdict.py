@@ -1,7 +1,8 @@
 """The report's front page: the verdict of a run, one table for every study (docs/architecture.md, "Report").
 
 Per study: claims passed / total (from `<study>/claims.json`, hpcdl.platform.claims), each failing or
-straddling claim with its measured values, each not-measured claim with its reason, what ran (points
+straddling claim with its measured values, each not-measured claim with its reason, each claim the
+config was tuned against (its `tuned` notes), what ran (points
 ok / failed / skipped) and the run's provenance (the raw tables' `*.provenance.json` sidecars,
 hpcdl.platform.results).
 A study without claims.json is shown as "not run", never left out.
@@ -88,7 +89,7 @@ def study_verdict(results_dir: str | Path, study: str, title: str | None = None)
                "provenance": run_provenance(study_dir)}
     if doc is None:
         return verdict | {"state": "not run", "passed": None, "total": None, "failed": [],
-                          "straddles": [], "not_measured": []}
+                          "straddles": [], "not_measured": [], "tuned": []}
     claims = doc.get("claims", [])
     return verdict | {
         "state": "ran",
@@ -97,6 +98,7 @@ def study_verdict(results_dir: str | Path, study: str, title: str | None = None)
         "failed": [c for c in claims if c["status"] == "failed"],
         "straddles": [c for c in claims if c["status"] == "straddles"],
         "not_measured": [c for c in claims if c["status"] == "not_measured"],
+        "tuned": [c for c in claims if c.get("tuned")],
     }
 
 
@@ -173,12 +175,20 @@ def _claim_details(e: dict) -> str:
         items.append(f"<div class='claim not_measured' data-claim='{_E(c['id'])}' style='color:dimgray'>"
                      f"<b>NOT MEASURED</b> {_E(c['statement'])}<br>"
                      f"<small><i>{_E(c.get('reason', ''))}</i></small></div>")
+    for c in e.get("tuned", []):
+        color, word = SHOWN[c["status"]]
+        notes = "; ".join(f"{_MONO.format(_E(n['key']))}: {_E(n['why'])}" for n in c["tuned"])
+        items.append(f"<div class='claim tuned' data-claim='{_E(c['id'])}'><b>TUNED</b> "
+                     f"{_MONO.format(_E(c['id']))} (<span style='color:{color}'>{word}</span>) was seen "
+                     f"when the config chose: {notes}</div>")
     if not items:
         return ""
     what = [f"{len(e['failed'])} failing"] if e["failed"] else []
     what += [f"{len(e['straddles'])} straddling"] if e["straddles"] else []
     what += [f"{len(e['not_measured'])} not measured"] if e["not_measured"] else []
-    return (f"<details><summary>{' and '.join(what)}: what was measured, or why not</summary>"
+    what += [f"{len(e['tuned'])} tuned after seeing it"] if e.get("tuned") else []
+    tail = ", or what was tuned" if e.get("tuned") else ""
+    return (f"<details><summary>{' and '.join(what)}: what was measured, or why not{tail}</summary>"
             + "".join(items) + "</details>")
 
 
@@ -238,6 +248,7 @@ def render_html(entries: list[dict]) -> str:
             extra = [f"{len(e['failed'])} failed"] if e["failed"] else []
             extra += [f"{len(e['straddles'])} straddle"] if e["straddles"] else []
             extra += [f"{len(e['not_measured'])} not measured"] if e["not_measured"] else []
+            extra += [f"{len(e['tuned'])} tuned"] if e.get("tuned") else []
             claims += f" ({', '.join(extra)})" if extra else ""
         cells = (f"{name} {_MONO.format(_E(e['study']))}", claims, _ran_line(ran),
                  _E(prov.get("measured_on") or "?"), _wall_time(prov))

@@ -179,31 +179,36 @@ def timing_resolution(rounds: pd.DataFrame) -> float:
     return float(iv.high - iv.mean)
 
 
-def in_regime(net_compute_saving: float, resolution_: float) -> bool:
-    """Whether the method can save measurable time at this F: the compute it saves, net of the
-    overhead it adds (both timed apart from the wall time), is at least twice the run's timing
-    resolution, the size at which a true saving gives an interval above zero in 97.5 % of runs."""
-    return bool(np.isfinite(resolution_) and net_compute_saving >= 2 * resolution_)
+def in_regime(net_saving: list[float], min_net_saving: float) -> bool:
+    """Whether F is in the method's regime at this scale: by the method's own account (the work its
+    hidden samples skip, less the overhead it adds, both timed apart from the wall time), it saves at
+    least `min_net_saving` of F = 0's time, the whole 95 % interval over rounds above that line. The
+    account is per sample and per phase, so it does not move with the wall time's noise; whether the
+    saving reaches the wall time is the claim's question."""
+    return len(net_saving) >= 2 and bool(mean_interval(net_saving).low >= min_net_saving)
 
 
-def kakurenbo_table(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Per F: the rounds summarised, the smallest saving the rounds resolve (from the F = 0 runs'
-    spread), and whether F is in the method's regime at this scale (`in_regime`)."""
+def kakurenbo_table(rounds: pd.DataFrame, min_net_saving: float) -> pd.DataFrame:
+    """Per F: the rounds summarised, the net saving the method accounts for (work saved less
+    overhead, with its interval), whether F is in the method's regime (`in_regime`), and the timing
+    resolution of the run (from the F = 0 runs' spread), a diagnostic shown beside the verdict."""
     rows = []
     res = timing_resolution(rounds) if not rounds.empty else float("nan")
     for f, g in rounds.groupby("kakurenbo_fraction"):
-        net = float(g["compute_saved"].mean() - g["overhead"].mean())
-        rows.append({"kakurenbo_fraction": f, "rounds": len(g), "net_compute_saving": net,
-                     "timing_resolution": res, "in_regime": in_regime(net, res),
+        net = list(g["work_saved"] - g["overhead"])
+        rows.append({"kakurenbo_fraction": f, "rounds": len(g), **_interval_columns(net, "net_saving"),
+                     "min_net_saving": min_net_saving, "in_regime": in_regime(net, min_net_saving),
+                     "timing_resolution": res,
                      **_interval_columns(list(g["time_saving"]), "time_saving"),
                      **_interval_columns(list(g["acc_change_pt"]), "acc_change_pt"),
                      "skipped_fraction": g["skipped_fraction"].mean(), "work_saved": g["work_saved"].mean(),
                      "compute_saved": g["compute_saved"].mean(), "overhead": g["overhead"].mean(),
                      "confidence": CONFIDENCE})
-    return _frame(rows, ["kakurenbo_fraction", "rounds", "net_compute_saving", "timing_resolution",
-                         "in_regime", "time_saving_mean", "time_saving_low", "time_saving_high",
-                         "acc_change_pt_mean", "acc_change_pt_low", "acc_change_pt_high", "skipped_fraction",
-                         "work_saved", "compute_saved", "overhead", "confidence"])
+    return _frame(rows, ["kakurenbo_fraction", "rounds", "net_saving_mean", "net_saving_low",
+                         "net_saving_high", "min_net_saving", "in_regime", "timing_resolution",
+                         "time_saving_mean", "time_saving_low", "time_saving_high", "acc_change_pt_mean",
+                         "acc_change_pt_low", "acc_change_pt_high", "skipped_fraction", "work_saved",
+                         "compute_saved", "overhead", "confidence"])
 
 
 def write(cfg: dict, study_dir: Path) -> None:
@@ -224,4 +229,5 @@ def write(cfg: dict, study_dir: Path) -> None:
     write_table(recovery_table(gap, block["tolerance_pt"]), tables / "recovery.csv", cfg, started)
     rounds = kakurenbo_rounds(final)
     write_table(rounds, tables / "kakurenbo_rounds.csv", cfg, started)
-    write_table(kakurenbo_table(rounds), tables / "kakurenbo.csv", cfg, started)
+    write_table(kakurenbo_table(rounds, block["kakurenbo"]["min_net_saving"]), tables / "kakurenbo.csv", cfg,
+                started)
