@@ -4,8 +4,8 @@
                                           [--image 64] [--device auto] [--csv PATH]
 
 Per network and policy, for the ILP plan at a total workspace budget equal to the default's:
-1. planned / default time: the executed plan's fwd+bwd conv time over the default layers' (both
-   measured in the same interleaved rounds), and the planner's predicted ratio;
+1. planned / default time: the executed plan's whole-network fwd+bwd conv time over the default's
+   (median of the same interleaved rounds), and the planner's predicted ratio;
 2. the plan's workspace / the budget (<= 1 by construction of the ILP);
 3. planning cost: benchmark seconds of the sizes the policy needs, DP and solver seconds.
 """
@@ -53,7 +53,8 @@ def main() -> None:
             0,
         )
         ex = pd.DataFrame(res["execution"])
-        speed = network_speedup(ex.assign(device=res["meta"]["device"], status="ok"))
+        speed = network_speedup(ex.assign(device=res["meta"]["device"], status="ok"),
+                                pd.DataFrame(res["network_rounds"]))
         plan = pd.DataFrame(res["planning"]).set_index("policy")
         for r in speed[speed["planner"] == "ilp"].itertuples():
             pl = plan.loc[r.policy]

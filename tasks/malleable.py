@@ -4,11 +4,12 @@
     python -m hpcdl compss command malleable --config FILE   # prints the runcompss command line
 
 Each task runs its point in a driver process group (hpcdl.studies.malleable.driver): (a) a thread-count
-change by API, signal or quota; (b) a quota cut with threads kept or followed; (c) a job workload
-under one co-scheduling policy. Writes raw/points.csv (one row per point: status ok / failed /
-skipped with the reason), raw/series.csv (every iteration of every job), raw/changes.csv (every
-thread-count request and when it took effect), raw/decisions.csv and raw/jobs.csv (co-scheduler
-events and per-job times). Points are kept in <results>/malleable/points/ as they finish.
+change by API, signal or quota; (b) one repeat of a quota cut, threads kept then followed (order
+rotated per repeat); (c) one repeat of a job workload under every co-scheduling policy in turn.
+Writes raw/points.csv (one row per variant and repeat: status ok / failed / skipped with the
+reason), raw/series.csv (every iteration of every job), raw/changes.csv (every thread-count request
+and when it took effect), raw/decisions.csv and raw/jobs.csv (co-scheduler events and per-job times).
+Points are kept in <results>/malleable/points/ as they finish.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def main(argv=None) -> None:
     rows = {t: [] for t in TABLES}
     for o in (o for batch in outcomes for o in batch):
         if not o.ok:
-            rows["points"].append(failed_row(sweep.label(o.point), o.error))
+            # a failed point fails every variant of its repeat: none of them has a partner to pair with
+            rows["points"].extend(failed_row(lab, o.error) for lab in sweep.labels(o.point))
             continue
         for t in TABLES:
             rows[t].extend(o.result[t])

@@ -4,10 +4,11 @@
     python -m hpcdl compss command microbatch --config FILE    # prints the runcompss command line
 
 A task benchmarks every candidate algorithm per kernel and micro-batch size of one network's conv
-layers, plans with the DP per kernel and the ILP over the network, executes the plans against the
-framework's default layer, and checks exactness. Writes raw/bench.csv, plans.csv, budget.csv,
-execution.csv, exactness.csv and planning.csv. A failing network becomes a row with status=failed
-and its error in every table; the rest runs. Every network's record is kept in
+layers, plans with the DP per kernel and the ILP over the network, executes every distinct plan and
+the framework's default as whole networks in interleaved rounds, and checks exactness. Writes
+raw/bench.csv, plans.csv, budget.csv, execution.csv, network_rounds.csv, exactness.csv and
+planning.csv. A failing network becomes a row with status=failed and its error in every table; the
+rest runs. Every network's record is kept in
 <results>/microbatch/points/ as it finishes (hpcdl.platform.points): a rerun runs only what is not finished.
 """
 
@@ -24,7 +25,7 @@ from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reas
 from hpcdl.platform.task_runtime.app import start_app
 from hpcdl.studies.microbatch import compute, sweep
 
-RAW = ("bench", "plans", "budget", "execution", "exactness", "planning")
+RAW = ("bench", "plans", "budget", "execution", "network_rounds", "exactness", "planning")
 
 
 @on_failure(management="IGNORE", returns=None)
@@ -64,7 +65,7 @@ def main(argv=None) -> None:
                     "status": r.get("status", "ok"),
                     "error": "",
                 }
-                for r in o.result[name]
+                for r in o.result.get(name, [])  # a record stored before a table existed has none
             ]
     raw = run.dir / "raw"
     for name in RAW:

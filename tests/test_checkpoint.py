@@ -229,8 +229,41 @@ def test_run_point_records_every_measure_and_cleans_scratch(tmp_path, fmt, mode)
     assert [r["repeat"] for r in rows] == [0, 1]
     for r in rows:
         assert r["state_bytes"] == 8192 * 4 and r["file_bytes"] >= r["state_bytes"] and r["roundtrip_ok"]
-        assert r["durable_s"] > 0 and r["load_s"] >= r["verify_s"] > 0 and r["ceiling_bw_bytes_per_s"] > 0
+        assert r["durable_s"] > 0 and r["load_s"] >= r["verify_s"] > 0
+        if mode == "sync":  # two probes around each save, the ratio paired with them
+            assert r["ceiling_before_s"] > 0 and r["ceiling_after_s"] > 0 and r["ceiling_spread"] >= 0
+            paired = r["write_bw_bytes_per_s"] / r["ceiling_bw_bytes_per_s"]
+            assert r["bw_over_ceiling"] == pytest.approx(paired)
+        else:  # nothing compares async bandwidth with the ceiling: no probe is paid for
+            assert np.isnan(r["ceiling_s"]) and np.isnan(r["bw_over_ceiling"])
     assert not any(tmp_path.iterdir())
+
+
+def test_ceiling_pair_is_the_probes_combined_bandwidth_and_their_disagreement():
+    mib = 2**20
+    pair = compute.ceiling_pair(100 * mib, before_s=1.0, after_s=0.25, write_bw=50.0 * mib)
+    assert pair["ceiling_s"] == 0.625 and pair["ceiling_bw_bytes_per_s"] == pytest.approx(160 * mib)
+    assert pair["bw_over_ceiling"] == pytest.approx(50 / 160)
+    assert pair["ceiling_spread"] == pytest.approx((400 - 100) / 250)  # |bw_a - bw_b| / their mean
+
+
+def test_io_cost_ratio_is_the_median_of_per_repeat_paired_ratios():
+    """torch measured while the storage was fast, npz while it was slow, both at half its speed:
+    paired, both are 0.5; a ceiling pooled over the two (250) would have made them 0.8 and 0.2."""
+    base = {"mode": "sync", "process_group": False, "ranks": 1, "n_params": 1024, "state_bytes": 4096,
+            "file_bytes": 4096, "status": "ok", "error": "", "roundtrip_ok": True}
+    rows = [{**base, "format": f, "repeat": rep, "write_bw_bytes_per_s": bw / 2, "ceiling_bw_bytes_per_s": bw,
+             "bw_over_ceiling": 0.5, "ceiling_spread": 0.1 * (rep + 1)}
+            for f, bw in (("torch", 400.0), ("npz", 100.0)) for rep in range(3)]
+    # a DCP-ranks row carries one probe and no per-repeat ratio: write bandwidth / that probe
+    rows.append({**base, "format": "dcp", "process_group": True, "ranks": 2, "repeat": 0,
+                 "write_bw_bytes_per_s": 30.0, "ceiling_bw_bytes_per_s": 60.0})
+    raw = pd.DataFrame(rows)
+    raw = raw.reindex(columns=[*raw.columns, *(c for c in tables.MEDIAN_COLS if c not in raw)])
+    out = tables.io_cost(raw).set_index("format")
+    assert list(out.loc[["torch", "npz"], "bw_over_ceiling"]) == [0.5, 0.5]
+    assert out.loc["torch", "repeats"] == 3 and out.loc["torch", "ceiling_spread"] == pytest.approx(0.2)
+    assert out.loc["dcp", "bw_over_ceiling"] == 0.5 and np.isnan(out.loc["dcp", "ceiling_spread"])
 
 
 def test_run_point_over_scratch_budget_fails_before_writing(tmp_path):

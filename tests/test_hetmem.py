@@ -274,6 +274,24 @@ def test_one_app_end_to_end_gives_rows_for_every_placement_and_policy(tmp_path, 
     assert out["trace"]["objects"] == 2 and (tmp_path / "gups.npz").exists()
 
 
+def test_speed_table_compares_one_estimate_with_the_apps_native_run():
+    import pandas as pd
+
+    from hpcdl.studies.hetmem.tables import SPEED_COLUMNS, speed_table
+
+    val = pd.DataFrame([{"app": "stream", "sample_every": n, "estimate_s": e, "reference_s": 0.4}
+                        for n, e in ((1, 9.0), (10, 1e-5))])
+    traces = pd.DataFrame([
+        {"app": "stream", "status": "ok", "untraced_wall_s": 2e-3, "untraced_compute_s": 5e-5},
+        {"app": "gups", "status": "failed", "untraced_wall_s": np.nan, "untraced_compute_s": np.nan},
+    ])
+    row = speed_table(val, 10, traces).set_index("app").loc["stream"]
+    assert row["native_run_s"] == 2e-3 and row["reference"] == "native run"
+    assert row["speedup"] == pytest.approx(200) and row["speedup_compute"] == pytest.approx(5)
+    assert row["speedup_vs_simulated"] == pytest.approx(4e4)  # kept for context only
+    assert list(speed_table(val.iloc[0:0], 10, traces).columns) == SPEED_COLUMNS
+
+
 # ------------------------------------------------------------------------------ the GPU probe's CPU side
 def test_gpu_probe_without_cuda_says_so_and_its_kernels_run_on_cpu_tensors(tmp_path, capsys):
     import torch

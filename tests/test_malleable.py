@@ -240,11 +240,12 @@ def _alive(pid: int) -> bool:
 def test_killed_scheduler_leaves_no_job_running_and_no_cgroup(tmp_path):
     point = _point(
         experiment="cosched",
-        policy="equal",
+        repeat=0,
+        policies=["equal"],
         jobs=[{"name": str(i), "arrival_s": 0, "iterations": 100000, "request_cores": 1} for i in range(2)],
     )
     drv = Driver(point, tmp_path / "drv", 10000)
-    logs = [tmp_path / "drv" / f"job-{i}.jsonl" for i in range(2)]
+    logs = [tmp_path / "drv" / "equal" / f"job-{i}.jsonl" for i in range(2)]  # each policy its own folder
     deadline = time.time() + 90
     while not all(any(r["type"] == "iter" for r in read_log(str(p))) for p in logs):
         assert time.time() < deadline and drv.proc.poll() is None, (
@@ -300,15 +301,22 @@ def test_points_cover_every_experiment(test_config):
 
     cfg = validate_config(_cfg(test_config))
     pts = sweep.response_points(cfg) + sweep.oversub_points(cfg) + sweep.cosched_points(cfg)
-    assert [sweep.label(p)["variant"] for p in pts] == [
-        "api",
-        "signal",
-        "quota",
-        "keep",
-        "follow",
-        "rigid",
-        "equal",
-        "proportional",
+    runs = [(lab["experiment"], lab["repeat"], lab["variant"]) for p in pts for lab in sweep.labels(p)]
+    # test.yaml: 2 repeats; each repeat's point runs every compared variant, the order rotated per repeat
+    assert runs == [
+        ("response", 0, "api"),
+        ("response", 0, "signal"),
+        ("response", 0, "quota"),
+        ("oversub", 0, "keep"),
+        ("oversub", 0, "follow"),
+        ("oversub", 1, "follow"),
+        ("oversub", 1, "keep"),
+        ("cosched", 0, "rigid"),
+        ("cosched", 0, "equal"),
+        ("cosched", 0, "proportional"),
+        ("cosched", 1, "equal"),
+        ("cosched", 1, "proportional"),
+        ("cosched", 1, "rigid"),
     ]
 
 
@@ -317,10 +325,11 @@ import json, sys
 from hpcdl.studies.malleable import compute
 base = dict(cores=2, timeout_s=120, batch_size=32, model={"width": 8, "depth": 1}, data_dir=sys.argv[1],
             seed=0)
-over = compute.run({**base, "experiment": "oversub", "mode": "keep", "quotas": [2, 1],
+over = compute.run({**base, "experiment": "oversub", "repeat": 0, "modes": ["keep"], "quotas": [2, 1],
                     "phase_iterations": 3}, 10000)
 jobs = [{"name": "0", "arrival_s": 0, "iterations": 4, "request_cores": 2}]
-co = compute.run({**base, "experiment": "cosched", "policy": "equal", "jobs": jobs}, 10000)
+co = compute.run({**base, "experiment": "cosched", "repeat": 0, "policies": ["equal"], "jobs": jobs},
+                 10000)
 print(json.dumps({"oversub": over["points"][0], "cosched": co["points"][0], "iters": len(co["series"])}))
 """
 

@@ -23,7 +23,7 @@ from hpcdl.studies.microbatch.algorithms import ALGORITHMS, ALL_KERNELS, FUSED, 
 from hpcdl.studies.microbatch.bench import benchmark_layer
 from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
 from hpcdl.studies.microbatch.execute import MicroBatchedConv2d, microbatch_network
-from hpcdl.studies.microbatch.plan_timing import rel_err
+from hpcdl.studies.microbatch.plan_timing import execute_network, rel_err
 from hpcdl.studies.microbatch.workloads import ConvLayer, alexnet, deepbench, resnet18
 
 REPO = Path(__file__).resolve().parent.parent
@@ -404,6 +404,11 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
         assert sum(map(int, str(r.micro_batches).split("+"))) == 3  # B = 3: uneven divisions add up
     ex = pd.read_csv(raw / "execution.csv")
     assert (ex[["err_output", "err_grad_input", "err_grad_weight"]].max() <= 1e-5).all()
+    # every distinct plan timed as a whole network in each round, beside the default's same round
+    rounds = pd.read_csv(raw / "network_rounds.csv")
+    assert set(rounds["plan_id"]) == set(ex["plan_id"])
+    assert (rounds.groupby("plan_id")["round"].count() == cfg["microbatch"]["exec_repeats"]).all()
+    assert (rounds[["plan_time_s", "default_time_s"]] > 0).all().all()
     for stage in ("tables", "figures", "claims"):
         p = subprocess.run(
             [sys.executable, "-m", "hpcdl", "microbatch", stage, "--config", str(path)],
@@ -423,3 +428,94 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
     assert next(c for c in claims["claims"] if c["id"] == "outputs_exact")["status"] == "passed"
     for fig in ("layer_speedup", "budget_speedup", "microbatch_sizes", "predicted_vs_measured"):
         assert (tmp_path / "r" / "microbatch" / "figures" / f"{fig}.png").stat().st_size > 10_000
+
+
+# ------------------------------------------------------------- whole-network execution and claims
+
+
+def test_plans_run_as_whole_networks_each_distinct_plan_once_a_round():
+    layers = [ConvLayer("a", 4, 8, 9, 9, 3, 3, 1, 1, 1), ConvLayer("b", 8, 8, 5, 5, 3, 3, 1, 1, 1, count=2)]
+    calls = {ly.name: KernelCall(ly, 4, "cpu", seed=i) for i, ly in enumerate(layers)}
+    default = {"forward": [("onednn-nchw", 4)], FUSED: [("onednn-nchw", 4)]}
+    divided = {"forward": [("native-nchw", 1), ("onednn-nchw", 3)], "backward_data": [("native-nchw", 4)],
+               "backward_filter": [("onednn-nhwc", 2), ("onednn-nhwc", 2)]}
+    plans = {"undivided/ilp": {"a": default, "b": default}, "all/ilp": {"a": divided, "b": default},
+             "all/dp": {"a": dict(divided), "b": dict(default)}}
+    units = execute_network(calls, plans, "cpu", rounds=3)
+    assert list(units) == ["default", "undivided/ilp", "all/ilp"]       # all/dp equals all/ilp: one unit
+    assert units["all/ilp"]["variants"] == ["all/ilp", "all/dp"]
+    for u in units.values():
+        assert len(u["times"]) == 3 and all(len(v) == 3 for v in u["layer_times"].values())
+        for r, total in enumerate(u["times"]):  # layer times are parts of the one timed pass
+            assert sum(v[r] for v in u["layer_times"].values()) <= total * (1 + 1e-9)
+        assert max(e for errs in u["errors"].values() for e in errs.values()) <= 1e-5
+    # the plan that keeps the default everywhere is run and timed itself, not given the default's times
+    assert units["undivided/ilp"]["times"] != units["default"]["times"]
+
+
+def _mb_raw(speedups: dict, divided: int) -> dict[str, pd.DataFrame]:
+    """Raw execution / rounds / plans rows of one network, its two policies sharing one ILP plan."""
+    variants = {"undivided/ilp": "p", "all/ilp": "p", "undivided/dp": "p", "all/dp": "p"}
+    ex, plans = [], []
+    for v in variants:
+        pol, pl = v.split("/")
+        for layer, changed in (("conv1", True), ("conv2", False)):
+            ex.append({"network": "alexnet", "policy": pol, "planner": pl, "layer": layer, "count": 2,
+                       "plan_id": "p", "keeps_default": not changed, "measured_time_s": 1.0,
+                       "measured_default_time_s": 1.0, "predicted_time_s": 0.9 if changed else 1.0,
+                       "predicted_default_time_s": 1.0, "err_output": 0.0, "err_grad_input": 0.0,
+                       "err_grad_weight": 1e-7, "device": "cpu", "status": "ok"})
+            for k in ("forward", "backward"):
+                plans.append({"network": "alexnet", "policy": pol, "planner": pl, "layer": layer, "kernel": k,
+                              "n_micro_batches": 2 if (changed and k == "forward" and divided) else 1,
+                              "status": "ok"})
+    rounds = [{"network": "alexnet", "plan_id": "p", "variants": " ".join(variants), "round": r,
+               "plan_time_s": 4.0 / s, "default_time_s": 4.0, "status": "ok"} for r, s in enumerate(speedups)]
+    return {"execution": pd.DataFrame(ex), "network_rounds": pd.DataFrame(rounds),
+            "plans": pd.DataFrame(plans)}
+
+
+def _judge_raw(tmp_path, raw: dict) -> dict:
+    from hpcdl.studies.microbatch import claims, tables
+
+    t = tmp_path / "tables"
+    t.mkdir(parents=True, exist_ok=True)
+    tables.network_speedup(raw["execution"], raw["network_rounds"], raw["plans"]).to_csv(
+        t / "network_speedup.csv", index=False)
+    tables.network_rounds(raw["execution"], raw["network_rounds"]).to_csv(
+        t / "network_rounds.csv", index=False)
+    pd.DataFrame([{"network": "alexnet", "what": "plan", "kernel": "forward", "max_rel_err": 1e-7,
+                   "layers": 2}]).to_csv(t / "exactness.csv", index=False)
+    pd.DataFrame(columns=["network", "table", "error"]).to_csv(t / "failures.csv", index=False)
+    cfg = {"microbatch": {"networks": ["alexnet"], "policies": ["undivided", "all"],
+                          "prediction_tolerance": 0.1, "exact_tolerance": 1e-5}}
+    return {c["id"]: c for c in claims.judge(cfg, tmp_path)}
+
+
+def test_network_speedup_comes_from_whole_network_rounds_and_counts_a_shared_plan_once(tmp_path):
+    from hpcdl.studies.microbatch import tables
+
+    raw = _mb_raw((1.10, 1.12, 1.08), divided=1)
+    nets = tables.network_speedup(raw["execution"], raw["network_rounds"], raw["plans"])
+    ilp = nets[nets["planner"] == "ilp"].set_index("policy")
+    assert ilp.loc["all", "measured_speedup"] == pytest.approx(1.10)          # mean of the rounds' ratios
+    assert ilp.loc["all", "measured_plan_s"] == pytest.approx(4.0 / 1.10)     # median round, not a sum
+    assert ilp.loc["all", "predicted_speedup"] == pytest.approx(4.0 / 3.8)    # count-weighted benchmark
+    assert ilp.loc["all", "divided_kernels"] == 1 and ilp.loc["all", "layers_changed"] == 1
+    c = _judge_raw(tmp_path, raw)
+    slower = c["plan_not_slower"]
+    assert slower["status"] == "passed"
+    assert list(slower["measured"]["holds"]) == ["alexnet [undivided, all]"]  # one plan, judged once
+    assert slower["measured"]["distinct_plans"] == {"alexnet": 1}
+    assert "undivided/dp" in slower["measured"]["shared_by"]["alexnet [undivided, all]"]
+    assert "tests micro-batching" in slower["statement"]
+    assert c["prediction_within_tolerance"]["status"] == "passed"             # 1.053 vs 1.10: -4 %
+
+
+def test_claims_say_when_nothing_is_divided_and_straddle_within_noise(tmp_path):
+    c = _judge_raw(tmp_path, _mb_raw((1.04, 0.97, 1.0), divided=0))
+    assert c["plan_not_slower"]["status"] == "straddles"
+    assert "tests per-kernel algorithm choice" in c["plan_not_slower"]["statement"]
+    assert "not micro-batching" in c["plan_not_slower"]["statement"]
+    one = _judge_raw(tmp_path / "one", _mb_raw((1.10,), divided=0))["plan_not_slower"]
+    assert one["status"] == "not_measured" and "an interval needs 2" in one["reason"]

@@ -285,3 +285,84 @@ def test_interquartile_mean_drops_both_tails():
 
     assert interquartile_mean([100, 1, 2, 200, 3, 4, 5, 6]) == pytest.approx(4.5)
     assert interquartile_mean([7.0]) == 7.0
+
+
+# ---- the oracle out of sample (spatial.held_out) --------------------------------------------------
+
+def _default_block():
+    from hpcdl.platform.config import load_config
+
+    return load_config("configs/default.yaml")["spatial"]
+
+
+def _conv_pool(point, block):
+    from hpcdl.studies.spatial.sweep import layer_shapes
+
+    return layer_shapes(point, block, ("conv", "pool"))
+
+
+def test_held_out_runs_have_no_calibrated_layer_shape():
+    """default.yaml: only the strong model is timed, and no conv/pool shape of a held-out run is fitted."""
+    from hpcdl.studies.spatial.sweep import calibration_block, held_out_shapes, training_runs
+
+    block = _default_block()
+    runs, held = training_runs(block), held_out_shapes(block)
+    assert calibration_block(block)["calibrated_kinds"] == ["strong"]  # the weak model's shapes: all held out
+    assert set(block["held_out"]) < set(runs)
+    for r in block["held_out"]:
+        assert _conv_pool(runs[r], block) <= held, r
+    timed = {layer_key(L) for L in build_spec((block["strong"]["grid"],) * 3, block["model"])} - held
+    for r in set(runs) - set(block["held_out"]):  # the in-sample runs' convs are all timed
+        assert {k for k in _conv_pool(runs[r], block) if k.startswith("conv")} <= timed, r
+    assert "dense:64>2" not in held  # the same at every grid: stays calibrated
+
+
+def test_fit_leaves_out_every_timing_of_a_held_out_shape():
+    import pandas as pd
+
+    from hpcdl.studies.spatial.tables import fit_rows
+
+    block = _default_block()
+    hybrid = "conv:1>8:k3s1:40x40"  # the 40^3 hybrid's first conv
+    rows = [{"kind": "conv", "key": k, "units": u, "fraction": f, "concurrent": 1, "round": 0,
+             "time_s": u * k_s, "other_cpu_s": 0.0, "section_s": 1.0}
+            for k, k_s in (("conv:1>8:k3s1:80x80", 1e-10), (hybrid, 1e-7))
+            for f, u in ((1.0, 2e9), (0.5, 1e9))]
+    got, ev = fit_rows(pd.DataFrame(rows), block)
+    assert {r["key"] for r in got} == {"conv:1>8:k3s1:80x80"} and ev["rows_held_out"] == 2
+    assert hybrid in ev["held_out_shapes"].split(";")
+    m, _ = fit_machine(got + [{"kind": "io", "units": 1, "batch": 1, "time_s": 1e-6}], cores=2)
+    # the held-out conv has no fit of its own, and the per-kind line it falls back to is the timed
+    # shape's (1e-10 s per unit), untouched by the held-out timings (1e-7 s per unit)
+    assert hybrid not in m.layers and m.conv[1] == pytest.approx(1e-10)
+
+
+@pytest.mark.parametrize("held_out, words", [
+    (["weak-d1x4x1"], "a configured training run id"),
+    (["strong-d1x1x1", "strong-d1x2x1", "weak-d1x1x1", "weak-d1x2x1", "hybrid-d2x1x1", "train-d1x2x1"],
+     "leaving the strong or the weak model"),
+    (["weak-d1x1x1", "weak-d1x2x1", "train-d1x2x1"], "hybrid-d2x1x1 has conv:"),
+])
+def test_config_held_out_must_be_exactly_the_unseen_runs(held_out, words):
+    import yaml
+
+    cfg = yaml.safe_load(open("configs/default.yaml"))
+    cfg["spatial"]["held_out"] = held_out
+    with pytest.raises(ConfigError, match=r"spatial\.held_out") as err:
+        validate_config(cfg)
+    assert words in str(err.value)
+
+
+def test_oracle_parity_figure_splits_held_out_from_in_sample(tmp_path):
+    import pandas as pd
+
+    from hpcdl.platform.stages import pyplot
+    from hpcdl.studies.spatial.figures import _plot_oracle
+
+    df = pd.DataFrame({"run": ["strong-d1x1x1", "weak-d1x1x1", "ceiling-d1x2x1"],
+                       "kind": ["strong", "weak", "ceiling"], "time_per_iter_s": [0.3, 0.1, 0.2],
+                       "pred_time_per_iter_s": [0.31, 0.2, float("nan")],
+                       "oracle_error": [0.03, 1.0, float("nan")],
+                       "oracle_sample": ["in_sample", "held_out", ""]})
+    _plot_oracle(pyplot(), df, {"claims": {"max_oracle_error": 0.1}}, tmp_path)
+    assert (tmp_path / "oracle_parity.png").stat().st_size > 1000

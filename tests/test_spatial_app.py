@@ -65,7 +65,13 @@ def test_spatial_app_end_to_end(tmp_path):
     oracle = claims["oracle_error"]["measured"]
     runs = pd.read_csv(out / "tables" / "runs.csv")
     runs = runs[runs["kind"] != "ceiling"]  # not a training run: outside the oracle's claim
-    within = runs["ranks"] <= oracle["cores"]
-    assert oracle["mean_abs_error"] == pytest.approx(runs["oracle_error"].abs().mean())
+    # judged on the held-out run alone (test.yaml: the 12^3 train run), the in-sample runs beside it
+    held = runs["run"].isin(cfg["spatial"]["held_out"])
+    assert list(runs.loc[held, "oracle_sample"]) == ["held_out"] and oracle["held_out"] == ["train-d1x1x1"]
+    within = held & (runs["ranks"] <= oracle["cores"])
+    assert oracle["mean_abs_error"] == pytest.approx(runs.loc[held, "oracle_error"].abs().mean())
     assert oracle["mean_abs_error_ranks_within_cores"] == pytest.approx(
         runs.loc[within, "oracle_error"].abs().mean())
+    inside = runs.loc[~held, "oracle_error"].abs().mean()
+    assert oracle["in_sample"]["mean_abs_error"] == pytest.approx(inside)
+    assert oracle["calibration"]["rows_held_out"] == 0  # neither calibrated model has a 12^3 shape

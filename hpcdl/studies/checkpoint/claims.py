@@ -1,5 +1,11 @@
 """Claims stage of the checkpoint-cost study: tables/ -> the four claims (async blocking, bandwidth vs
-the storage ceiling, bit-identical resume, verified round trip) with their thresholds."""
+the storage ceiling, bit-identical resume, verified round trip), thresholds from `checkpoint.claims`.
+
+Bandwidth vs ceiling: each sync repeat's write bandwidth is divided by the ceiling probed around that
+same save (compute.py), and a format's ratio is the median over its repeats (tables.py). The ceiling
+is an upper bound by construction; a format whose median ratio exceeds 1 by more than the ceiling's
+own measured noise (the median disagreement of the two probes around a save) shows the probe did not
+measure the storage's limit, so the claim is not measured, naming that defect, never passed."""
 
 from __future__ import annotations
 
@@ -15,8 +21,6 @@ from hpcdl.studies.checkpoint.sweep import sweep_sizes
 from hpcdl.studies.checkpoint.tables import MiB, single_process
 
 CLAIMS = ("async_blocking", "bandwidth_vs_ceiling", "resume_bit_identical", "roundtrip")
-ASYNC_MAX_RATIO = 0.10      # async stall <= 10% of the sync save
-BANDWIDTH_MIN_RATIO = 0.90  # best format within 10% of the storage ceiling
 
 
 def judge(cfg: dict, study_dir: Path) -> list[dict]:
@@ -39,11 +43,12 @@ def _at(df: pd.DataFrame, fmt: str, mode: str, n: int) -> pd.Series | None:
 
 
 def _claim_async(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame) -> dict:
-    statement = (f"async blocking time <= {ASYNC_MAX_RATIO:.0%} of sync save time at the largest size "
+    limit = block["claims"]["async_max_ratio"]
+    statement = (f"async blocking time <= {limit:.0%} of sync save time at the largest size "
                  f"({n} parameters), for every configured format")
     if not {"sync", "async"} <= set(block["modes"]):
         return not_measured("async_blocking", statement, f"checkpoint.modes is {block['modes']}, "
-                            "the claim compares sync with async", threshold=ASYNC_MAX_RATIO)
+                            "the claim compares sync with async", threshold=limit)
     holds, missing, ratios = {}, {}, {}
     for f in block["formats"]:
         rows = {m: _at(one, f, m, n) for m in ("sync", "async")}
@@ -53,29 +58,41 @@ def _claim_async(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame) ->
                                    for m in absent)
             continue
         ratios[f] = round(float(rows["async"]["blocking_s"] / rows["sync"]["blocking_s"]), 4)
-        holds[f] = ratios[f] <= ASYNC_MAX_RATIO
+        holds[f] = ratios[f] <= limit
     return every("async_blocking", statement, holds, missing, n_params=int(n), state_mib=float(n * 4 / MiB),
-                 async_over_sync=ratios, threshold=ASYNC_MAX_RATIO)
+                 async_over_sync=ratios, threshold=limit)
 
 
 def _claim_bandwidth(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame) -> dict:
     cid = "bandwidth_vs_ceiling"
-    statement = (f"the best format's write bandwidth is within {1 - BANDWIDTH_MIN_RATIO:.0%} of the storage "
-                 f"ceiling measured in the same run, at the largest size ({n} parameters)")
+    line = block["claims"]["bandwidth_min_ratio"]
+    statement = (f"the best format's write bandwidth is within {1 - line:.0%} of the storage ceiling "
+                 "probed around each of its saves (median of the paired ratios), at the largest size "
+                 f"({n} parameters)")
     if "sync" not in block["modes"]:
         return not_measured(cid, statement, f"checkpoint.modes is {block['modes']}: no sync saves",
-                            threshold=BANDWIDTH_MIN_RATIO)
-    ratios, missing = {}, {}
+                            threshold=line)
+    ratios, spreads, missing = {}, {}, {}
     for f in block["formats"]:
         r = _at(one, f, "sync", n)
         if r is None or not np.isfinite(r["bw_over_ceiling"]):
             missing[f] = why_point_missing(fails, "io", format=f, mode="sync", ranks=1, n_params=n)
-        else:
-            ratios[f] = round(float(r["bw_over_ceiling"]), 4)
+            continue
+        ratios[f] = round(float(r["bw_over_ceiling"]), 4)
+        if np.isfinite(r.get("ceiling_spread", np.nan)):
+            spreads[f] = float(r["ceiling_spread"])
     best = max(ratios, key=ratios.get) if ratios else None
+    # the ceiling's noise: how much its two probes around a save disagree (median over the formats)
+    noise = round(float(np.median(list(spreads.values()))), 4) if spreads else 0.0
     evidence = dict(n_params=int(n), best_format=best, best_bw_over_ceiling=ratios.get(best),
-                    bw_over_ceiling=ratios, missing=missing, threshold=BANDWIDTH_MIN_RATIO)
-    if best is not None and ratios[best] >= BANDWIDTH_MIN_RATIO:
+                    bw_over_ceiling=ratios, ceiling_noise=noise, missing=missing, threshold=line)
+    above = {f: v for f, v in ratios.items() if v > 1 + noise}
+    if above:
+        return not_measured(cid, statement, "the storage ceiling is defective: " + ", ".join(
+            f"{f} writes at {v:.2f}x of it" for f, v in above.items())
+            + f" (median paired ratio above 1 + its measured noise {noise:.3f}), so it is no ceiling",
+            **evidence)
+    if best is not None and ratios[best] >= line:
         return claim(cid, statement, True, **evidence)  # a missing format cannot lower the best
     if missing:
         return not_measured(cid, statement, [f"{f}: {why}" for f, why in missing.items()], **evidence)

@@ -1,11 +1,15 @@
 """What the checkpoint task app's task bodies run (tasks/checkpoint.py).
 
-`run_point` is one (format, mode, size) I/O point in one process: per repeat it measures the
-storage ceiling, then the save (blocking, durable, committed), then a verified load with the files
-evicted from the page cache first (cold read, unless `cold_load` is off), each with its peak extra
-RAM (instruments.py). The other task bodies' functions live in their own modules and are exposed
-here: `ranks_point` (DCP from N ranks, distributed.py), `resume_check` and `overhead_run`
-(training-state checkpoints, training.py).
+`run_point` is one (format, mode, size) I/O point in one process: per repeat the save (blocking,
+durable, committed), then a verified load with the files evicted from the page cache first (cold
+read, unless `cold_load` is off), each with its peak extra RAM (instruments.py). A sync save is
+bracketed by two storage-ceiling probes of the same byte count, written right before and right
+after it: the repeat's ceiling is their combined bandwidth, so a format's bandwidth is divided by
+the ceiling of its own moment (paired per repeat), and the two probes' disagreement measures how
+noisy the ceiling is. Async points probe no ceiling (nothing compares async bandwidth with it),
+which pays for the second sync probe. The other task bodies' functions live in their own modules
+and are exposed here: `ranks_point` (DCP from N ranks, distributed.py), `resume_check` and
+`overhead_run` (training-state checkpoints, training.py).
 """
 
 from __future__ import annotations
@@ -38,6 +42,16 @@ def _warm_up(root: Path, fmt: str) -> None:
     shutil.rmtree(t.path)
 
 
+def ceiling_pair(nbytes: int, before_s: float, after_s: float, write_bw: float) -> dict:
+    """The repeat's ceiling from the probes around its save, the save's paired ratio to it, and the
+    probes' relative disagreement |bw_before - bw_after| / their mean (the ceiling's own noise)."""
+    bw_before, bw_after = nbytes / before_s, nbytes / after_s
+    ceiling_s = (before_s + after_s) / 2  # both probes' bytes over both probes' time
+    return {"ceiling_before_s": before_s, "ceiling_after_s": after_s, "ceiling_s": ceiling_s,
+            "ceiling_bw_bytes_per_s": nbytes / ceiling_s, "bw_over_ceiling": write_bw * ceiling_s / nbytes,
+            "ceiling_spread": abs(bw_before - bw_after) / ((bw_before + bw_after) / 2)}
+
+
 def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: int = 1,
               seed: int = 0, cold_load: bool = True, rss_interval_s: float = 0.002,
               scratch_limit_mb: float | None = None) -> list[dict]:
@@ -49,7 +63,7 @@ def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: 
     try:
         flat = synthetic_state(n_params, seed)
         nbytes = tensor_bytes(flat)
-        # Checkpoint + ceiling file can coexist briefly.
+        # The checkpoint and the probe after it coexist briefly.
         check_scratch_budget(root, 2 * nbytes + (1 << 20),
                              None if scratch_limit_mb is None else int(scratch_limit_mb * 2**20))
         _warm_up(root, fmt)
@@ -58,14 +72,15 @@ def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: 
             ckpt.prepare(flat)
         rows = []
         for rep in range(repeats):
-            ceiling_s = storage_ceiling(root, nbytes)
             name = f"rep-{rep:03d}"
+            before_s = storage_ceiling(root, nbytes) if ckpt is None else float("nan")
             with PeakRSS(rss_interval_s) as save_mem:
                 if ckpt is None:
                     timing = saver.save(flat, root, name, fmt)
                 else:
                     ckpt.save(flat, name)
                     timing = ckpt.wait()
+            after_s = storage_ceiling(root, nbytes) if ckpt is None else float("nan")
             if cold_load:
                 integrity.evict_from_page_cache(timing.path)
             t0 = time.perf_counter()
@@ -85,7 +100,7 @@ def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: 
                 "blocking_s": timing.blocking_s, "durable_s": timing.durable_s,
                 "commit_s": timing.commit_s, "load_s": load_s, "verify_s": t1 - t0,
                 "write_bw_bytes_per_s": timing.file_bytes / timing.durable_s,
-                "ceiling_s": ceiling_s, "ceiling_bw_bytes_per_s": nbytes / ceiling_s,
+                **ceiling_pair(nbytes, before_s, after_s, timing.file_bytes / timing.durable_s),
                 "save_peak_extra_rss_bytes": save_mem.peak_extra_bytes,
                 "load_peak_extra_rss_bytes": load_mem.peak_extra_bytes,
                 "roundtrip_ok": bool(ok), "cold_load": bool(cold_load),

@@ -19,31 +19,33 @@ from hpcdl.studies.checkpoint.training import young_daly_interval_s
 MiB = 2**20
 MEDIAN_COLS = ["state_bytes", "file_bytes", "blocking_s", "durable_s", "commit_s", "load_s", "verify_s",
                "write_bw_bytes_per_s", "ceiling_s", "ceiling_bw_bytes_per_s", "bw_over_ceiling",
-               "save_peak_extra_rss_bytes", "load_peak_extra_rss_bytes"]
+               "ceiling_spread", "save_peak_extra_rss_bytes", "load_peak_extra_rss_bytes"]
 
 
 def io_cost(raw: pd.DataFrame) -> pd.DataFrame:
     """Median over repeats per (format, mode, process group, ranks, size).
 
-    The storage ceiling of a size is the median of every ceiling measured at that size with the
-    same launch (all formats, modes and repeats pooled): one noisy dd-like write must not make
-    or break a format's ratio. `bw_over_ceiling` divides by that pooled ceiling.
+    `bw_over_ceiling` is the median of the paired ratios: each repeat's write bandwidth over the
+    ceiling probed around that same save (compute.py), never over a ceiling pooled across formats
+    and times, so the storage's drift between points cancels. `ceiling_spread` is the median
+    disagreement of a repeat's two probes (the ceiling's own noise). Rows without a per-repeat
+    ratio (DCP ranks points: one probe before the save) get write bandwidth / that repeat's probe.
     """
     ok = ok_rows(raw)
     keys = ["format", "mode", "process_group", "ranks", "n_params"]
     if ok.empty:
         return pd.DataFrame(columns=[*keys, "repeats", *MEDIAN_COLS, "roundtrip_ok"])
     ok["roundtrip_ok"] = ok["roundtrip_ok"].astype(str).str.lower() == "true"
+    for col in ("bw_over_ceiling", "ceiling_spread"):
+        if col not in ok:
+            ok[col] = float("nan")
+    ok["bw_over_ceiling"] = ok["bw_over_ceiling"].fillna(ok["write_bw_bytes_per_s"]
+                                                         / ok["ceiling_bw_bytes_per_s"])
     g = ok.groupby(keys, sort=True)
-    out = g[[c for c in MEDIAN_COLS if c != "bw_over_ceiling"]].median()
+    out = g[MEDIAN_COLS].median()
     out["repeats"] = g.size()
     out["roundtrip_ok"] = g["roundtrip_ok"].all()
-    out = out.reset_index()
-    pooled = ok.groupby(["process_group", "ranks", "n_params"])["ceiling_bw_bytes_per_s"].median()
-    out["ceiling_bw_bytes_per_s"] = [pooled[(pg, r, n)] for pg, r, n in
-                                     zip(out["process_group"], out["ranks"], out["n_params"], strict=True)]
-    out["bw_over_ceiling"] = out["write_bw_bytes_per_s"] / out["ceiling_bw_bytes_per_s"]
-    return out
+    return out.reset_index()
 
 
 def overhead_table(raw: pd.DataFrame) -> pd.DataFrame:

@@ -1,6 +1,12 @@
-"""Claims stage of the hetmem study: tables/ -> the three claims (estimate error, estimate speed,
-placement near the all-fast bound), each against the SIMULATED reference, with the block's thresholds
-(`error_ceiling`, `speedup_floor`, `bound_tolerance`)."""
+"""Claims stage of the hetmem study: tables/ -> the three claims, with the block's thresholds
+(`error_ceiling`, `speedup_floor`, `bound_tolerance`; their sources are in configs/schema/hetmem.yaml):
+
+    estimate error     per app, against the SIMULATED reference (an app's own mean |error|: averaging
+                       over apps would hide one app's large errors behind the others' small ones)
+    estimate speed     per app, one estimate against one REAL run of the app (the native kernel, run
+                       untraced on this machine in the same task), not against the simulator
+    placement          per app, greedy or PPO near the all-fast bound, SIMULATED runtimes
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform.claims import claim, every, not_measured
+from hpcdl.platform.claims import every
 from hpcdl.platform.stages import failed_because, read_or_empty
 
 CLAIMS = ("estimate_error_le_5pct", "estimate_100x_faster", "placement_near_all_fast")
@@ -55,40 +61,64 @@ def _claim_error(block: dict, v: pd.DataFrame, missing: dict[str, str]) -> dict:
     ceiling = block["error_ceiling"]
     stmt = (
         f"differential-tracing estimate within {100 * ceiling:g} % mean |error| of the SIMULATED two-tier "
-        f"reference over all validation placements of every app (N={block['sample_every']}; "
-        "seed: 4.4 % on hardware)"
+        f"reference over the validation placements, for every app on its own (N={block['sample_every']}; "
+        "seed: 4.4 % on hardware); the evidence names the worst app"
     )
-    per_app = (
-        {a: round(float(g["error"].abs().mean()), 5) for a, g in v.groupby("app", sort=False)}
-        if not v.empty
-        else {}
+    missing = dict(missing)
+    means, maxes, holds = {}, {}, {}
+    for app, g in v.groupby("app", sort=False) if not v.empty else ():
+        err = g["error"].abs()
+        mean = float(err.mean())
+        if not np.isfinite(mean):
+            missing[app] = f"app {app}: mean |error| is not finite (a reference runtime of 0?)"
+            continue
+        means[app], maxes[app] = round(mean, 5), round(float(err.max()), 5)
+        holds[app] = mean <= ceiling
+    worst = max(means, key=means.get) if means else None
+    return every(
+        "estimate_error_le_5pct",
+        stmt,
+        holds,
+        missing,
+        worst_app=None if worst is None else {"app": worst, "mean_abs_error": means[worst],
+                                               "max_abs_error": maxes[worst]},
+        per_app_mean_abs_error=means,
+        per_app_max_abs_error=maxes,
+        placements={a: int(n) for a, n in v.groupby("app", sort=False).size().items()} if not v.empty else {},
+        threshold=ceiling,
+        reference="simulated",
     )
-    mean = float(v["error"].abs().mean()) if not v.empty else None
-    measured = {
-        "mean_abs_error": mean,
-        "max_abs_error": float(v["error"].abs().max()) if not v.empty else None,
-        "per_app_mean_abs_error": per_app,
-        "placements": int(len(v)),
-        "threshold": ceiling,
-        "reference": "simulated",
-    }
-    if missing or mean is None or not np.isfinite(mean):
-        return not_measured(
-            "estimate_error_le_5pct", stmt, list(missing.values()) or ["no validation rows"], **measured
-        )
-    return claim("estimate_error_le_5pct", stmt, mean <= ceiling, **measured)
 
 
 def _claim_speed(block: dict, speed: pd.DataFrame, missing: dict[str, str]) -> dict:
     floor = block["speedup_floor"]
     stmt = (
-        f"one estimate at least {floor:g}x faster than one SIMULATED reference run "
-        "(cache simulation of the trace + the placement's timing), for every app"
+        f"one estimate of a placement at least {floor:g}x faster than one real run of the app: the native "
+        "kernel run once, untraced, on this machine (process wall time, measured by the same task), "
+        "for every app"
     )
-    holds = {r.app: bool(r.speedup >= floor) for r in speed.itertuples()} if not speed.empty else {}
-    ratios = {r.app: round(float(r.speedup), 1) for r in speed.itertuples()} if not speed.empty else {}
+    missing = dict(missing)
+    holds, ratios, native, estimate, compute = {}, {}, {}, {}, {}
+    for r in speed.itertuples() if not speed.empty else ():
+        run_s = float(getattr(r, "native_run_s", np.nan))
+        if not (np.isfinite(run_s) and run_s > 0 and r.estimate_s > 0):
+            missing[r.app] = f"app {r.app}: its native run was not timed"
+            continue
+        ratio = run_s / float(r.estimate_s)
+        holds[r.app] = ratio >= floor
+        ratios[r.app], native[r.app], estimate[r.app] = round(ratio, 1), run_s, float(r.estimate_s)
+        compute[r.app] = round(float(getattr(r, "native_compute_s", np.nan)) / float(r.estimate_s), 2)
     return every(
-        "estimate_100x_faster", stmt, holds, missing, speedup=ratios, threshold=floor, reference="simulated"
+        "estimate_100x_faster",
+        stmt,
+        holds,
+        missing,
+        speedup=ratios,
+        native_run_s=native,
+        estimate_s=estimate,
+        speedup_vs_compute_phase=compute,
+        threshold=floor,
+        reference="native run",
     )
 
 

@@ -3,8 +3,11 @@ task computes from."""
 
 from __future__ import annotations
 
-# keys of the block only the analysis reads, or that only say where/how tasks run
-NOT_COMPUTED = ("runtime", "computing_units", "apps", "error_ceiling", "speedup_floor", "bound_tolerance")
+# keys of the block only the analysis reads, or that only say where/how tasks run (`tuned`: the
+# platform's notes on tuned keys, shown with the claims)
+NOT_COMPUTED = (
+    "runtime", "computing_units", "apps", "error_ceiling", "speedup_floor", "bound_tolerance", "tuned"
+)
 
 
 def app_points(cfg: dict) -> list[dict]:

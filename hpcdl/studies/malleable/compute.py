@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 
 from hpcdl.studies.malleable import driver
-from hpcdl.studies.malleable.sweep import label
+from hpcdl.studies.malleable.sweep import labels
 
 STEADY_SKIP = 2  # iterations after a change left out of the steady median
 STEADY_MAX = 6  # iterations in the steady median at most
@@ -114,50 +114,41 @@ def _enforcement(point: dict, res: dict) -> str:
 
 
 def run(point: dict, period_us: int) -> dict:
-    """{table: rows} of one point: points (1 row), series, changes, decisions, jobs."""
-    lab = label(point)
+    """{table: rows} of one point: points (1 row per variant run), series, changes, decisions, jobs."""
     res = driver.run_point(point, period_us, point["timeout_s"])
+    out = {t: [] for t in COLUMNS}
     if "skipped" in res:
-        return {
-            "points": [
-                {
-                    **lab,
-                    "status": "skipped",
-                    "error": "",
-                    "enforcement": "none",
-                    "reason": f"skipped: {res['skipped']}",
-                }
-            ],
-            "series": [],
-            "changes": [],
-            "decisions": [],
-            "jobs": [],
+        for lab in labels(point):
+            out["points"].append({**lab, "status": "skipped", "error": "", "enforcement": "none",
+                                  "reason": f"skipped: {res['skipped']}"})
+        return out
+    for lab, one in zip(labels(point), res["runs"], strict=True):
+        assert one["variant"] == lab["variant"], (one["variant"], lab)
+        row = {
+            **lab,
+            "status": "ok",
+            "error": "",
+            "enforcement": _enforcement(point, res),
+            "reason": res["cgroup_reason"],
+            "point_wall_s": res["wall_s"],
+            "warnings": len(one.get("warnings", [])),
         }
-    row = {
-        **lab,
-        "status": "ok",
-        "error": "",
-        "enforcement": _enforcement(point, res),
-        "reason": res["cgroup_reason"],
-        "point_wall_s": res["wall_s"],
-        "warnings": len(res.get("warnings", [])),
-    }
-    jobs = [{**lab, **j} for j in res.get("jobs", [])]
-    if jobs:
-        row.update(_cosched_summary(res["jobs"]))
-    return {
-        "points": [row],
-        "series": _series_rows(lab, res["series"]),
-        "changes": change_rows(lab, res),
-        "decisions": [{**lab, **d} for d in res.get("decisions", [])],
-        "jobs": jobs,
-    }
+        jobs = [{**lab, **j} for j in one.get("jobs", [])]
+        if jobs:
+            row.update(_cosched_summary(one["jobs"]))
+        out["points"].append(row)
+        out["series"] += _series_rows(lab, one["series"])
+        out["changes"] += change_rows(lab, one)
+        out["decisions"] += [{**lab, **d} for d in one.get("decisions", [])]
+        out["jobs"] += jobs
+    return out
 
 
 COLUMNS = {
     "points": [
         "experiment",
         "variant",
+        "repeat",
         "status",
         "error",
         "enforcement",
@@ -173,6 +164,7 @@ COLUMNS = {
     "series": [
         "experiment",
         "variant",
+        "repeat",
         "job",
         "iteration",
         "start_s",
@@ -184,6 +176,7 @@ COLUMNS = {
     "changes": [
         "experiment",
         "variant",
+        "repeat",
         "job",
         "source",
         "target_threads",
@@ -201,6 +194,7 @@ COLUMNS = {
     "decisions": [
         "experiment",
         "variant",
+        "repeat",
         "event_index",
         "time_s",
         "event",
@@ -215,6 +209,7 @@ COLUMNS = {
     "jobs": [
         "experiment",
         "variant",
+        "repeat",
         "job",
         "arrival_s",
         "iterations",

@@ -31,27 +31,28 @@ def needs_cgroups(point: dict) -> bool:
 
 
 def _execute(point: dict, workdir: Path, run) -> dict:
+    """{"runs": [{"variant": v, **what v logged}]}: a point's variants one after the other, in its order."""
     from hpcdl.studies.malleable import response
     from hpcdl.studies.malleable.scheduler import CoScheduler
 
     kind = point["experiment"]
+    runs = []
     if kind == "response":
-        return response.response_point(point, workdir, run)
-    if kind == "oversub":
-        return response.oversub_point(point, workdir, run)
-    if kind == "cosched":
+        runs.append({"variant": point["method"], **response.response_point(point, workdir, run)})
+    elif kind == "oversub":
+        for mode in point["modes"]:
+            res = response.oversub_point({**point, "mode": mode}, workdir, run)
+            runs.append({"variant": mode, **res})
+    elif kind == "cosched":
         defaults = {k: point[k] for k in ("batch_size", "model", "data_dir", "seed")}
-        sched = CoScheduler(
-            point["jobs"],
-            point["policy"],
-            point["cores"],
-            defaults,
-            workdir,
-            run,
-            timeout_s=point["timeout_s"],
-        )
-        return sched.run()
-    raise ValueError(f"unknown experiment {kind!r}")
+        for policy in point["policies"]:
+            # its own folder: every policy's jobs have the same names (their cgroups are re-quota'd)
+            sched = CoScheduler(point["jobs"], policy, point["cores"], defaults, workdir / policy, run,
+                                timeout_s=point["timeout_s"])
+            runs.append({"variant": policy, **sched.run()})
+    else:
+        raise ValueError(f"unknown experiment {kind!r}")
+    return {"runs": runs}
 
 
 def main(argv: list[str] | None = None) -> None:

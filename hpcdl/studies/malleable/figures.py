@@ -38,6 +38,13 @@ def draw(cfg: dict, study_dir: Path) -> None:
     _plot_utilisation(plt, table(study_dir, "utilisation"), cfg, figs / "utilisation.png")
 
 
+def _first_repeat(df: pd.DataFrame) -> pd.DataFrame:
+    """Timelines show one repeat (the first): the repeats' clocks each start at zero."""
+    if df.empty or "repeat" not in df:
+        return df
+    return df[df["repeat"].fillna(0).astype(int) == int(df["repeat"].fillna(0).min())]
+
+
 def _policies(cfg: dict) -> list[str]:
     return list(cfg["malleable"]["cosched"]["policies"])
 
@@ -49,8 +56,8 @@ def _plot_gantt(plt, decisions, jobs, policies, cfg, path) -> None:
     cmap = plt.get_cmap("viridis")
     for ax, policy in zip(axes[:, 0], names, strict=True):
         ax.set_title(f"{policy}" + ("" if policy == "rigid" else " (malleable)"), fontsize=10, loc="left")
-        j = jobs[(jobs["variant"] == policy)] if not jobs.empty else jobs
-        d = decisions[(decisions["variant"] == policy)] if not decisions.empty else decisions
+        j = _first_repeat(jobs[(jobs["variant"] == policy)]) if not jobs.empty else jobs
+        d = _first_repeat(decisions[(decisions["variant"] == policy)]) if not decisions.empty else decisions
         if j.empty:
             mark_no_data(ax, f"no co-scheduling run for {policy}")
             continue
@@ -108,12 +115,15 @@ def _plot_policy_bars(plt, pol: pd.DataFrame, path) -> None:
         if ok.empty:
             mark_no_data(ax, "no successful co-scheduling run")
             continue
-        colors = [_policy_color(p, i) for i, p in enumerate(ok["policy"])]
-        ax.bar(ok["policy"], ok[col], color=colors)
-        for x, v in enumerate(ok[col]):
-            ax.text(x, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+        mean = ok.groupby("policy", sort=False)[col].mean()
+        colors = [_policy_color(p, i) for i, p in enumerate(mean.index)]
+        ax.bar(mean.index, mean.values, color=colors, alpha=0.8)
+        for x, p in enumerate(mean.index):  # each repeat a dot: the spread the claims' intervals judge
+            vals = ok[ok["policy"] == p][col]
+            ax.scatter([x] * len(vals), vals, color="k", s=10, zorder=5)
+            ax.text(x, mean[p], f"{mean[p]:.2f}", ha="center", va="bottom", fontsize=8)
         ax.set_ylabel(label, fontsize=9)
-    fig.suptitle("Same workload, three policies (red: rigid; blue, orange: malleable)", fontsize=10)
+    fig.suptitle("Same workload, each policy: mean over repeats (bars) and each repeat (dots)", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path)
 
@@ -142,6 +152,9 @@ def _plot_iter_time(plt, series: pd.DataFrame, over: pd.DataFrame, cfg: dict, pa
         mark_no_data(a2, "no oversubscription run (needs writable cgroups)")
     else:
         for mode, g in over.groupby("mode"):
+            a2.scatter(g["quota_cores"], g["iter_s"] * 1000, s=8, color="grey", zorder=4)  # each repeat
+            g = g.groupby("quota_cores", as_index=False).agg(iter_s=("iter_s", "mean"),
+                                                             oversubscribed=("oversubscribed", "first"))
             a2.plot(g["quota_cores"], g["iter_s"] * 1000, marker="o", label=f"{mode} threads")
             o = g[g["oversubscribed"].astype(str).str.lower() == "true"]
             a2.scatter(
@@ -154,7 +167,7 @@ def _plot_iter_time(plt, series: pd.DataFrame, over: pd.DataFrame, cfg: dict, pa
                 label="oversubscribed (threads > quota)" if mode == "keep" else None,
             )
         a2.set_xlabel("cgroup CPU quota (cores)")
-        a2.set_ylabel("iteration time (ms), phase median")
+        a2.set_ylabel("iteration time (ms), phase median\n(mean of repeats; grey: each)")
         a2.invert_xaxis()
         a2.legend(fontsize=8)
     fig.suptitle(
@@ -168,6 +181,7 @@ def _plot_utilisation(plt, util: pd.DataFrame, cfg: dict, path) -> None:
     fig, ax = plt.subplots(figsize=(8, 3.4))
     if util.empty:
         mark_no_data(ax, "no co-scheduling run")
+    util = _first_repeat(util)
     for i, (policy, g) in enumerate(util.groupby("policy") if not util.empty else []):
         ax.plot(g["t_s"], g["utilisation_frac"], color=_policy_color(policy, i),
                 label=f"{policy}: busy (CPU time)")
@@ -183,5 +197,5 @@ def _plot_utilisation(plt, util: pd.DataFrame, cfg: dict, path) -> None:
     ax.set_ylabel("fraction of the cores")
     ax.set_ylim(0, 1.15)
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.18))  # not over the curves
-    ax.set_title("Core utilisation over time per policy", fontsize=10)
+    ax.set_title("Core utilisation over time per policy (first repeat)", fontsize=10)
     save_figure(fig, path)

@@ -1,4 +1,9 @@
-"""The points of the three experiments, from a validated config (each point is one task)."""
+"""The points of the three experiments, from a validated config (each point is one task).
+
+The compared variants (oversub's keep / follow, cosched's policies) run inside one point per repeat,
+one after the other, in an order rotated by the repeat: machine drift over the study lands on every
+variant alike, and a variant is compared with the others of its own repeat (paired by repeat).
+"""
 
 from __future__ import annotations
 
@@ -30,17 +35,23 @@ def response_points(cfg: dict) -> list[dict]:
     ]
 
 
+def _rotated(variants: list, repeat: int) -> list:
+    k = repeat % len(variants) if variants else 0
+    return list(variants[k:]) + list(variants[:k])
+
+
 def oversub_points(cfg: dict) -> list[dict]:
     o = cfg["malleable"]["oversub"]
     return [
         {
             "experiment": "oversub",
-            "mode": m,
+            "repeat": r,
+            "modes": _rotated(o["modes"], r),
             "quotas": list(o["quotas"]),
             "phase_iterations": o["phase_iterations"],
             **_common(cfg),
         }
-        for m in o["modes"]
+        for r in range(cfg["malleable"]["repeats"])
     ]
 
 
@@ -60,11 +71,23 @@ def workload(cfg: dict) -> list[dict]:
 def cosched_points(cfg: dict) -> list[dict]:
     c = cfg["malleable"]["cosched"]
     return [
-        {"experiment": "cosched", "policy": p, "jobs": workload(cfg), **_common(cfg)} for p in c["policies"]
+        {
+            "experiment": "cosched",
+            "repeat": r,
+            "policies": _rotated(c["policies"], r),
+            "jobs": workload(cfg),
+            **_common(cfg),
+        }
+        for r in range(cfg["malleable"]["repeats"])
     ]
 
 
-def label(point: dict) -> dict:
-    """The columns that name a point in every table."""
-    variant = point.get("method") or point.get("mode") or point.get("policy")
-    return {"experiment": point["experiment"], "variant": variant}
+def variants(point: dict) -> list[str]:
+    """The variants a point runs, in its order (one for a response point)."""
+    return list(point.get("modes") or point.get("policies") or [point["method"]])
+
+
+def labels(point: dict) -> list[dict]:
+    """The columns that name each run of a point in every table."""
+    return [{"experiment": point["experiment"], "variant": v, "repeat": int(point.get("repeat", 0))}
+            for v in variants(point)]

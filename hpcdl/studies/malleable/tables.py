@@ -38,15 +38,22 @@ def response_table(changes: pd.DataFrame, series: pd.DataFrame) -> pd.DataFrame:
     return d.reset_index(drop=True)
 
 
+def _repeat(df: pd.DataFrame) -> pd.Series:
+    """The repeat of each row (0 for tables written before repeats existed)."""
+    return df["repeat"].fillna(0).astype(int) if "repeat" in df else pd.Series(0, index=df.index)
+
+
 def oversub_table(series: pd.DataFrame, cfg: dict) -> pd.DataFrame:
-    cols = ["mode", "phase", "quota_cores", "threads", "iter_s", "oversubscribed", "keep_over_follow"]
+    """Median iteration time per repeat, mode and quota phase; keep / follow of the same repeat."""
+    cols = ["repeat", "mode", "phase", "quota_cores", "threads", "iter_s", "oversubscribed",
+            "keep_over_follow"]
     if series.empty:
         return pd.DataFrame(columns=cols)
-    d = series[series["experiment"] == "oversub"]
+    d = series[series["experiment"] == "oversub"].assign(repeat=lambda x: _repeat(x))
     block = cfg["malleable"]["oversub"]
     quotas, phase = block["quotas"], block["phase_iterations"]
     rows = []
-    for mode, g in d.groupby("variant"):
+    for (rep, mode), g in d.groupby(["repeat", "variant"]):
         for i, q in enumerate(quotas):
             ph = g[(g["iteration"] >= i * phase + PHASE_SKIP) & (g["iteration"] < (i + 1) * phase)]
             if ph.empty:
@@ -54,6 +61,7 @@ def oversub_table(series: pd.DataFrame, cfg: dict) -> pd.DataFrame:
             threads = int(ph["threads_run"].mode().iloc[0])
             rows.append(
                 {
+                    "repeat": int(rep),
                     "mode": mode,
                     "phase": i,
                     "quota_cores": float(q),
@@ -66,17 +74,20 @@ def oversub_table(series: pd.DataFrame, cfg: dict) -> pd.DataFrame:
     out = pd.DataFrame(rows, columns=cols[:-1])
     if out.empty:
         return pd.DataFrame(columns=cols)
-    piv = out.pivot_table(index="phase", columns="mode", values="iter_s")
-    ratio = (
-        (piv["keep"] / piv["follow"]) if {"keep", "follow"} <= set(piv.columns) else pd.Series(dtype=float)
+    piv = out.pivot_table(index=["repeat", "phase"], columns="mode", values="iter_s")
+    ratio = (piv["keep"] / piv["follow"]) if {"keep", "follow"} <= set(piv.columns) else None
+    out["keep_over_follow"] = (
+        [ratio.get((r, ph), np.nan) for r, ph in zip(out["repeat"], out["phase"], strict=True)]
+        if ratio is not None else np.nan
     )
-    out["keep_over_follow"] = out["phase"].map(ratio)
     return out
 
 
 def policies_table(points: pd.DataFrame, series: pd.DataFrame, cores: int) -> pd.DataFrame:
+    """One row per policy and repeat; the ratios are to the rigid run of the same repeat."""
     cols = [
         "policy",
+        "repeat",
         "status",
         "enforcement",
         "makespan_s",
@@ -90,14 +101,16 @@ def policies_table(points: pd.DataFrame, series: pd.DataFrame, cores: int) -> pd
     ]
     if points.empty:
         return pd.DataFrame(columns=cols)
-    d = points[points["experiment"] == "cosched"]
+    d = points[points["experiment"] == "cosched"].assign(repeat=lambda x: _repeat(x))
+    s = series[series["experiment"] == "cosched"].assign(repeat=lambda x: _repeat(x)) if not series.empty \
+        else series
     rows = []
     for r in d.itertuples():
-        row = {"policy": r.variant, "status": r.status, "enforcement": getattr(r, "enforcement", "")}
+        row = {"policy": r.variant, "repeat": r.repeat, "status": r.status,
+               "enforcement": getattr(r, "enforcement", "")}
         if r.status == "ok":
-            cpu = series[(series["experiment"] == "cosched") & (series["variant"] == r.variant)][
-                "cpu_s"
-            ].sum()
+            mine = s[(s["variant"] == r.variant) & (s["repeat"] == r.repeat)] if not s.empty else s
+            cpu = mine["cpu_s"].sum() if not mine.empty else 0.0
             row.update(
                 makespan_s=r.makespan_s,
                 mean_turnaround_s=r.mean_turnaround_s,
@@ -108,21 +121,23 @@ def policies_table(points: pd.DataFrame, series: pd.DataFrame, cores: int) -> pd
             )
         rows.append(row)
     out = pd.DataFrame(rows, columns=cols)
-    rigid = out[(out["policy"] == "rigid") & (out["status"] == "ok")]
-    if not rigid.empty:
-        out["makespan_over_rigid"] = out["makespan_s"] / float(rigid["makespan_s"].iloc[0])
-        out["turnaround_over_rigid"] = out["mean_turnaround_s"] / float(rigid["mean_turnaround_s"].iloc[0])
+    rigid = out[(out["policy"] == "rigid") & (out["status"] == "ok")].set_index("repeat")
+    for col, ratio in (("makespan_s", "makespan_over_rigid"), ("mean_turnaround_s", "turnaround_over_rigid")):
+        base = out["repeat"].map(rigid[col].astype(float)) if not rigid.empty else np.nan
+        out[ratio] = out[col].astype(float) / base
     return out
 
 
 def utilisation_table(
     series: pd.DataFrame, decisions: pd.DataFrame, jobs: pd.DataFrame, cores: int
 ) -> pd.DataFrame:
-    """Busy cores (each iteration's CPU time spread over its wall interval) and allocated cores per bin."""
-    cols = ["policy", "t_s", "busy_cores", "allocated_cores", "utilisation_frac"]
+    """Busy cores (each iteration's CPU time spread over its wall interval) and allocated cores per bin,
+    per policy and repeat."""
+    cols = ["policy", "repeat", "t_s", "busy_cores", "allocated_cores", "utilisation_frac"]
     rows = []
-    s = series[series["experiment"] == "cosched"] if not series.empty else series
-    for policy, g in s.groupby("variant") if not s.empty else []:
+    s = series[series["experiment"] == "cosched"].assign(repeat=lambda x: _repeat(x)) if not series.empty \
+        else series
+    for (policy, rep), g in s.groupby(["variant", "repeat"]) if not s.empty else []:
         end = float((g["start_s"] + g["iter_s"]).max())
         edges = np.arange(0.0, end + UTIL_BIN_S, UTIL_BIN_S)
         busy = np.zeros(len(edges) - 1)
@@ -131,11 +146,12 @@ def utilisation_table(
             overlap = np.clip(np.minimum(edges[1:], hi) - np.maximum(edges[:-1], lo), 0, None)
             busy += c * overlap / max(w, 1e-9)
         busy /= UTIL_BIN_S
-        alloc = _allocated(decisions, jobs, policy, edges[:-1] + UTIL_BIN_S / 2)
+        alloc = _allocated(decisions, jobs, policy, int(rep), edges[:-1] + UTIL_BIN_S / 2)
         for t, b, al in zip(edges[:-1], busy, alloc, strict=True):
             rows.append(
                 {
                     "policy": policy,
+                    "repeat": int(rep),
                     "t_s": t,
                     "busy_cores": b,
                     "allocated_cores": al,
@@ -145,13 +161,16 @@ def utilisation_table(
     return pd.DataFrame(rows, columns=cols)
 
 
-def _allocated(decisions: pd.DataFrame, jobs: pd.DataFrame, policy: str, times: np.ndarray) -> np.ndarray:
+def _allocated(decisions: pd.DataFrame, jobs: pd.DataFrame, policy: str, rep: int,
+               times: np.ndarray) -> np.ndarray:
     """Sum over jobs of the share each held at each time (shares change at decisions, end at finish)."""
     out = np.zeros(len(times))
     if decisions.empty:
         return out
     d = decisions[(decisions["experiment"] == "cosched") & (decisions["variant"] == policy)]
+    d = d[_repeat(d) == rep]
     j = jobs[(jobs["experiment"] == "cosched") & (jobs["variant"] == policy)] if not jobs.empty else jobs
+    j = j[_repeat(j) == rep] if not j.empty else j
     finished = {str(r.job): r.finished_s for r in j.itertuples()}
     for job, g in d.groupby(d["job"].astype(str)):
         g = g.sort_values("time_s")
@@ -171,9 +190,10 @@ def change_cost_table(changes: pd.DataFrame) -> pd.DataFrame:
 
 def write(cfg: dict, study_dir: Path) -> None:
     """response.csv (each requested change: lag, latency, iteration times around it), oversub.csv
-    (median iteration time per mode and quota phase; keep / follow penalty), policies.csv (makespan,
-    mean turnaround, mean wait, utilisation per policy, ratios to rigid), jobs.csv, utilisation.csv
-    (busy and allocated cores over time per policy), change_cost.csv (first iteration after a change /
+    (median iteration time per repeat, mode and quota phase; keep / follow of the same repeat),
+    policies.csv (makespan, mean turnaround, mean wait, utilisation per policy and repeat, ratios to
+    the rigid run of the same repeat), jobs.csv, utilisation.csv (busy and allocated cores over time
+    per policy and repeat), change_cost.csv (first iteration after a change /
     steady iteration, every applied change) and series.csv (every iteration)."""
     study_dir = Path(study_dir)
     cores = cfg["malleable"]["cores"]

@@ -7,8 +7,8 @@ bench       time and workspace (extra peak memory) per kernel, algorithm and mic
 dp          μ-cuDNN's dynamic program per kernel (undivided / powerOfTwo / all), Pareto fronts
 ilp         one workspace budget shared by all kernels of a network (HiGHS via scipy milp)
 execute     MicroBatchedConv2d: a drop-in Conv2d running its plan in forward and backward
-plan_timing the executed plans vs the default layer: interleaved fwd+bwd timing, executor
-            overhead, output and gradient errors
+plan_timing the executed plans vs the default: whole networks' conv layers (every forward, then
+            every backward) timed in interleaved rounds, executor overhead, output and gradient errors
 compute     one network point (what the task app runs): benchmark, plan, execute, check exactness
 heap        fixed glibc heap thresholds, so in-process timing comparisons allocate alike
 sweep       the network points of a validated config; checks: config checks beyond the schema
@@ -33,9 +33,10 @@ def _setting(cfg: dict) -> str:
 SPEC = StudySpec(
     name="microbatch",
     title="Micro-batched convolutions (μ-cuDNN: DP + ILP under a workspace limit)",
-    raw_tables=("bench", "plans", "budget", "execution", "exactness", "planning"),
+    raw_tables=("bench", "plans", "budget", "execution", "network_rounds", "exactness", "planning"),
     tables=(
         "network_speedup",
+        "network_rounds",
         "layer_speedup",
         "budget_speedup",
         "plans",

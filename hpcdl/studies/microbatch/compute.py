@@ -1,13 +1,15 @@
 """One network point, what the task app runs: benchmark its kernels, plan with the DP and the ILP,
-execute the plans (plan_timing), measure.
+execute the plans as whole networks (plan_timing), measure.
 
-Returns plain rows for the raw tables (bench, plans, budget, execution, exactness, planning).
+Returns plain rows for the raw tables (bench, plans, budget, execution, network_rounds, exactness,
+planning).
 The default is the framework's own layer: nn.Conv2d, undivided, default backend, under autograd.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import torch
@@ -24,7 +26,7 @@ from hpcdl.studies.microbatch.algorithms import (
 from hpcdl.studies.microbatch.bench import benchmark_layer, clock
 from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
 from hpcdl.studies.microbatch.heap import fix_heap_thresholds
-from hpcdl.studies.microbatch.plan_timing import execute_layer, executor_overhead, rel_err
+from hpcdl.studies.microbatch.plan_timing import execute_network, executor_overhead, rel_err
 from hpcdl.studies.microbatch.workloads import network
 
 MiB = 2**20
@@ -289,45 +291,57 @@ def run_network(
             }
         )
 
-    # 3. execute the default and every plan, interleaved, per layer; exactness of every candidate
-    exec_rows, exact_rows = [], []
-    bar = _progress(len(layers), f"{network_name} execute")
+    # 3. the default and every distinct plan executed as whole networks in interleaved rounds
+    # (plan_timing.execute_network); exactness of every candidate per layer
+    variants: dict[str, dict[str, dict]] = {}
     for ly in layers:
-        call = calls[ly.name]
-        got = execute_layer(call, exec_plans[ly.name], device, exec_repeats)
-        pred_default = sum(default_cfg[_label(ly.name, k)][0] for k in default_kernels)
-        for variant, m in got.items():
-            if variant == "default":
-                continue
+        for variant, plan in exec_plans[ly.name].items():
+            variants.setdefault(variant, {})[ly.name] = plan
+    units = execute_network(calls, variants, device, exec_repeats)
+    default_unit = units["default"]
+    exec_rows, round_rows = [], []
+    for pid, unit in units.items():
+        if pid == "default":
+            continue
+        round_rows += [
+            {"network": network_name, "plan_id": pid, "variants": " ".join(unit["variants"]), "round": r,
+             "plan_time_s": t, "default_time_s": td, "exec_repeats": exec_repeats}
+            for r, (t, td) in enumerate(zip(unit["times"], default_unit["times"], strict=True))
+        ]
+        for variant in unit["variants"]:
             policy, planner = variant.split("/")
-            pred = sum(
-                r["predicted_time_s"]
-                for r in plans_rows
-                if r["layer"] == ly.name and r["policy"] == policy and r["planner"] == planner
-            )
-            exec_rows.append(
-                {
-                    "network": network_name,
-                    "policy": policy,
-                    "planner": planner,
-                    "layer": ly.name,
-                    "count": ly.count,
-                    "measured_time_s": m["time_s"],
-                    "measured_default_time_s": got["default"]["time_s"],
-                    "measured_median_s": m["time_median_s"],
-                    "measured_default_median_s": got["default"]["time_median_s"],
-                    "predicted_time_s": pred,
-                    "predicted_default_time_s": pred_default,
-                    "err_output": m["err_output"],
-                    "err_grad_input": m["err_grad_input"],
-                    "err_grad_weight": m["err_grad_weight"],
-                    "measured_as": m["measured_as"],
-                    "exec_repeats": exec_repeats,
-                }
-            )
+            for ly in layers:
+                plan = variants[variant][ly.name]
+                keeps = all(plan.get(k) == [(default, batch_size)] for k in ("forward", FUSED))
+                exec_rows.append(
+                    {
+                        "network": network_name,
+                        "policy": policy,
+                        "planner": planner,
+                        "layer": ly.name,
+                        "count": ly.count,
+                        "plan_id": pid,
+                        "keeps_default": keeps,
+                        # one conv's time inside the whole-network runs (its count's share), median of rounds
+                        "measured_time_s": statistics.median(unit["layer_times"][ly.name]) / ly.count,
+                        "measured_default_time_s":
+                            statistics.median(default_unit["layer_times"][ly.name]) / ly.count,
+                        "predicted_time_s": sum(
+                            r["predicted_time_s"] for r in plans_rows
+                            if (r["layer"], r["policy"], r["planner"]) == (ly.name, policy, planner)
+                        ),
+                        "predicted_default_time_s":
+                            sum(default_cfg[_label(ly.name, k)][0] for k in default_kernels),
+                        **unit["errors"][ly.name],
+                        "exec_repeats": exec_repeats,
+                    }
+                )
+    exact_rows = []
+    bar = _progress(len(layers), f"{network_name} exactness")
+    for ly in layers:
         exact_rows += exactness_rows(
             kernels,
-            call,
+            calls[ly.name],
             [a for a in algs if any(r["algorithm"] == a and r["layer"] == ly.name for r in ok)],
             device,
             network_name,
@@ -349,6 +363,7 @@ def run_network(
         "plans": plans_rows,
         "budget": budget_rows,
         "execution": exec_rows,
+        "network_rounds": round_rows,
         "exactness": exact_rows,
         "planning": planning_rows,
         "meta": meta,

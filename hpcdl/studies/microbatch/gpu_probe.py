@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     for name, rows in tables.items():
         pd.DataFrame(rows).to_csv(args.out / f"{name}.csv", index=False)
     execution = pd.DataFrame(tables["execution"])
-    nets = network_speedup(execution)
+    nets = network_speedup(execution, pd.DataFrame(tables["network_rounds"]), pd.DataFrame(tables["plans"]))
     layer_speedup(execution).to_csv(args.out / "layer_speedup.csv", index=False)
     nets.to_csv(args.out / "network_speedup.csv", index=False)
     planning = pd.DataFrame(tables["planning"])

@@ -1,18 +1,17 @@
-"""The executed plans against the framework's default layer (nn.Conv2d, undivided, default backend,
-under autograd): forward+backward time in interleaved rounds, the planned executor's own overhead,
-and the output and gradient errors relative to the default.
+"""The executed plans against the framework's default (nn.Conv2d, undivided, default backend, under
+autograd): every plan and the default run as a whole network's conv layers (every forward, then
+every backward) in interleaved rounds, the planned executor's own overhead per layer, and the
+output and gradient errors relative to the default.
 """
 
 from __future__ import annotations
-
-import statistics
 
 import torch
 from torch import nn
 
 from hpcdl.studies.microbatch.algorithms import ALGORITHMS, DEFAULT, FUSED, KernelCall
 from hpcdl.studies.microbatch.bench import clock, round_order
-from hpcdl.studies.microbatch.execute import MicroBatchedConv2d
+from hpcdl.studies.microbatch.execute import LayerPlan, MicroBatchedConv2d
 from hpcdl.studies.microbatch.workloads import ConvLayer
 
 
@@ -81,40 +80,121 @@ def _interleaved(call: KernelCall, modules: dict[str, nn.Module], device: str, r
     return times
 
 
-def execute_layer(call: KernelCall, plans: dict[str, dict], device: str, repeats: int) -> dict[str, dict]:
-    """Fastest (and median) fwd+bwd time of the default layer and of every distinct plan, interleaved
-    rounds; output and gradient errors against the default.
+def network_stack(calls: dict[str, KernelCall], plan: dict[str, LayerPlan] | None) -> list:
+    """[(call, modules)] in network order, one module per conv the network runs (a layer's count),
+    each with its own copy of the layer's filter: plain nn.Conv2d for the default (plan None), else
+    the planned layer, which passes through to nn.Conv2d where its plan keeps the default."""
+    stack = []
+    for name, call in calls.items():
+        convs = [_conv_module(call.layer, call.weight) for _ in range(call.layer.count)]
+        if plan is not None:
+            convs = [MicroBatchedConv2d(c, plan[name], name) for c in convs]
+        stack.append((call, convs))
+    return stack
 
-    Plans that run the same computation are timed once: one that keeps the default passes through to
-    nn.Conv2d, so it is the default's own measurement, and equal plans (DP and ILP often agree) share
-    one. Timing copies of one computation separately only added noise: identical runs of ResNet-18's
-    last layer differed by up to 25 % between rounds. `measured_as` names whose timing a plan has."""
-    layer = call.layer
-    conv = _conv_module(layer, call.weight)
-    modules, measured_as = {"default": conv}, {"default": "default"}
-    seen = {}
-    for v, p in plans.items():
-        m = MicroBatchedConv2d(_conv_module(layer, call.weight), p, layer.name)
-        if m.is_default(call.batch, device):
-            measured_as[v] = "default"
-            continue
-        key = tuple(sorted((k, tuple(steps)) for k, steps in p.items()))
-        measured_as[v] = seen.setdefault(key, v)
-        modules.setdefault(measured_as[v], m)
-    x = call.x.clone().requires_grad_(True)
+
+class _Marks:
+    """Time stamps between one pass's calls without synchronising: CUDA events, else the clock."""
+
+    def __init__(self, device: str):
+        self.cuda, self.now, self.at = device == "cuda", clock(device)[0], []
+
+    def mark(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.at.append(ev)
+        else:
+            self.at.append(self.now())
+
+    def spans(self) -> list[float]:
+        """Seconds between consecutive marks (CUDA: call after synchronising)."""
+        if self.cuda:
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.at, self.at[1:], strict=False)]
+        return [b - a for a, b in zip(self.at, self.at[1:], strict=False)]
+
+
+def network_pass(stack: list, device: str, keep: bool = False) -> tuple[float, list[float], list]:
+    """One training step's conv work: the forward of every conv in network order, then their
+    backwards in reverse order, every activation alive until its backward, as in a network.
+
+    Returns the seconds of the whole pass, each layer's seconds (its convs' forwards and backwards
+    summed) and, with `keep`, each layer's first conv's (output, input grad, weight grad)."""
+    for _, mods in stack:
+        for m in mods:
+            m.weight.grad = None
+    now, marks, runs = clock(device)[0], _Marks(device), []
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = now()
     with ALGORITHMS[DEFAULT[device]].context():  # the default runs as the framework does by default
-        _, y0, gx0, gw0 = _fwd_bwd(conv, x, call.grad_out, device)
-        ref = (y0.clone(), gx0.clone(), gw0.clone())
-    times = _interleaved(call, modules, device, repeats)
-    measured = {}
-    for v, m in modules.items():
-        with ALGORITHMS[DEFAULT[device]].context():
-            _, y, gx, gw = _fwd_bwd(m, x, call.grad_out, device)
-        measured[v] = {
-            "time_s": min(times[v]),
-            "time_median_s": statistics.median(times[v]),
-            "err_output": rel_err(y, ref[0]),
-            "err_grad_input": rel_err(gx, ref[1]),
-            "err_grad_weight": rel_err(gw, ref[2]),
+        marks.mark()
+        for i, (call, mods) in enumerate(stack):
+            for m in mods:
+                x = call.x.detach().requires_grad_(True)
+                runs.append((i, x, m(x), m))
+                marks.mark()
+        for i, _, y, _ in reversed(runs):
+            y.backward(stack[i][0].grad_out)
+            marks.mark()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    total = now() - t0
+    spans, per_layer = marks.spans(), [0.0] * len(stack)
+    for j, (i, *_) in enumerate(runs):
+        per_layer[i] += spans[j] + spans[-1 - j]  # its forward, and its backward (run in reverse)
+    kept = []
+    if keep:
+        first = {}
+        for i, x, y, m in runs:
+            first.setdefault(i, (y.detach(), x.grad, m.weight.grad))
+        kept = [first[i] for i in range(len(stack))]
+    return total, per_layer, kept
+
+
+def plan_key(plan: dict[str, LayerPlan]) -> tuple:
+    """Equal for plans that run the same computation in every layer."""
+    return tuple((name, tuple(sorted((k, tuple(steps)) for k, steps in p.items())))
+                 for name, p in sorted(plan.items()))
+
+
+def execute_network(calls: dict[str, KernelCall], plans: dict[str, dict[str, LayerPlan]], device: str,
+                    rounds: int) -> dict:
+    """Time the default network and every distinct plan as whole networks (`network_pass`):
+    `rounds` interleaved rounds after one warm-up round, each round running every one once, the
+    order rotated; a plan's time is compared with the default's of the same round.
+
+    Plans that are equal in every layer (policies and planners often agree) are one unit, named by
+    the first variant that has it; a plan that keeps the default in every layer is a unit of its
+    own too (its run is timed, never the default's time copied). Returns {"default": unit, plan_id:
+    unit}, a unit: {"variants", "times" [per round], "layer_times" {layer: [per round]},
+    "errors" {layer: {err_output, err_grad_input, err_grad_weight}} against the default}."""
+    units = {"default": {"variants": [], "stack": network_stack(calls, None)}}
+    ids = {}
+    for variant, plan in plans.items():
+        pid = ids.setdefault(plan_key(plan), variant)
+        if pid == variant:
+            units[pid] = {"variants": [], "stack": network_stack(calls, plan)}
+        units[pid]["variants"].append(variant)
+    names, layers = list(units), list(calls)
+    for u in units.values():
+        u["times"], u["layer_times"] = [], {ly: [] for ly in layers}
+    kept = {}
+    for r in range(rounds + 1):
+        for name in (names[j] for j in round_order(len(names), r)):
+            # the last round also keeps the outputs it computes anyway: no extra pass for the errors
+            total, per_layer, kept[name] = network_pass(units[name]["stack"], device, keep=r == rounds)
+            if r:  # round 0 warms every unit up
+                units[name]["times"].append(total)
+                for ly, t in zip(layers, per_layer, strict=True):
+                    units[name]["layer_times"][ly].append(t)
+    ref = kept["default"]
+    for name, u in units.items():
+        del u["stack"]
+        got = kept[name]
+        u["errors"] = {
+            ly: {"err_output": rel_err(g[0], w[0]), "err_grad_input": rel_err(g[1], w[1]),
+                 "err_grad_weight": rel_err(g[2], w[2])}
+            for ly, g, w in zip(layers, got, ref, strict=True)
         }
-    return {v: {**measured[rep], "measured_as": rep} for v, rep in measured_as.items()}
+    return units

@@ -1,10 +1,13 @@
 """Tables stage of the micro-batched convolution study: raw/ -> tables/ (docs/architecture.md, "Stages").
 
-network_speedup.csv (per network, policy and planner: the plan's predicted and measured conv time vs
-the default's), layer_speedup.csv, budget_speedup.csv (ILP speedup vs total workspace budget),
+network_speedup.csv (per network, policy and planner: the plan's predicted and measured whole-network
+conv time vs the default's, which variants share the plan, kernels divided), network_rounds.csv (every
+interleaved round of every distinct plan against the default's same round), layer_speedup.csv (each
+layer's share of the whole-network runs), budget_speedup.csv (ILP speedup vs total workspace budget),
 plans.csv (chosen micro-batches and algorithms per kernel), planning_cost.csv (benchmark, DP and
 solver time), exactness.csv (max relative error per candidate and per executed plan) and
-failures.csv. Times are count-weighted sums over each network's conv layers.
+failures.csv. Predicted times are count-weighted sums over each network's conv layers; measured
+network times are whole-network runs, never sums of layer times.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from hpcdl.platform.results import write_table
@@ -19,56 +23,78 @@ from hpcdl.platform.stages import ok_rows, read_or_empty
 
 # μ-cuDNN (Oyama et al., Cluster 2018) on a V100: a reference, not a bar on this machine
 SEED_SPEEDUP = {"alexnet": 1.60, "resnet18": 1.30, "deepbench": 1.60}
-RAW = ("bench", "plans", "budget", "execution", "exactness", "planning")
+RAW = ("bench", "plans", "budget", "execution", "network_rounds", "exactness", "planning")
 
 
-def network_speedup(execution: pd.DataFrame) -> pd.DataFrame:
+NET_COLS = [
+    "network", "policy", "planner", "device", "plan_id", "shared_by", "keeps_default", "layers_changed",
+    "divided_kernels", "kernels", "rounds", "measured_plan_s", "measured_default_s", "predicted_plan_s",
+    "predicted_default_s", "measured_speedup", "predicted_speedup", "prediction_error_frac",
+    "prediction_error_scaled_frac", "max_rel_err", "seed_speedup_v100",
+]
+ROUND_COLS = ["network", "plan_id", "variants", "round", "plan_time_s", "default_time_s", "speedup",
+              "predicted_speedup", "prediction_error_scaled_frac"]
+
+
+def _plan_predictions(execution: pd.DataFrame) -> pd.DataFrame:
+    """Per network, policy and planner: the plan's predicted whole-network time (count-weighted sum
+    of its layers' benchmarked times), the default's, and what the plan changes."""
     ok = ok_rows(execution)
-    cols = [
-        "network",
-        "policy",
-        "planner",
-        "device",
-        "measured_plan_s",
-        "measured_default_s",
-        "predicted_plan_s",
-        "predicted_default_s",
-        "measured_speedup",
-        "predicted_speedup",
-        "prediction_error_frac",
-        "prediction_error_scaled_frac",
-        "max_rel_err",
-        "seed_speedup_v100",
-    ]
-    if ok.empty:
-        return pd.DataFrame(columns=cols)
     ok = ok.assign(
-        m=ok["measured_time_s"] * ok["count"],
-        md=ok["measured_default_time_s"] * ok["count"],
         p=ok["predicted_time_s"] * ok["count"],
         pd_=ok["predicted_default_time_s"] * ok["count"],
         err=ok[["err_output", "err_grad_input", "err_grad_weight"]].max(axis=1),
+        changed=~ok["keeps_default"].astype(bool),
     )
-    g = ok.groupby(["network", "policy", "planner", "device"], sort=False)
-    out = pd.DataFrame(
-        {
-            "measured_plan_s": g["m"].sum(),
-            "measured_default_s": g["md"].sum(),
-            "predicted_plan_s": g["p"].sum(),
-            "predicted_default_s": g["pd_"].sum(),
-            "max_rel_err": g["err"].max(),
-        }
-    ).reset_index()
-    out["measured_speedup"] = out["measured_default_s"] / out["measured_plan_s"]
+    g = ok.groupby(["network", "policy", "planner", "device", "plan_id"], sort=False)
+    out = pd.DataFrame({"predicted_plan_s": g["p"].sum(), "predicted_default_s": g["pd_"].sum(),
+                        "max_rel_err": g["err"].max(), "layers_changed": g["changed"].sum()}).reset_index()
     out["predicted_speedup"] = out["predicted_default_s"] / out["predicted_plan_s"]
+    return out
+
+
+def network_rounds(execution: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
+    """Every round of every distinct plan with the default's time of the same round: the per-round
+    speedup (default / plan) and prediction error (predicted / measured speedup - 1) the claims'
+    intervals are taken over."""
+    rd, ex = ok_rows(rounds), ok_rows(execution)
+    if rd.empty or ex.empty:
+        return pd.DataFrame(columns=ROUND_COLS)
+    pred = _plan_predictions(ex).drop_duplicates(["network", "plan_id"])[
+        ["network", "plan_id", "predicted_speedup"]]
+    rd = rd.merge(pred, on=["network", "plan_id"], how="left")
+    rd["speedup"] = rd["default_time_s"] / rd["plan_time_s"]
+    rd["prediction_error_scaled_frac"] = rd["predicted_speedup"] / rd["speedup"] - 1
+    return rd[ROUND_COLS]
+
+
+def network_speedup(execution: pd.DataFrame, rounds: pd.DataFrame, plans: pd.DataFrame | None = None
+                    ) -> pd.DataFrame:
+    """Per network, policy and planner: its plan's whole-network time (median of rounds), the
+    default's, their per-round speedup (mean), the prediction, which variants share the plan and
+    how many kernels it divides into micro-batches (from `plans`, the raw plans rows)."""
+    per_round = network_rounds(execution, rounds)
+    if per_round.empty:
+        return pd.DataFrame(columns=NET_COLS)
+    g = per_round.groupby(["network", "plan_id"], sort=False)
+    measured = pd.DataFrame({
+        "measured_plan_s": g["plan_time_s"].median(), "measured_default_s": g["default_time_s"].median(),
+        "measured_speedup": g["speedup"].mean(), "prediction_error_scaled_frac":
+        g["prediction_error_scaled_frac"].mean(), "rounds": g["round"].count(), "shared_by":
+        g["variants"].first(),
+    }).reset_index()
+    out = _plan_predictions(execution).merge(measured, on=["network", "plan_id"], how="inner")
+    out["keeps_default"] = out["layers_changed"] == 0
     out["prediction_error_frac"] = out["predicted_plan_s"] / out["measured_plan_s"] - 1
-    # the prediction scaled by how this run's benchmarked default maps to the executed default: the
-    # benchmark and the execution run seconds apart, and the machine's speed between them moved the
-    # default's own prediction by up to 15 % on this VM (= measured / predicted speedup - 1)
-    scale = out["measured_default_s"] / out["predicted_default_s"]
-    out["prediction_error_scaled_frac"] = out["predicted_plan_s"] * scale / out["measured_plan_s"] - 1
+    out["divided_kernels"], out["kernels"] = np.nan, np.nan
+    ok = ok_rows(plans) if plans is not None else pd.DataFrame()
+    if not ok.empty:
+        keys = ["network", "policy", "planner"]
+        k = ok.groupby(keys).agg(divided_kernels=("n_micro_batches", lambda n: int((n > 1).sum())),
+                                 kernels=("kernel", "count")).reset_index()
+        out = out.drop(columns=["divided_kernels", "kernels"]).merge(k, on=keys, how="left")
     out["seed_speedup_v100"] = out["network"].map(SEED_SPEEDUP)
-    return out[cols]
+    return out[NET_COLS]
 
 
 def layer_speedup(execution: pd.DataFrame) -> pd.DataFrame:
@@ -132,7 +158,10 @@ def write(cfg: dict, study_dir: Path) -> None:
     study_dir = Path(study_dir)
     raws = {k: read_or_empty(study_dir / "raw" / f"{k}.csv") for k in RAW}
     tables = study_dir / "tables"
-    write_table(network_speedup(raws["execution"]), tables / "network_speedup.csv", cfg, started)
+    nets = network_speedup(raws["execution"], raws["network_rounds"], raws["plans"])
+    write_table(nets, tables / "network_speedup.csv", cfg, started)
+    write_table(network_rounds(raws["execution"], raws["network_rounds"]), tables / "network_rounds.csv", cfg,
+                started)
     write_table(layer_speedup(raws["execution"]), tables / "layer_speedup.csv", cfg, started)
     write_table(ok_rows(raws["budget"]), tables / "budget_speedup.csv", cfg, started)
     write_table(ok_rows(raws["plans"]), tables / "plans.csv", cfg, started)

@@ -1,7 +1,8 @@
 """The largest model (by depth, at the configured width) that trains under a fast-tier budget.
 
 Whether a depth fits is decided only by a real trial: `trial_steps` training steps under the
-enforced budget (BudgetExceeded, or a real out-of-memory, means it does not fit). To keep the
+enforced budget on the measured peak (CPU: anonymous RSS above the trial's start; CUDA: the
+allocator's peak; BudgetExceeded, or a real out-of-memory, means it does not fit). To keep the
 number of trials small, the fast-tier peaks of two small depths (measured by trials too) give an
 affine guess of the answer; the search then walks from the guess until it holds a depth that fits
 next to one that does not (depth+1), doubling its step size when the guess is far off.
@@ -19,11 +20,14 @@ from hpcdl.studies.offload.train import RunSpec, train
 
 def _trial(spec: RunSpec, depth: int, probes: list) -> dict | None:
     try:
-        rec, _ = train(replace(spec, depth=depth, trim_heap=False))
+        # a clean heap per trial: the measured peak (CPU: RSS above the start) must not reuse a
+        # previous trial's freed memory
+        rec, _ = train(replace(spec, depth=depth, trim_heap=True))
     except (BudgetExceeded, MemoryError, torch.OutOfMemoryError) as exc:
         probes.append({"depth": depth, "fits": False, "why": str(exc)[:200]})
         return None
-    probes.append({"depth": depth, "fits": True, "peak_fast_bytes": rec["peak_fast_bytes"]})
+    probes.append({"depth": depth, "fits": True, "peak_fast_bytes": rec["peak_fast_bytes"],
+                   "peak_accounted_bytes": rec["peak_accounted_bytes"]})
     return rec
 
 
@@ -86,6 +90,8 @@ def _result(spec: RunSpec, depth: int, probes: list, rec: dict | None, capped: b
         "max_depth": depth,
         "max_params": n_params(spec.width, depth) if depth else 0,
         "peak_fast_bytes_at_max": rec["peak_fast_bytes"] if rec else 0,
+        "peak_accounted_bytes_at_max": rec["peak_accounted_bytes"] if rec else 0,
+        "peak_measured_by": rec["peak_measured_by"] if rec else "",
         "capped_at_max_depth": capped,
         "trials": len(probes),
         "probes": ";".join(f"{p['depth']}:{'fit' if p['fits'] else 'over'}" for p in probes),

@@ -1,5 +1,11 @@
 """Claims stage of the memory-offload study: tables/ -> the four claims (memory ratio, hidden transfer
-fraction, bit-identical weights, capacity ratio) with their thresholds."""
+fraction, bit-identical weights, capacity ratio), their thresholds from the config (`offload.claims`).
+
+The memory claims are judged on the measured fast-tier peak of the same run (`peak_fast_bytes`: CUDA,
+torch.cuda.max_memory_allocated; CPU, the anonymous RSS high-water mark above the run's start). The tensor
+registry's peak (`peak_accounted_bytes`) is a cross-check in the evidence, flagged where the two ratios
+are more than `cross_check_factor` apart.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,13 @@ import pandas as pd
 
 from hpcdl.platform.claims import claim, every, not_measured
 from hpcdl.platform.stages import FAILURE_COLUMNS, read_or_empty, why_point_missing
+from hpcdl.studies.offload.sweep import CPU_ONLY_SKIPPED
 
 CLAIMS = ("memory_ratio", "hidden_fraction", "weights_equal", "capacity_ratio")
-MEMORY_MAX_RATIO = 0.30
-HIDDEN_MIN = 0.70
-CAPACITY_MIN_RATIO = 3.0
 OFFLOADS = ["optimizer", "activations", "both"]
+MEASURED_BY = {"ram>file": "anonymous RSS high-water mark",
+               "gpu>pinned_host": "torch.cuda.max_memory_allocated"}  # as train.MEASURED_BY, by tier
+UNKNOWN_MEASURE = "RSS high-water mark on CPU, allocator peak on CUDA"
 
 
 def judge(cfg: dict, study_dir: Path) -> list[dict]:
@@ -28,7 +35,7 @@ def judge(cfg: dict, study_dir: Path) -> list[dict]:
         _claim_memory(tr, block, fails),
         _claim_hidden(tr, block, fails),
         _claim_weights(tr, block, fails),
-        _claim_capacity(cap, block, fails),
+        _claim_capacity(cap, tr, block, fails),
     ]
 
 
@@ -46,17 +53,36 @@ def _largest_both_ran(tr: pd.DataFrame, a: str, b: str) -> int | None:
     return int(max(depths)) if depths else None
 
 
+def _tier(tr: pd.DataFrame, block: dict) -> str | None:
+    """The tier the run measured (from its rows), else the one the config forces, else unknown."""
+    if not tr.empty and "tier" in tr:
+        return str(tr["tier"].iloc[0])
+    return {"cpu": "ram>file", "cuda": "gpu>pinned_host"}.get(block["device"])
+
+
+def _cross_check(measured: float, accounted: float, factor: float) -> str:
+    """Whether the registry's ratio agrees with the measured one (evidence only, not the verdict)."""
+    if not (accounted > 0 and measured > 0):
+        return "no registry ratio to compare"
+    apart = max(measured, accounted) / min(measured, accounted)
+    if apart > factor:
+        return (f"DISAGREE: measured ratio {measured:.3f} vs registry {accounted:.3f}, {apart:.2f}x apart "
+                f"(> {factor:g}x): the registry does not account for what the process holds")
+    return f"agree within {factor:g}x ({apart:.2f}x apart)"
+
+
 def _claim_memory(tr, block, fails) -> dict:
     cid = "memory_ratio"
+    limit = block["claims"]["memory_max_ratio"]
+    tier = _tier(tr, block)
     statement = (
-        f"optimizer + activation offload ('both') cuts peak fast-tier memory to <= {MEMORY_MAX_RATIO} of "
+        f"optimizer + activation offload ('both') cuts the measured peak fast-tier memory "
+        f"({MEASURED_BY.get(tier, UNKNOWN_MEASURE)}) to <= {limit:g} of "
         "'none' at the largest size both ran"
     )
     need = {"none", "both"} - set(block["strategies"])
     if need:
-        return not_measured(
-            cid, statement, f"offload.strategies lacks {sorted(need)}", threshold=MEMORY_MAX_RATIO
-        )
+        return not_measured(cid, statement, f"offload.strategies lacks {sorted(need)}", threshold=limit)
     depth = _largest_both_ran(tr, "none", "both")
     if depth is None:
         top = max(block["model"]["depths"])
@@ -68,31 +94,42 @@ def _claim_memory(tr, block, fails) -> dict:
                 for s in ("none", "both")
                 if _row(tr, s, top) is None
             ],
-            threshold=MEMORY_MAX_RATIO,
+            threshold=limit,
         )
     r, n = _row(tr, "both", depth), _row(tr, "none", depth)
+    if "peak_measured_by" not in tr:  # peak_fast_bytes was the registry's on CPU before
+        return not_measured(cid, statement, "tradeoff.csv predates the measured peak (peak_measured_by): "
+                            "rerun the study", threshold=limit)
+    if not n["peak_fast_bytes"] > 0:
+        return not_measured(cid, statement, f"'none' at {depth} layers has no measured peak", threshold=limit)
     ratio = float(r["peak_fast_bytes"] / n["peak_fast_bytes"])
+    accounted = float(r["peak_accounted_bytes"] / n["peak_accounted_bytes"])
     return claim(
         cid,
         statement,
-        ratio <= MEMORY_MAX_RATIO,
+        ratio <= limit,
         depth=depth,
         memory_ratio=round(ratio, 4),
+        measured_by=str(r["peak_measured_by"]),
         both_peak_fast_bytes=int(r["peak_fast_bytes"]),
         none_peak_fast_bytes=int(n["peak_fast_bytes"]),
-        rss_ratio=round(float(r["peak_extra_rss_bytes"] / n["peak_extra_rss_bytes"]), 4),
+        registry_ratio=round(accounted, 4),
+        both_peak_accounted_bytes=int(r["peak_accounted_bytes"]),
+        none_peak_accounted_bytes=int(n["peak_accounted_bytes"]),
+        cross_check=_cross_check(ratio, accounted, block["claims"]["cross_check_factor"]),
         tier=str(r["tier"]),
-        threshold=MEMORY_MAX_RATIO,
+        threshold=limit,
     )
 
 
 def _claim_hidden(tr, block, fails) -> dict:
     cid = "hidden_fraction"
+    least = block["claims"]["hidden_min"]
     offloads = [s for s in OFFLOADS if s in block["strategies"]]
     top = max(block["model"]["depths"])
     statement = (
-        f">= {HIDDEN_MIN:.0%} of transfer time hidden behind compute, for every offload strategy at the "
-        f"largest size ({top} layers)"
+        f">= {least:.0%} of transfer time hidden behind compute, for each of the offload strategies "
+        f"{', '.join(offloads) or '(none configured)'} at the largest size ({top} layers)"
     )
     holds, missing, fractions = {}, {}, {}
     for s in offloads:
@@ -103,28 +140,33 @@ def _claim_hidden(tr, block, fails) -> dict:
             )
             continue
         fractions[s] = round(float(r["hidden_frac"]), 4)
-        holds[s] = fractions[s] >= HIDDEN_MIN
+        holds[s] = fractions[s] >= least
     tier = str(tr["tier"].iloc[0]) if not tr.empty else None
     return every(
-        cid, statement, holds, missing, hidden_frac=fractions, depth=top, tier=tier, threshold=HIDDEN_MIN
+        cid, statement, holds, missing, hidden_frac=fractions, depth=top, tier=tier, threshold=least
     )
 
 
 def _claim_weights(tr, block, fails) -> dict:
     cid = "weights_equal"
+    tier = _tier(tr, block)
+    # on CPU torch's save_on_cpu has nothing to move (its saved tensors already are in host memory): the
+    # sweep does not run it there (sweep.CPU_ONLY_SKIPPED), so the claim names what it compares
+    absent = {s: why for s, why in CPU_ONLY_SKIPPED.items()
+              if s in block["strategies"] and tier == "ram>file"}
+    compared = [s for s in block["strategies"] if s != "none" and s not in absent]
     statement = (
-        "every offload strategy trains to bit-identical weights (sha256 of the final parameters) as 'none', "
-        "same seed and steps, at every size"
+        f"{', '.join(compared) or 'no offload strategy'} each train to bit-identical weights (sha256 of the "
+        "final parameters) as 'none', same seed and steps, at every size"
+        + "".join(f"; {s} not compared on this tier ({why})" for s, why in absent.items())
     )
     if "none" not in block["strategies"]:
         return not_measured(cid, statement, "offload.strategies lacks 'none'")
     holds, missing = {}, {}
     for d in sorted(block["model"]["depths"]):
-        for s in [s for s in block["strategies"] if s != "none"]:
+        for s in compared:
             r, n = _row(tr, s, d), _row(tr, "none", d)
             if r is None or n is None:
-                if s == "save_on_cpu" and not tr.empty and str(tr["tier"].iloc[0]) == "ram>file":
-                    continue  # CPU run: this strategy is skipped by design (sweep.CPU_ONLY_SKIPPED)
                 missing[f"{s}/{d}L"] = "; ".join(
                     why_point_missing(fails, "steps", strategy=x, depth=d)
                     for x, row in ((s, r), ("none", n))
@@ -133,21 +175,24 @@ def _claim_weights(tr, block, fails) -> dict:
                 continue
             holds[f"{s}/{d}L"] = str(r["weights_sha256"]) == str(n["weights_sha256"])
     return every(
-        cid, statement, holds, missing, required="sha256 equal to none's", tolerance="0 (bit-identical)"
+        cid, statement, holds, missing, compared=compared, not_compared=absent,
+        required="sha256 equal to none's", tolerance="0 (bit-identical)"
     )
 
 
-def _claim_capacity(cap, block, fails) -> dict:
+def _claim_capacity(cap, tr, block, fails) -> dict:
     cid = "capacity_ratio"
     budget = block["capacity"]["budget_mb"]
+    least = block["claims"]["capacity_min_ratio"]
     statement = (
-        f"under a {budget:g} MiB fast-tier budget, 'both' trains >= {CAPACITY_MIN_RATIO:g}x the parameters "
-        "of 'none' (Myelin's parameters-per-device gain)"
+        f"under a {budget:g} MiB fast-tier budget on the measured peak "
+        f"({MEASURED_BY.get(_tier(tr, block), UNKNOWN_MEASURE)}), 'both' trains >= {least:g}x "
+        "the parameters of 'none' (AxoNN's parameters-per-GPU gain)"
     )
     need = {"none", "both"} - set(block["strategies"])
     if need:
         return not_measured(
-            cid, statement, f"offload.strategies lacks {sorted(need)}", threshold=CAPACITY_MIN_RATIO
+            cid, statement, f"offload.strategies lacks {sorted(need)}", threshold=least
         )
     rows = {
         s: (cap[cap["strategy"] == s].iloc[0] if not cap.empty and (cap["strategy"] == s).any() else None)
@@ -159,32 +204,40 @@ def _claim_capacity(cap, block, fails) -> dict:
             cid,
             statement,
             [why_point_missing(fails, "capacity", strategy=s) for s in absent],
-            threshold=CAPACITY_MIN_RATIO,
+            threshold=least,
         )
     n, b = rows["none"], rows["both"]
+    if "peak_measured_by" not in cap:  # a search that fitted on the registry alone (before)
+        return not_measured(cid, statement, "capacity.csv predates the measured peak (peak_measured_by): "
+                            "rerun the study", threshold=least)
     if int(n["max_params"]) == 0:
         return not_measured(
-            cid, statement, "'none' fits not even one layer under the budget", threshold=CAPACITY_MIN_RATIO
+            cid, statement, "'none' fits not even one layer under the budget", threshold=least
         )
     ratio = float(b["max_params"]) / float(n["max_params"])
     capped = bool(str(b.get("capped_at_max_depth", False)).lower() == "true")
-    if capped and ratio < CAPACITY_MIN_RATIO:
+    if capped and ratio < least:
         return not_measured(
             cid,
             statement,
             "'both' reached offload.capacity.max_depth: its capacity is a lower bound",
             capacity_ratio=round(ratio, 4),
-            threshold=CAPACITY_MIN_RATIO,
+            threshold=least,
         )
     return claim(
         cid,
         statement,
-        ratio >= CAPACITY_MIN_RATIO,
+        ratio >= least,
         capacity_ratio=round(ratio, 4),
         none_max_depth=int(n["max_depth"]),
         both_max_depth=int(b["max_depth"]),
         none_max_params=int(n["max_params"]),
         both_max_params=int(b["max_params"]),
         capped_at_max_depth=capped,
-        threshold=CAPACITY_MIN_RATIO,
+        # the registry at each side's largest fitting depth, as a cross-check of what the budget held
+        both_peak_fast_bytes=int(b["peak_fast_bytes_at_max"]),
+        both_peak_accounted_bytes=int(b["peak_accounted_bytes_at_max"]),
+        none_peak_fast_bytes=int(n["peak_fast_bytes_at_max"]),
+        none_peak_accounted_bytes=int(n["peak_accounted_bytes_at_max"]),
+        threshold=least,
     )

@@ -1,7 +1,8 @@
 """Tables stage of the memory-offload study: raw/ -> tables/ (docs/architecture.md, "Stages").
 
-tradeoff.csv (per strategy and depth: peak memory, step-time split, bytes moved, hidden fraction,
-and the ratios to `none` at the same depth: memory, slowdown, bit-identical weights), capacity.csv
+tradeoff.csv (per strategy and depth: measured and accounted peak memory, step-time split, bytes moved,
+hidden fraction, and the ratios to `none` at the same depth: memory (measured, and the registry's),
+slowdown, bit-identical weights), capacity.csv
 (largest depth and parameters under the budget per strategy, and the ratio to `none`) and
 failures.csv (every failed point).
 """
@@ -31,7 +32,11 @@ def tradeoff(steps: pd.DataFrame) -> pd.DataFrame:
         rows.append(
             {
                 **r.to_dict(),
+                # measured (CUDA allocator peak; CPU anonymous RSS above the run's start), and the registry's
                 "memory_ratio": r["peak_fast_bytes"] / b["peak_fast_bytes"] if b is not None else np.nan,
+                "registry_ratio": r["peak_accounted_bytes"] / b["peak_accounted_bytes"]
+                if b is not None
+                else np.nan,
                 "rss_ratio": r["peak_extra_rss_bytes"] / b["peak_extra_rss_bytes"]
                 if b is not None
                 else np.nan,

@@ -37,6 +37,7 @@ from hpcdl.studies.offload.timeline import CpuClock, CudaClock, Timeline
 STRATEGIES = ("none", "optimizer", "activations", "both", "save_on_cpu")
 OFFLOADS_OPTIMIZER = {"optimizer", "both"}
 OFFLOADS_ACTIVATIONS = {"activations", "both"}
+MEASURED_BY = {True: "torch.cuda.max_memory_allocated", False: "anonymous RSS high-water mark"}
 
 
 def resolve_device(device: str) -> str:
@@ -77,9 +78,12 @@ class RunSpec:
 
 
 def rss_bytes() -> int:
-    """The process's resident set now (Linux /proc; no psutil, so the GPU probe needs only torch)."""
+    """The process's anonymous resident bytes now (resident - file-backed/shared, Linux /proc; no psutil,
+    so the GPU probe needs only torch). Library code paged in on first use is file-backed and not
+    memory the training holds, so it is left out; heap, tensors, thread stacks and arenas count."""
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
+        fields = f.read().split()
+    return (int(fields[1]) - int(fields[2])) * _PAGE
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -99,6 +103,14 @@ class _PeakRss:
             self.peak = max(self.peak, rss_bytes())
             self._stop.wait(self.interval)
 
+    def restart(self) -> None:
+        self.peak = rss_bytes()
+
+    def now(self) -> int:
+        """The peak so far, this instant included (a step's end: no sample can miss what it holds)."""
+        self.peak = max(self.peak, rss_bytes())
+        return self.peak
+
     def __enter__(self):
         self._thread.start()
         return self
@@ -108,6 +120,21 @@ class _PeakRss:
         self._thread.join()
         self.peak = max(self.peak, rss_bytes())
         return False
+
+
+_WARM = []
+
+
+def _warm_process() -> None:
+    """One Adam step on a 4-element tensor, once per process: torch.optim's first step imports modules
+    (tens of MiB of Python objects) that would otherwise count as the memory of whichever run is first
+    in a worker process."""
+    if not _WARM:
+        p = torch.nn.Parameter(torch.zeros(4))
+        opt = torch.optim.Adam([p])
+        p.sum().backward()
+        opt.step()
+        _WARM.append(True)
 
 
 def _trim_heap() -> None:
@@ -126,8 +153,12 @@ def weights_digest(model) -> str:
 def train(spec: RunSpec, keep_weights: bool = False) -> dict:
     """Train `spec.steps` steps (the first `warmup_steps` unmeasured); the measured record.
 
-    Raises BudgetExceeded when the fast tier goes over spec.budget_mb (CPU: the tensor registry;
-    CUDA: torch.cuda.max_memory_allocated above the model-free baseline, checked after each step).
+    The fast tier's peak is measured: CUDA, torch.cuda.max_memory_allocated above the model-free
+    baseline; CPU, the process's anonymous RSS high-water mark above the run's start (sampled every
+    rss_interval_s and at each step's end). The tensor registry (accounting.FastTier) is kept beside it
+    as a cross-check (`peak_accounted_bytes`). Raises BudgetExceeded when the measured peak goes over
+    spec.budget_mb (checked after each step); on CPU the registry also stops a run early when the
+    tensors it accounts alone exceed the budget.
     """
     if spec.strategy not in STRATEGIES:
         raise ValueError(f"unknown offload strategy {spec.strategy!r}; known: {STRATEGIES}")
@@ -138,6 +169,7 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
             "strategy 'save_on_cpu' needs CUDA (on CPU the saved tensors are already on the CPU)"
         )
     budget = None if spec.budget_mb is None else int(spec.budget_mb * 2**20)
+    _warm_process()
     if spec.trim_heap:
         _trim_heap()
     if cuda:
@@ -145,7 +177,8 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         cuda_base = torch.cuda.memory_allocated()
-    # CUDA's allocator statistics are the enforced fast-tier measure there; the registry only accounts
+    # the measured peak is the enforced fast-tier measure; on CPU the registry (a lower bound: it
+    # misses kernel temporaries and allocator slack) also aborts early a run that cannot fit
     fast = FastTier(None if cuda else budget)
     timeline = Timeline(CudaClock(torch) if cuda else CpuClock())
     tier = None
@@ -197,20 +230,32 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
             )
             measured = []
             for step in range(spec.steps):
+                if step == spec.warmup_steps and step > 0:
+                    # the peak, like the times, is of the measured steps: a first step's one-off
+                    # allocations (library workspaces, the allocator's first mappings) depend on what
+                    # ran before in the process; what warm-up left resident still counts (above rss0)
+                    rss.restart()
+                    if cuda:
+                        torch.cuda.synchronize()
+                        torch.cuda.reset_peak_memory_stats()
                 x, y = make_batch(spec.width, spec.batch, spec.seed, step, device)
                 wall, log = _one_step(model, opt, saved, timeline, x, y, spec.strategy, cuda)
                 if isinstance(opt, torch.optim.Adam) and step == 0:
                     for st in opt.state.values():  # created by the first step: charge them now
                         fast.track(st["exp_avg"], "optimizer_state")
                         fast.track(st["exp_avg_sq"], "optimizer_state")
-                if cuda and budget is not None and torch.cuda.max_memory_allocated() - cuda_base > budget:
-                    raise BudgetExceeded(
-                        "fast tier over budget: torch.cuda.max_memory_allocated "
-                        f"{torch.cuda.max_memory_allocated() - cuda_base}"
-                        f" bytes > offload.budget_mb = {budget} bytes"
-                    )
+                if budget is not None:
+                    peak = torch.cuda.max_memory_allocated() - cuda_base if cuda else rss.now() - rss0
+                    if peak > budget:
+                        raise BudgetExceeded(
+                            f"fast tier over budget: {MEASURED_BY[cuda]} {peak}"
+                            f" bytes > offload.budget_mb = {budget} bytes"
+                        )
                 if step >= spec.warmup_steps:
                     measured.append((wall, log))
+            # the fast tier's measured peak over the steps (what the budget was checked on); the
+            # weights' flush and digest after them are not training (peak_rss_bytes covers them)
+            peak_fast = torch.cuda.max_memory_allocated() - cuda_base if cuda else rss.now() - rss0
             timeline.stop()  # what follows belongs to no step
             if isinstance(opt, OffloadedAdam):
                 opt.finish()
@@ -240,7 +285,9 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
         "n_params": n_params(spec.width, spec.depth),
         "steps": spec.steps,
         "measured_steps": len(per_step),
-        "peak_fast_bytes": fast.peak if not cuda else torch.cuda.max_memory_allocated() - cuda_base,
+        # measured (what the claims judge); the registry's peak is the cross-check
+        "peak_fast_bytes": peak_fast,
+        "peak_measured_by": MEASURED_BY[cuda],
         "peak_accounted_bytes": fast.peak,
         **{f"peak_{k}_bytes": v for k, v in sorted(fast.peak_by_kind.items())},
         "peak_rss_bytes": rss.peak,

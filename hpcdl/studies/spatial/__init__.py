@@ -13,7 +13,8 @@
     calibration  rank function of the microbenchmarks that calibrate the oracle
     perfmodel    the ParaDL-style oracle and its calibration fit (no other spatial module)
     papers       the oracle at exactly the papers' settings
-    sweep        the scaling runs of a config and what each unit of work reads of it
+    sweep        the scaling runs of a config, what each unit of work reads of it, and the layer
+                 shapes of the held-out runs the oracle is judged on out of sample
     compute      the units of work the task bodies (tasks/spatial.py) call
     tables, figures, claims   the analysis stages; summary: a digest of one run's claims
     checks       config checks beyond the schema

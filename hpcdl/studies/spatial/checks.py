@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hpcdl.platform.config import ConfigError
+from hpcdl.studies.spatial import sweep
 
 
 def _planes_after(n: int, block: dict) -> list[int]:
@@ -57,3 +58,19 @@ def check(cfg: dict) -> None:
         if pd > b["exactness"]["shape"][0] or ph > b["exactness"]["shape"][1]:
             raise ConfigError("spatial.exactness.layouts", lay,
                               "no more ranks than planes of spatial.exactness.shape")
+    _check_held_out(b)
+
+
+def _check_held_out(b: dict) -> None:
+    """spatial.held_out must be exactly the runs judged out of sample: configured training runs, a
+    calibrated model left, and every run with a shape neither calibrated model has listed."""
+    runs = sweep.training_runs(b)
+    for r in b["held_out"]:
+        if r not in runs:
+            raise ConfigError("spatial.held_out", r, f"a configured training run id ({', '.join(runs)})")
+    if not sweep.calibrated_kinds(b):
+        raise ConfigError("spatial.held_out", b["held_out"], "runs leaving the strong or the weak model a "
+                          "layer shape to calibrate on")
+    for r, shape in sweep.unlisted_unseen(b).items():
+        raise ConfigError("spatial.held_out", b["held_out"], f"every run whose layer shapes the calibration "
+                          f"does not time; {r} has {shape}, timed by neither calibrated model: list it")

@@ -60,9 +60,10 @@ def run_point(point: dict, block: dict, resources_dir: str) -> dict:
 
 
 def calibration_specs(block: dict) -> list[tuple[list[dict], int]]:
-    """Layer shapes the compute fit is measured on: the strong and the weak-base models."""
+    """Layer shapes the compute fit is measured on: the strong and the weak-base models, less one whose
+    shapes are all held out (sweep.calibrated_kinds; the calibration block carries that list)."""
     return [(build_spec(tuple(run_shape(k, block[k]["grid"], [1, 1, 1])), block["model"]),
-             block["batch_size"]) for k in ("strong", "weak")]
+             block["batch_size"]) for k in block["calibrated_kinds"]]
 
 
 def calibrate_point(block: dict, resources_dir: str, round_index: int = 0) -> list[dict]:

@@ -3,8 +3,9 @@
     python -m hpcdl spatial summary --config FILE
 
 One block: pass/fail of each claim, the efficiency against the ceiling with the raw speedup and the
-ceiling, the oracle's mean and per-run error, and the phases left out as disturbed with the load
-measured from /proc during them. Reads only claims.json and tables/ (nothing is recomputed).
+ceiling, the oracle's mean and per-run error (held out; in sample beside it), and the phases left
+out as disturbed with the load measured from /proc during them. Reads only claims.json and tables/
+(nothing is recomputed).
 """
 
 from __future__ import annotations
@@ -27,9 +28,14 @@ def summary(study_dir: Path) -> str:
                      f"{eff['ceiling_speedup'][run]:.3f}; goal >= {eff.get('threshold')})")
     ora = claims.get("oracle_error", {}).get("measured", {})
     if "mean_abs_error" in ora:
-        lines.append(f"  oracle mean |error| {100 * ora['mean_abs_error']:.1f} % (goal <= "
+        lines.append(f"  oracle mean |error| held out {100 * ora['mean_abs_error']:.1f} % (goal <= "
                      f"{100 * ora['threshold']:.0f} %): " + ", ".join(f"{r} {100 * v:+.1f} %"
                                                              for r, v in ora["per_run"].items()))
+        inside = ora.get("in_sample") or {}
+        if inside.get("mean_abs_error") is not None:
+            per_run = ", ".join(f"{r} {100 * v:+.1f} %" for r, v in inside["per_run"].items())
+            lines.append(f"  oracle mean |error| in sample {100 * inside['mean_abs_error']:.1f} % "
+                         f"(not judged): {per_run}")
     runs = pd.read_csv(study_dir / "tables" / "runs.csv")
     cols = [c for c in ("run", "time_per_iter_s", "time_per_iter_median_s", "iterations_timed", "phases",
                         "phases_disturbed", "other_load_cores", "other_load_cores_max", "halo_s",
@@ -37,6 +43,7 @@ def summary(study_dir: Path) -> str:
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.precision", 4):
         lines.append(runs[cols].to_string(index=False))
     fit = pd.read_csv(study_dir / "tables" / "calibration_fit.csv")
-    cal = {c.removeprefix("calibration_"): fit[c].iloc[0].item() for c in fit if c.startswith("calibration_")}
+    cal = {c.removeprefix("calibration_"): getattr(v := fit[c].iloc[0], "item", lambda: v)() for c in fit
+           if c.startswith("calibration_")}  # numbers, and the held-out shapes (a string)
     lines.append(f"  calibration: {cal}")
     return "\n".join(lines)

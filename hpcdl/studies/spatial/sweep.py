@@ -1,7 +1,12 @@
-"""The spatial study's sweep: every scaling run of the config (`expand`), and the part of the
-`spatial:` block each unit of work reads (its task's input and its stored result's key)."""
+"""The spatial study's sweep: every scaling run of the config (`expand`), the part of the
+`spatial:` block each unit of work reads (its task's input and its stored result's key), and the
+layer shapes the calibration leaves out for the held-out runs (`held_out_shapes`)."""
 
 from __future__ import annotations
+
+from hpcdl.common.layers import build_spec, layer_key
+
+CALIBRATED_KINDS = ("strong", "weak")  # the models whose layers the calibration can time (whole volume)
 
 
 def run_shape(kind: str, grid: int, layout: list[int]) -> tuple[int, int, int]:
@@ -53,10 +58,55 @@ def run_block(block: dict) -> dict:
 def calibration_block(block: dict) -> dict:
     return {**{k: block[k] for k in ("seed", "n_samples", "grf", "model", "batch_size", "calibration",
                                      "threads_per_rank", "run_timeout_s")},
-            "strong": {"grid": block["strong"]["grid"]}, "weak": {"grid": block["weak"]["grid"]}}
+            "strong": {"grid": block["strong"]["grid"]}, "weak": {"grid": block["weak"]["grid"]},
+            "calibrated_kinds": calibrated_kinds(block)}
 
 
 def exactness_block(block: dict) -> dict:
     return {**{k: block[k] for k in ("model", "run_timeout_s", "halo_timeout_s")},
             "exactness": {"shape": block["exactness"]["shape"]}}
 
+
+# Out of sample (spatial.held_out): the oracle is judged on runs whose layer shapes its calibration
+# never timed. A layer's shape is its layer_key (channels, kernel, height x width; depth is the
+# fitted size), so a held-out run is unseen exactly when none of its keys is calibrated.
+def training_runs(block: dict) -> dict[str, dict]:
+    """Every training run of the config (not the ceiling runs: no prediction), by id, first repeat."""
+    return {p["run"]: p for p in expand(block) if p["kind"] != "ceiling" and p["repeat"] == 0}
+
+
+def layer_shapes(point: dict, block: dict, kinds=("conv", "pool", "dense")) -> set[str]:
+    return {layer_key(L) for L in build_spec(tuple(point["shape"]), block["model"]) if L["kind"] in kinds}
+
+
+def held_out_shapes(block: dict) -> set[str]:
+    """Layer shapes the calibration leaves out: every conv/pool shape of a held-out run (an in-sample
+    run with the same shape predicts that layer from its kind's line, as a held-out run does), and the
+    dense shapes no in-sample run has (the head's last layer is the same at every grid: it stays)."""
+    runs, held = training_runs(block), set(block["held_out"])
+    grid = set().union(*(layer_shapes(p, block, ("conv", "pool")) for r, p in runs.items() if r in held))
+    dense = set().union(*(layer_shapes(p, block, ("dense",)) for r, p in runs.items() if r in held))
+    seen = set().union(*(layer_shapes(p, block, ("dense",)) for r, p in runs.items() if r not in held))
+    return grid | (dense - seen)
+
+
+def _model_shapes(block: dict, kind: str) -> set[str]:
+    spec = build_spec(run_shape(kind, block[kind]["grid"], [1, 1, 1]), block["model"])
+    return {layer_key(L) for L in spec if L["kind"] in ("conv", "pool")}
+
+
+def calibrated_kinds(block: dict) -> list[str]:
+    """The models the calibration times: strong and weak, less one whose every conv/pool shape is
+    held out (timing it would only be thrown away at the fit)."""
+    held = held_out_shapes(block)
+    return [k for k in CALIBRATED_KINDS if not _model_shapes(block, k) <= held]
+
+
+def unlisted_unseen(block: dict) -> dict[str, str]:
+    """In-sample run -> a conv/pool shape of it that neither calibrated model has (nor a held-out run):
+    out of sample in fact but not listed in spatial.held_out (checks.py refuses the config)."""
+    left_out = held_out_shapes(block)
+    timed = set().union(*(_model_shapes(block, k) for k in calibrated_kinds(block)))
+    held = set(block["held_out"])
+    return {r: sorted(unseen)[0] for r, p in training_runs(block).items()
+            if r not in held and (unseen := layer_shapes(p, block, ("conv", "pool")) - timed - left_out)}
