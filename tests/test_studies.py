@@ -270,3 +270,45 @@ def test_every_caption_is_clean_restructuredtext(name):
         messages = [*tree.findall(nodes.system_message), *tree.transform_messages]
         problems = [m.astext() for m in messages if m["level"] >= 2]
         assert not problems, f"{path.relative_to(REPO)}: {problems}"
+
+
+# --------------------------------------------------------------- captions follow the run (#31)
+# A caption says what to look at; an outcome comes from this run's claims and figures. These are the
+# ways a caption has stated an outcome fixed before the run.
+OUTCOME_PHRASES = (r"\bthe reader should see\b", r"\busually\b", r"\bshould sit\b", r"\balways (wins|beats)\b",
+                   r"\bstays? (about )?level\b", r"\bsits? on (the|every)\b", r"\bis close to global\b")
+
+
+def _captions(name: str) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((REPO / "workflows" / "report" / name).glob("*.rst"))}
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_claims_caption_names_every_claim_the_study_can_emit(name):
+    import importlib
+    import re
+
+    ids = importlib.import_module(f"hpcdl.studies.{name}.claims").CLAIMS
+    text = _captions(name)["claims.rst"]
+    absent = [c for c in ids if f"``{c}``" not in text]
+    assert not absent, f"workflows/report/{name}/claims.rst does not name {absent}"
+    others = {c for s in SPECS if s != name for c in importlib.import_module(f"hpcdl.studies.{s}.claims").CLAIMS}
+    named = set(re.findall(r"``([^`]+)``", text))
+    assert not named & others, f"{name}'s claims caption names another study's claims {named & others}"
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_no_caption_states_an_outcome_or_quotes_a_threshold(name):
+    import re
+
+    cfg = load_config(REPO / "configs" / "default.yaml")[name]
+    thresholds = [v for v in (cfg.get("claims") or {}).values()
+                  if isinstance(v, float) and not float(v).is_integer()]
+    for file, text in _captions(name).items():
+        flat = " ".join(text.split())
+        for phrase in OUTCOME_PHRASES:
+            assert not re.search(phrase, flat, re.I), f"{name}/{file} states an outcome: {phrase}"
+        for v in thresholds:  # the threshold is the config's: a caption quoting it goes stale
+            shown = [f"{v:g}"] + ([f"{100 * v:g} %", f"{100 * v:g}%"] if v < 1 else [])
+            quoted = [s for s in shown if re.search(rf"(?<![\d.]){re.escape(s)}(?![\d])", flat)]
+            assert not quoted, f"{name}/{file} quotes the threshold {v:g} of {name}.claims as {quoted}"
