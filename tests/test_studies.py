@@ -275,8 +275,9 @@ def test_every_caption_is_clean_restructuredtext(name):
 # --------------------------------------------------------------- captions follow the run (#31)
 # A caption says what to look at; an outcome comes from this run's claims and figures. These are the
 # ways a caption has stated an outcome fixed before the run.
-OUTCOME_PHRASES = (r"\bthe reader should see\b", r"\busually\b", r"\bshould sit\b", r"\balways (wins|beats)\b",
-                   r"\bstays? (about )?level\b", r"\bsits? on (the|every)\b", r"\bis close to global\b")
+OUTCOME_PHRASES = (r"\bthe reader should see\b", r"\busually\b", r"\bshould sit\b",
+                   r"\balways (wins|beats)\b", r"\bstays? (about )?level\b", r"\bsits? on (the|every)\b",
+                   r"\bis close to global\b")
 
 
 def _captions(name: str) -> dict[str, str]:
@@ -292,7 +293,8 @@ def test_the_claims_caption_names_every_claim_the_study_can_emit(name):
     text = _captions(name)["claims.rst"]
     absent = [c for c in ids if f"``{c}``" not in text]
     assert not absent, f"workflows/report/{name}/claims.rst does not name {absent}"
-    others = {c for s in SPECS if s != name for c in importlib.import_module(f"hpcdl.studies.{s}.claims").CLAIMS}
+    others = {c for s in SPECS if s != name
+              for c in importlib.import_module(f"hpcdl.studies.{s}.claims").CLAIMS}
     named = set(re.findall(r"``([^`]+)``", text))
     assert not named & others, f"{name}'s claims caption names another study's claims {named & others}"
 
