@@ -1,4 +1,4 @@
-"""Rank launcher: exact torchrun/srun command lines, Slurm allocation detection, and a real 2-rank run."""
+"""Rank launcher: exact fork/torchrun/srun command lines, Slurm allocation detection, real ranks."""
 
 from __future__ import annotations
 
@@ -43,8 +43,15 @@ def fake_tools(tmp_path: Path, monkeypatch, scontrol_job: str = "", hostnames: s
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
 
-def test_torchrun_command_exact(tmp_path):
+def test_fork_command_exact(tmp_path):
     cmd = build_command(3, "pkg.mod:fn", tmp_path, slurm=False, master_addr="127.0.0.1", master_port=29511)
+    assert cmd == [sys.executable, "-m", "hpcdl.platform.rank_runtime.forked", "3", "pkg.mod:fn",
+                   str(tmp_path)]
+
+
+def test_torchrun_command_exact(tmp_path):
+    cmd = build_command(3, "pkg.mod:fn", tmp_path, slurm=False, master_addr="127.0.0.1", master_port=29511,
+                        local="torchrun")
     assert cmd == [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=3",
                    "--master-addr=127.0.0.1", "--master-port=29511", "--max-restarts=0",
                    "--monitor-interval=0.5", "-m", "hpcdl.platform.rank_runtime.entry", "pkg.mod:fn",
@@ -62,8 +69,22 @@ def test_srun_asks_for_cpus_only_when_ranks_are_threaded(tmp_path):
     assert cmd[:3] == ["srun", "--ntasks=4", "--cpus-per-task=3"]
 
 
-def test_outside_slurm_uses_torchrun(clean_env):
+def test_outside_slurm_forks_the_ranks_unless_told_otherwise(clean_env):
     assert not launch.in_slurm_allocation(1)
+    assert launch.local_launcher() == "fork"
+    clean_env.setenv("HPCDL_LAUNCHER", "torchrun")
+    assert launch.local_launcher() == "torchrun"
+    clean_env.setenv("HPCDL_LAUNCHER", "mpirun")
+    with pytest.raises(ValueError, match="HPCDL_LAUNCHER='mpirun' is not a launcher; allowed: fork, torch"):
+        launch.local_launcher()
+
+
+@pytest.mark.parametrize("launcher", ["fork", "torchrun"])
+def test_both_local_launchers_run_real_ranks(launcher, clean_env):
+    clean_env.setenv("HPCDL_LAUNCHER", launcher)
+    results = run_ranks("hpcdl.platform.rank_runtime.probes:allreduce_sum", 3, {"value": 1.0}, timeout_s=120)
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    assert all(r["world_size"] == 3 and r["sum"] == pytest.approx(6.0) for r in results)
 
 
 def test_slurm_ntasks_from_environment(tmp_path, clean_env):
@@ -167,9 +188,9 @@ def test_rank_dying_is_a_failure_naming_it_not_a_timeout(clean_env, capsys):
         run_ranks("rank_probes:die_on_rank", 2, {"victim": 1}, timeout_s=120)
     assert info.value.group_formed and not info.value.timed_out
     msg = str(info.value)
-    # os._exit leaves no traceback: torchrun's report names rank 1 and its status, unless the
+    # os._exit leaves no traceback: the launcher's report names rank 1 and its status, unless the
     # survivor's traceback (its all_reduce lost the peer) was written first
-    died = re.search(r"rank\s*:\s*1 \(local_rank: 1\)\s*exitcode\s*:\s*3\b", msg)
+    died = re.search(r"rank 1 of rank_probes:die_on_rank ended with exit code 3\b", msg)
     assert died or re.search(r"\[rank 0\] Traceback.*all_reduce", msg, re.S), msg
     assert "retrying" not in capsys.readouterr().err
 
@@ -198,7 +219,7 @@ def test_taken_rendezvous_port_is_retried_on_a_new_port(clean_env, capsys):
 def test_port_taken_on_both_attempts_fails_with_the_launcher_error(clean_env, capsys):
     with _held_port() as taken:
         clean_env.setattr(launch, "free_port", lambda: taken)
-        with pytest.raises(RankFailure, match="failed \\(exit 1\\) via torchrun") as info:
+        with pytest.raises(RankFailure, match="failed \\(exit 1\\) via fork") as info:
             run_ranks("hpcdl.platform.rank_runtime.probes:allreduce_sum", 2, {"value": 2.0}, timeout_s=120)
     assert not info.value.group_formed
     assert capsys.readouterr().err.count("retrying once") == 1

@@ -69,9 +69,9 @@ def test_rank_dying_mid_exchange_fails_fast_with_a_clear_error(tiny_data, monkey
     assert not info.value.timed_out and info.value.group_formed  # failed, not the launcher's limit
     msg = str(info.value)
     assert "failed (exit" in msg
-    # rank 1 vanished with os._exit(17): its exit code is all it leaves (torchrun's report names it
+    # rank 1 vanished with os._exit(17): its exit code is all it leaves (the launcher's report names it
     # when no survivor wrote an error first); a survivor's ExchangeError names the epoch
-    died = re.search(r"rank\s*:\s*1 \(local_rank: 1\)\s*exitcode\s*:\s*17\b", msg)
+    died = re.search(r"rank 1 of \S+ ended with exit code 17\b", msg)
     survivor = r"ExchangeError: rank [02]: (shuffle exchange of epoch 1 failed|lost a peer in epoch 1)"
     assert died or re.search(survivor, msg), msg
 
@@ -124,10 +124,13 @@ def test_task_app_end_to_end(write_config, tmp_path):
     held = claims["held_at_most_1_plus_Q_N_over_M"]
     assert held["passed"] and held["measured"]["samples_held_max"] == {"partial-q0.5-skewed-M2": 300}
     kk_claim = claims["kakurenbo_saves_time"]
-    # two ~0.1 s rounds: judged, or not measured because the timing resolution is too coarse
+    # two ~0.1 s rounds: judged, or not measured because the method's own account of F=0.2 (work
+    # skipped less overhead, with its interval over two rounds) does not reach the regime's floor
     assert kk_claim["status"] in ("passed", "failed", "straddles", "not_measured"), kk_claim
     assert kk_claim["measured"]["time_saving"]["F=0.2"]["n"] == 2
-    assert kk_claim["status"] != "not_measured" or "timing resolution" in kk_claim["reason"]
+    net = kk_claim["measured"]["work_and_overhead"]["F=0.2"]["net_saving"]
+    assert (kk_claim["status"] == "not_measured") == (net["ci95"][0] < 0.05), kk_claim
+    assert kk_claim["status"] != "not_measured" or "reach 5% of F=0's time" in kk_claim["reason"]
     # the config has no partial-0.1 point: the papers' accuracy claims are there, and not measured
     for cid in ("random_local_partial_match_global_M2", "skewed_partial_recovers_global_M2"):
         assert claims[cid]["status"] == "not_measured"

@@ -3,7 +3,7 @@
 - a whole study's test-scale workflow under `snakemake --profile slurm`: every rule a Slurm job,
   tables shaped like a local run's;
 - a 2-rank rule (resources tasks=2, mpi="srun") whose ranks come from srun (SLURM_PROCID), and one
-  inside a plain rule's 1-task step, where the ranks start with torchrun instead of a hanging srun;
+  inside a plain rule's 1-task step, where the ranks start locally (forked) instead of a hanging srun;
 - a failing rule: non-zero exit with the failure in the log; the rerun resumes without redoing
   finished rules;
 - sbatch missing: a clear error before any rule runs (no cluster needed for that one).
@@ -165,12 +165,12 @@ def test_two_rank_rule_gets_ranks_from_srun(tiny_failed_run):
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_ranks_inside_a_one_task_step_use_torchrun(tiny_failed_run):
+def test_ranks_inside_a_one_task_step_use_the_local_launcher(tiny_failed_run):
     workdir, proc = tiny_failed_run
     path = workdir / "ranks_in_step.json"
     assert path.exists(), proc.output[-4000:]
     record = json.loads(path.read_text())
-    assert record["launcher"] == "torchrun"
+    assert record["launcher"] == "fork"
     assert [r["rank"] for r in record["ranks"]] == [0, 1]
     assert all(r["sum"] == pytest.approx(3.0) for r in record["ranks"])
     assert slurm_jobs_by_rule(workdir)["ranks_in_step"] == [record["job_id"]]

@@ -1,4 +1,4 @@
-"""Spatial study on real ranks (torchrun + gloo): exactness in float64 on 1, 2 and 4 ranks,
+"""Spatial study on real ranks (forked + gloo): exactness in float64 on 1, 2 and 4 ranks,
 hybrid data x spatial training equal to whole-batch training, and faults (no hangs)."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Start N real torch.distributed ranks: torchrun locally, srun inside a Slurm allocation.
+"""Start N real torch.distributed ranks: forked from one interpreter locally (`forked`; torchrun with
+HPCDL_LAUNCHER=torchrun), srun inside a Slurm allocation.
 
 `run_ranks("pkg.module:function", nprocs, kwargs)` runs `function(**kwargs)` on every
 rank after the process group is initialised from the environment, and returns the
@@ -71,16 +72,30 @@ def in_slurm_allocation(nprocs: int) -> bool:
     """True inside an sbatch/salloc allocation that grants at least `nprocs` tasks.
 
     Inside a job step (SLURM_STEP_ID set: e.g. Snakemake's `srun -n1` wrapper of a plain rule) the
-    step already holds the CPUs, so a nested srun would wait forever: torchrun runs the ranks within
-    the step instead. HPCDL_LAUNCHER=torchrun forces the local launcher anywhere.
+    step already holds the CPUs, so a nested srun would wait forever: the local launcher runs the
+    ranks within the step instead. HPCDL_LAUNCHER=fork or torchrun forces a local launcher anywhere.
     """
     if "SLURM_JOB_ID" not in os.environ or shutil.which("srun") is None:
         return False
-    if os.environ.get("HPCDL_LAUNCHER", "") == "torchrun":
+    if local_launcher(explicit=True):
         return False
     if os.environ.get("SLURM_STEP_ID", "batch") not in ("batch", "extern"):
         return False
     return slurm_allocation_tasks() >= nprocs
+
+
+LOCAL_LAUNCHERS = ("fork", "torchrun")
+
+
+def local_launcher(explicit: bool = False) -> str | None:
+    """The launcher of ranks outside Slurm: HPCDL_LAUNCHER if it names one of LOCAL_LAUNCHERS, else
+    `fork` (hpcdl.platform.rank_runtime.forked: torch imported once for every rank); with
+    `explicit`, None unless the variable names one."""
+    chosen = os.environ.get("HPCDL_LAUNCHER", "")
+    if chosen and chosen not in LOCAL_LAUNCHERS:
+        raise ValueError(f"HPCDL_LAUNCHER={chosen!r} is not a launcher; allowed: "
+                         f"{', '.join(LOCAL_LAUNCHERS)}")
+    return chosen or (None if explicit else "fork")
 
 
 def slurm_master_addr() -> str:
@@ -98,8 +113,10 @@ def slurm_master_addr() -> str:
 
 
 def build_command(nprocs: int, target: str, workdir: Path, *, slurm: bool,
-                  master_addr: str, master_port: int, threads_per_rank: int = 1) -> list[str]:
-    """The exact command line that starts the ranks (unit-tested, printed on failure)."""
+                  master_addr: str, master_port: int, threads_per_rank: int = 1,
+                  local: str = "fork") -> list[str]:
+    """The exact command line that starts the ranks (unit-tested, printed on failure): srun in a
+    Slurm allocation, else the `local` launcher (`fork` or `torchrun`)."""
     entry = ["-m", "hpcdl.platform.rank_runtime.entry", target, str(workdir)]
     if slurm:
         # One step of exactly nprocs tasks; a rank dying ends the step (no stragglers in collectives).
@@ -107,6 +124,9 @@ def build_command(nprocs: int, target: str, workdir: Path, *, slurm: bool,
         cpus = [f"--cpus-per-task={threads_per_rank}"] if threads_per_rank > 1 else []
         return ["srun", f"--ntasks={nprocs}", *cpus, "--kill-on-bad-exit=1", "--export=ALL",
                 sys.executable, *entry]
+    if local == "fork":
+        return [sys.executable, "-m", "hpcdl.platform.rank_runtime.forked", str(nprocs), target,
+                str(workdir)]
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
             f"--nproc-per-node={nprocs}", f"--master-addr={master_addr}",
             f"--master-port={master_port}", "--max-restarts=0",
@@ -182,8 +202,9 @@ def _launch(target: str, nprocs: int, workdir: Path, *, slurm: bool, timeout_s: 
             env.pop(var, None)
     # torchrun's own logging is noise unless something fails.
     env.setdefault("TORCHELASTIC_ERROR_FILE", str(workdir / "error.json"))
+    launcher = "srun" if slurm else local_launcher()
     cmd = build_command(nprocs, target, workdir, slurm=slurm, master_addr=master_addr,
-                        master_port=port, threads_per_rank=int(threads))
+                        master_port=port, threads_per_rank=int(threads), local=launcher)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
@@ -200,7 +221,7 @@ def _launch(target: str, nprocs: int, workdir: Path, *, slurm: bool, timeout_s: 
     if proc.returncode != 0:
         raise RankFailure(
             f"{target} on {nprocs} ranks failed (exit {proc.returncode}) "
-            f"via {'srun' if slurm else 'torchrun'}\n{_tails(workdir, nprocs, err)}",
+            f"via {launcher}\n{_tails(workdir, nprocs, err)}",
             group_formed=formed())
     results = []
     for r in range(nprocs):
