@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from workflow_run import REPO, snakemake
 
+from hpcdl.platform.claims import SHOWN
 from hpcdl.platform.study import registered
 
 
@@ -59,7 +60,7 @@ def test_whole_workflow_and_report(test_scale_workflow):
         page = _decoded(about).decode()
         assert html.escape(spec.question) in page and html.escape(doc["measured_on"]) in page, page
         assert "configs/test.yaml" in page and spec.headline.replace("_", " ") in page, page
-        word = {"passed": "PASS", "failed": "FAIL", "not_measured": "NOT MEASURED"}
+        word = {status: shown_as for status, (_, shown_as) in SHOWN.items()}
         for c in doc["claims"]:
             row = re.search(f"<tr class='{c['status']}'><td>{re.escape(c['id'])}</td>(.*?)</tr>", table)
             assert row and f"<b>{word[c['status']]}</b>" in row.group(1), (c["id"], c["status"])
