@@ -16,6 +16,25 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
 
 
+def _cuda_visible() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` need a real GPU: without one they skip, saying so (never faked on the CPU)."""
+    if not any(item.get_closest_marker("cuda") for item in items) or _cuda_visible():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False); "
+                                   "run `pytest -m cuda` on a GPU machine (make gpu)")
+    for item in items:
+        if item.get_closest_marker("cuda"):
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def repo() -> Path:
     return REPO

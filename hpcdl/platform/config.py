@@ -27,7 +27,9 @@ from hpcdl.platform.study import registered
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 SCHEMA_PATH = CONFIG_DIR / "schema.yaml"
-TUNED_SCHEMA = "tuned.yaml"  # under schema/: the `tuned` notes every study block accepts
+# Under schema/: what every study block accepts besides its own keys, one definition each: the
+# `tuned` notes, the device (hpcdl.platform.device) and whether ranks may share a GPU.
+SHARED_BLOCK_KEYS = {"tuned": "tuned.yaml", "device": "device.yaml", "gpu_sharing": "gpu_sharing.yaml"}
 STUDIES = tuple(registered())
 
 
@@ -63,10 +65,15 @@ def _schema_file(path: Path) -> dict:
 
 
 def block_schema(path: Path) -> dict:
-    """A study block's schema file, with the `tuned` notes every study block accepts added."""
+    """A study block's schema file, with the keys every study block accepts (SHARED_BLOCK_KEYS) added."""
     contents = _schema_file(path)
     if path.parent.name == "schema" and path.stem in STUDIES:
-        contents.setdefault("properties", {})["tuned"] = _schema_file(path.parent / TUNED_SCHEMA)
+        props = contents.setdefault("properties", {})
+        for key, file in SHARED_BLOCK_KEYS.items():
+            if key in props:
+                raise ValueError(f"{path}: key {key!r} is defined once for every study in "
+                                 f"{path.parent / file}; remove it from the study's schema")
+            props[key] = _schema_file(path.parent / file)
     return contents
 
 

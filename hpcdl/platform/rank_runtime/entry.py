@@ -1,7 +1,9 @@
 """Entry point of one rank: init the process group from the environment, run the target.
 
 Rank and world size come from torchrun (RANK/WORLD_SIZE) or from srun
-(SLURM_PROCID/SLURM_NTASKS); MASTER_ADDR/MASTER_PORT are set by the launcher.
+(SLURM_PROCID/SLURM_NTASKS); MASTER_ADDR/MASTER_PORT are set by the launcher. The backend follows
+the device of the tensors the rank's collectives move (rank_runtime.placement): NCCL on the rank's
+own GPU, gloo for CPU tensors; never whatever the host happens to have.
 """
 
 from __future__ import annotations
@@ -32,12 +34,19 @@ def main(target: str, workdir: str) -> int:
         import torch
         import torch.distributed as dist
 
+        from hpcdl.platform.rank_runtime.placement import current
+
         torch.set_num_threads(int(os.environ.get("HPCDL_THREADS_PER_RANK", "1")))
-        backend = os.environ.get("HPCDL_DIST_BACKEND") or (
-            "nccl" if torch.cuda.is_available() else "gloo")
+        place = current()
+        backend = place.backend
+        extra = {}
+        if place.device == "cuda":
+            torch.cuda.set_device(place.compute)
+            if backend == "nccl":  # binds the group to the rank's GPU (NCCL's communicators form eagerly)
+                extra["device_id"] = torch.device(place.compute)
         # A peer that dies must surface as an error here, not as a hang.
         timeout = timedelta(seconds=float(os.environ.get("HPCDL_COLLECTIVE_TIMEOUT_S", "60")))
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, **extra)
         (out / f"joined-{rank}").touch()   # the launcher retries only launches that never got here
         module_name, func_name = target.split(":")
         func = getattr(importlib.import_module(module_name), func_name)

@@ -114,15 +114,18 @@ def slurm_master_addr() -> str:
 
 def build_command(nprocs: int, target: str, workdir: Path, *, slurm: bool,
                   master_addr: str, master_port: int, threads_per_rank: int = 1,
-                  local: str = "fork") -> list[str]:
+                  local: str = "fork", gpus_per_rank: int = 0) -> list[str]:
     """The exact command line that starts the ranks (unit-tested, printed on failure): srun in a
-    Slurm allocation, else the `local` launcher (`fork` or `torchrun`)."""
+    Slurm allocation, else the `local` launcher (`fork` or `torchrun`). `gpus_per_rank` 1: each srun
+    task gets its own GPU (--gpus-per-task=1, which binds it: the task sees that GPU alone); torchrun
+    and the forked launcher start one process per GPU of this node (--nproc-per-node)."""
     entry = ["-m", "hpcdl.platform.rank_runtime.entry", target, str(workdir)]
     if slurm:
         # One step of exactly nprocs tasks; a rank dying ends the step (no stragglers in collectives).
         # -c only when asked for: the allocation must grant it, and 1 CPU per task is srun's default.
         cpus = [f"--cpus-per-task={threads_per_rank}"] if threads_per_rank > 1 else []
-        return ["srun", f"--ntasks={nprocs}", *cpus, "--kill-on-bad-exit=1", "--export=ALL",
+        gpus = [f"--gpus-per-task={gpus_per_rank}"] if gpus_per_rank else []
+        return ["srun", f"--ntasks={nprocs}", *cpus, *gpus, "--kill-on-bad-exit=1", "--export=ALL",
                 sys.executable, *entry]
     if local == "fork":
         return [sys.executable, "-m", "hpcdl.platform.rank_runtime.forked", str(nprocs), target,
@@ -145,9 +148,14 @@ _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RAN
 
 
 def run_ranks(target: str, nprocs: int, kwargs: dict | None = None, *,
-              timeout_s: float = 600.0, threads_per_rank: int = 1,
-              backend: str | None = None, keep_heap: bool = True) -> list:
+              timeout_s: float = 600.0, threads_per_rank: int = 1, device: str = "cpu",
+              gpu_sharing: bool = False, keep_heap: bool = True) -> list:
     """Run `target` ("module:function") on `nprocs` ranks and return their results by rank.
+
+    device: the study's resolved device (hpcdl.platform.device.resolve): each rank computes on it,
+    one rank per GPU on CUDA, and its process group's backend follows it (rank_runtime.placement).
+    Locally, more ranks than visible GPUs is a LayoutError before any rank starts, unless
+    `gpu_sharing` (the study block's key) lets ranks share GPUs over gloo.
 
     keep_heap: ranks run with RANK_MALLOC_ENV; False keeps glibc's defaults, for studies that
     measure memory and compare it with work run outside ranks.
@@ -160,7 +168,13 @@ def run_ranks(target: str, nprocs: int, kwargs: dict | None = None, *,
         raise ValueError(f"nprocs must be >= 1, got {nprocs}")
     if ":" not in target:
         raise ValueError(f"target must be 'module:function', got {target!r}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be a resolved device, cpu or cuda; got {device!r}")
     slurm = in_slurm_allocation(nprocs)
+    if device == "cuda" and not slurm:
+        from hpcdl.platform.device import check_layout, visible_gpus
+
+        check_layout(device, nprocs, visible_gpus(), gpu_sharing, f"{target} on {nprocs} local ranks")
     root = Path(tempfile.mkdtemp(prefix="hpcdl-ranks-", dir=_exchange_root(slurm)))
     try:
         payload = pickle.dumps(kwargs or {})
@@ -170,8 +184,8 @@ def run_ranks(target: str, nprocs: int, kwargs: dict | None = None, *,
             (workdir / "kwargs.pkl").write_bytes(payload)
             try:
                 return _launch(target, nprocs, workdir, slurm=slurm, timeout_s=timeout_s,
-                               threads_per_rank=threads_per_rank, backend=backend,
-                               keep_heap=keep_heap)
+                               threads_per_rank=threads_per_rank, device=device,
+                               gpu_sharing=gpu_sharing, keep_heap=keep_heap)
             except RankFailure as exc:
                 if attempt == 2 or exc.group_formed or exc.timed_out:
                     raise
@@ -187,7 +201,7 @@ def run_ranks(target: str, nprocs: int, kwargs: dict | None = None, *,
 
 
 def _launch(target: str, nprocs: int, workdir: Path, *, slurm: bool, timeout_s: float,
-            threads_per_rank: int, backend: str | None, keep_heap: bool) -> list:
+            threads_per_rank: int, device: str, gpu_sharing: bool, keep_heap: bool) -> list:
     master_addr = slurm_master_addr() if slurm else "127.0.0.1"
     port = free_port()
     env = {**(RANK_MALLOC_ENV if keep_heap else {}), **os.environ}
@@ -195,8 +209,10 @@ def _launch(target: str, nprocs: int, workdir: Path, *, slurm: bool, timeout_s: 
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                HPCDL_THREADS_PER_RANK=threads, MASTER_ADDR=master_addr,
                MASTER_PORT=str(port), HPCDL_RANK_TIMEOUT_S=str(timeout_s))
-    if backend:
-        env["HPCDL_DIST_BACKEND"] = backend
+    env.update(HPCDL_DEVICE=device, HPCDL_GPU_SHARING="1" if gpu_sharing else "0")
+    # srun binds one GPU to each task (--gpus-per-task=1); shared GPUs need the node's whole set
+    gpus_per_rank = 1 if device == "cuda" and slurm and not gpu_sharing else 0
+    env["HPCDL_GPU_PER_RANK_BOUND"] = "1" if gpus_per_rank else "0"
     if slurm:
         for var in _RANK_VARS:
             env.pop(var, None)
@@ -204,7 +220,8 @@ def _launch(target: str, nprocs: int, workdir: Path, *, slurm: bool, timeout_s: 
     env.setdefault("TORCHELASTIC_ERROR_FILE", str(workdir / "error.json"))
     launcher = "srun" if slurm else local_launcher()
     cmd = build_command(nprocs, target, workdir, slurm=slurm, master_addr=master_addr,
-                        master_port=port, threads_per_rank=int(threads), local=launcher)
+                        master_port=port, threads_per_rank=int(threads), local=launcher,
+                        gpus_per_rank=gpus_per_rank)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
