@@ -11,7 +11,7 @@ FASHION_MNIST ?= /usr/share/datasets/fashion-mnist
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export MPLBACKEND := Agg
 
-.PHONY: figures report test test-fast lint bench data browser tools clean
+.PHONY: figures report test test-fast lint bench data browser tools clean gpu gpu-carry
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -77,6 +77,45 @@ lint: $(STAMP)
 
 bench: $(STAMP) data
 	for b in benchmarks/bench_*.py; do python $$b || exit 1; done
+
+# ---- the GPU (docs/architecture.md, "Devices") ----
+# Every GPU step of the project, in order, on a machine with a CUDA GPU, run with that machine's own
+# torch ($(GPU_PY); no venv: the CPU wheel of requirements.txt would replace its CUDA build). What the
+# image lacks comes from `make gpu-carry`, run beforehand where PyPI is reachable (.gpu-carry/: wheels
+# and Fashion-MNIST). Steps: the `cuda` tests, then every study under configs/gpu.yaml and its report.
+# (The oracle's layer-time calibration and the micro-batch cuDNN benchmark join here first when
+# their issues land.) What must be committed afterwards lands in $(GPU_RECORDS)/; a failing step
+# does not stop the later ones (one device call should show everything), and the target fails at
+# the end if any step did.
+GPU_PY ?= python3
+GPU_RECORDS ?= gpu-records
+GPU_CARRY ?= .gpu-carry
+GPU_ENV = PATH="$(abspath .gpu-bin):$$PATH" PYTHONPATH="$(abspath $(GPU_CARRY))/site:$(CURDIR)" MPLBACKEND=Agg
+
+gpu-carry: $(STAMP) data
+	$(PY) envs/gpu_carry.py --out $(GPU_CARRY) --data $(FASHION_MNIST)
+
+gpu:
+	@$(GPU_PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make gpu: torch sees no CUDA GPU here")'
+	mkdir -p $(GPU_RECORDS) .gpu-bin
+	ln -sfn "$$(command -v $(GPU_PY))" .gpu-bin/python
+	if ls $(GPU_CARRY)/wheels/*.whl >/dev/null 2>&1; then \
+	  $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+	    --target $(GPU_CARRY)/site $(GPU_CARRY)/wheels/*.whl; fi
+	if [ ! -e $(FASHION_MNIST)/train-images-idx3-ubyte.gz ] && [ -d $(GPU_CARRY)/fashion-mnist ]; then \
+	  mkdir -p $(FASHION_MNIST) && cp $(GPU_CARRY)/fashion-mnist/* $(FASHION_MNIST)/; fi
+	$(GPU_ENV) $(GPU_PY) -c 'from hpcdl.platform.device import cuda_record; import json; print(json.dumps(cuda_record(), indent=1))' \
+	  | tee $(GPU_RECORDS)/device.json
+	rc=0; \
+	$(GPU_ENV) $(GPU_PY) -m pytest -m cuda -p no:cacheprovider -rs tests 2>&1 | tee $(GPU_RECORDS)/cuda-tests.log; \
+	  rc=$$((rc | $${PIPESTATUS[0]})); \
+	$(GPU_ENV) $(GPU_PY) -m snakemake --cores all --configfile configs/gpu.yaml --rerun-incomplete \
+	  --keep-going --printshellcmds 2>&1 | tee $(GPU_RECORDS)/workflow.log; rc=$$((rc | $${PIPESTATUS[0]})); \
+	$(GPU_ENV) $(GPU_PY) -m snakemake --cores 1 --configfile configs/gpu.yaml \
+	  --report $(GPU_RECORDS)/report.html >>$(GPU_RECORDS)/workflow.log 2>&1 || rc=1; \
+	for d in results-gpu/*/; do s=$$(basename $$d); mkdir -p $(GPU_RECORDS)/$$s; \
+	  cp $$d/claims.json $$d/tables/*.csv $$d/tables/*.provenance.json $(GPU_RECORDS)/$$s/ 2>/dev/null || true; done; \
+	exit $$rc
 
 clean:
 	rm -rf results .snakemake

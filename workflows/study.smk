@@ -44,7 +44,7 @@ for _spec in STUDY_SPECS.values():
             app=wiring.task_app(_spec.name, _cfg, CONFIG),
         threads: _spec.run_threads(CONFIG) or all_cores()
         resources:
-            **_spec.run_resources(CONFIG),
+            **wiring.run_resources(_spec, CONFIG),
         conda:
             CONDA_ENV
         shell:

@@ -7,7 +7,7 @@
     python -m hpcdl <study> about --config FILE [--config-files F …]   # the report page opening the study
     python -m hpcdl compss {command,enqueue,xml} …  # runcompss / enqueue_compss command lines
     python -m hpcdl verdict --results-dir DIR --out FILE STUDY[=TITLE] …
-    python -m hpcdl ranks-probe [N]                 # N torch.distributed ranks all-reduce (launcher check)
+    python -m hpcdl ranks-probe [N [DEVICE]]        # N torch.distributed ranks all-reduce (launcher check)
 
 A study's stages are the modules hpcdl/studies/<study>/{tables,figures,claims}.py with
 `tables.write(cfg, study_dir)`, `figures.draw(cfg, study_dir)` and `claims.judge(cfg, study_dir)`

@@ -37,6 +37,12 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def host_has_gpu() -> bool:
+    """Whether this host has an NVIDIA GPU, without importing torch (for the workflow's wiring,
+    which runs on every Snakemake start): `nvidia-smi -L` lists at least one."""
+    return bool(_run(["nvidia-smi", "-L"]))
+
+
 def resolve(requested: str, key: str) -> str:
     """`auto` → `cuda` when a GPU is visible, else `cpu`; `cuda` without one → ConfigError naming `key`."""
     if requested not in DEVICES:
@@ -56,8 +62,16 @@ def requested(cfg: dict, study: str) -> str:
 
 
 def study_device(cfg: dict, study: str) -> str:
-    """The device `study` runs on here: its block's `device`, resolved."""
-    return resolve(requested(cfg, study), f"{study}.device")
+    """The device `study` runs on here: its block's `device`, resolved among the devices the study
+    declares (StudySpec.devices): a study without a CUDA path runs on the CPU under `auto`."""
+    from hpcdl.platform.study import spec
+
+    want, key = requested(cfg, study), f"{study}.device"
+    if "cuda" not in spec(study).devices:
+        if want == "cuda":
+            raise ConfigError(key, want, f"auto or cpu: the {study} study has no CUDA path")
+        return "cpu"
+    return resolve(want, key)
 
 
 def dist_backend(device: str) -> str:

@@ -211,6 +211,32 @@ def provenance(cfg: dict, started_at: float, ended_at: float | None = None) -> d
     }
 
 
+# What a sidecar says about the device (hpcdl.platform.device.device_record).
+DEVICE_KEYS = ("device_requested", "device", "gpu_model", "gpu_count", "gpu_capability", "gpu_memory_bytes",
+               "driver", "cuda", "cudnn", "nccl")
+
+
+def device_provenance(table_path: Path, cfg: dict) -> dict:
+    """The device of the run a table comes from. A raw table's is resolved here, in the process that
+    measured it; a derived table (<study>/tables/) copies its raw tables', since the stage that
+    writes it may run on another host. {} where the config is not one study's."""
+    if table_path.parent.name == "tables":
+        for rec in read_sidecars(table_path.parent.parent / "raw"):
+            if rec.get("device"):
+                return {k: rec[k] for k in DEVICE_KEYS if k in rec}
+        return {}
+    studies = cfg.get("studies") or []
+    if len(studies) != 1 or not isinstance(cfg.get(studies[0]), dict):
+        return {}
+    from hpcdl.platform.config import ConfigError
+    from hpcdl.platform.device import device_record
+
+    try:
+        return device_record(cfg, studies[0])
+    except ConfigError as exc:  # provenance informs, it never stops a write
+        return {"device_requested": cfg[studies[0]].get("device", "auto"), "device": f"unresolved: {exc}"}
+
+
 def provenance_path(table_path: str | Path) -> Path:
     table_path = Path(table_path)
     return table_path.with_name(table_path.stem + ".provenance.json")
@@ -238,6 +264,7 @@ def write_table(df: pd.DataFrame, path: str | Path, cfg: dict, started_at: float
     atomic_write_text(path, df.to_csv(index=False))
     meta = provenance(cfg, started_at)
     meta.update(table=path.name, rows=len(df), columns=list(map(str, df.columns)))
+    meta.update(device_provenance(path, cfg))
     task_runtimes = _task_runtimes(path)
     if task_runtimes:
         meta["task_runtime"] = task_runtimes

@@ -32,6 +32,12 @@ class StudySpec:
     # cfg -> resources of the run rule: mem_mb, runtime (minutes), and for multi-rank studies
     # tasks (the largest rank count) with mpi="srun"
     run_resources: Callable[[dict], dict]
+    # The devices its compute code runs on (hpcdl.platform.device): `auto` picks CUDA only where
+    # the study has a CUDA path, and `device: cuda` for one without is a config error.
+    devices: tuple[str, ...] = ("cpu",)
+    # cfg -> GPUs each task holds when the study's device resolves to cuda (0: its tasks use none).
+    # A multi-rank task holds one GPU per rank (hpcdl.platform.device: one rank per GPU).
+    task_gpus: Callable[[dict], int] = field(default=lambda cfg: 0)
     # cfg -> threads of the run rule; None: every core Snakemake has
     run_threads: Callable[[dict], int | None] = field(default=lambda cfg: None)
     # cfg -> files besides the raw tables that the task app writes and a later stage reads

@@ -95,6 +95,38 @@ def stage_command(study: str, stage: str, config_path: str, config_files: list[s
     return shlex.join(["python", "-m", "hpcdl", study, stage, "--config", config_path, *extra])
 
 
+GPU_PARTITION_VAR = "HPCDL_SLURM_GPU_PARTITION"
+
+
+def run_gpus(spec: StudySpec, config: dict, environ=None) -> int:
+    """GPUs the study's run rule asks the cluster for: its tasks' GPUs (StudySpec.task_gpus) where
+    its device is `cuda`, or `auto` on a workflow host that sees a GPU (hpcdl.platform.device.
+    host_has_gpu) or with a GPU partition named ($HPCDL_SLURM_GPU_PARTITION: the jobs run where
+    GPUs are, although the host that submits them may have none); 0 for `cpu`."""
+    from hpcdl.platform.device import host_has_gpu, requested
+
+    environ = os.environ if environ is None else environ
+    want = requested(config, spec.name)
+    if "cuda" not in spec.devices or want == "cpu":
+        return 0
+    if want == "auto" and not (environ.get(GPU_PARTITION_VAR) or host_has_gpu()):
+        return 0
+    return int(spec.task_gpus(config))
+
+
+def run_resources(spec: StudySpec, config: dict, environ=None) -> dict:
+    """The run rule's resources: the study's declaration, plus `gpu` (the Slurm plugin's --gpus) and
+    the GPU partition ($HPCDL_SLURM_GPU_PARTITION, where set) when it runs on GPUs (`run_gpus`)."""
+    environ = os.environ if environ is None else environ
+    resources = dict(spec.run_resources(config))
+    gpus = run_gpus(spec, config, environ)
+    if gpus:
+        resources["gpu"] = gpus
+        if environ.get(GPU_PARTITION_VAR):
+            resources["slurm_partition"] = environ[GPU_PARTITION_VAR]
+    return resources
+
+
 def task_app(study: str, config_path: str, config: dict) -> str:
     """The shell command running the study's PyCOMPSs app (local backend or runcompss)."""
     from hpcdl.platform.task_runtime.compss import task_app_command

@@ -46,6 +46,7 @@ SPEC = StudySpec(
     ),
     figures=("layer_speedup", "budget_speedup", "microbatch_sizes", "predicted_vs_measured"),
     task_units=_task_units,
+    devices=("cpu", "cuda"),
     run_resources=lambda cfg: {"mem_mb": 4000, "runtime": 60},
     question=("Does dividing each convolution's mini-batch into micro-batches, planned per layer (DP) and "
               "over a network's workspace budget (ILP), make the network's convolutions faster?"),

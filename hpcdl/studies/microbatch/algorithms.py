@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hpcdl.platform.device import resolve
 from hpcdl.studies.microbatch.workloads import ConvLayer
 
 KERNELS = ("forward", "backward_data", "backward_filter")
@@ -85,13 +86,8 @@ DEFAULT = {"cpu": "onednn-nchw", "cuda": "cudnn-heuristic-nchw"}
 
 
 def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(
-            "microbatch.device is 'cuda' but torch.cuda.is_available() is False on this machine"
-        )
-    return device
+    """The block's `device`, resolved by the platform's one device mechanism (hpcdl.platform.device)."""
+    return resolve(device, "microbatch.device")
 
 
 def candidates(device: str, names: list[str] | None) -> list[str]:

@@ -47,6 +47,7 @@ SPEC = StudySpec(
     tables=("tradeoff", "capacity", "failures"),
     figures=("tradeoff", "breakdown", "capacity", "timeline"),
     task_units=_task_units,
+    devices=("cpu", "cuda"),
     run_resources=_run_resources,
     question=("How much fast-tier memory does moving optimizer state and saved activations to a slower tier "
               "save, how much of the copy time hides behind compute, and how much larger a model fits?"),

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hpcdl.platform.device import resolve
 from hpcdl.studies.offload.accounting import BudgetExceeded, FastTier
 from hpcdl.studies.offload.activations import SavedActivations
 from hpcdl.studies.offload.checks import largest_tensor
@@ -41,11 +42,8 @@ MEASURED_BY = {True: "torch.cuda.max_memory_allocated", False: "anonymous RSS hi
 
 
 def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("config key 'offload.device' is 'cuda' but torch sees no CUDA device")
-    return device
+    """The block's `device`, resolved by the platform's one device mechanism (hpcdl.platform.device)."""
+    return resolve(device, "offload.device")
 
 
 def tier_name(device: str) -> str:

@@ -45,6 +45,8 @@ SPEC = StudySpec(
     # one core per rank of the largest M, so no point oversubscribes
     task_units=_largest_world,
     # the batch step starts each point's ranks with srun inside this N-task allocation
+    task_gpus=_largest_world,  # one GPU per rank of its largest launch
+    devices=("cpu", "cuda"),
     run_resources=lambda cfg: {"mem_mb": 4000, "runtime": 60, "tasks": _largest_world(cfg), "mpi": "srun"},
     question=("Does exchanging only a fraction Q of the samples between ranks each epoch keep the "
               "accuracy of global shuffling, and does hiding easy samples (KAKURENBO) save training time?"),

@@ -47,6 +47,8 @@ SPEC = StudySpec(
     # the largest run's ranks x threads, so no two timed runs overlap
     task_units=lambda cfg: _largest_run(cfg) * cfg["spatial"]["threads_per_rank"],
     # the batch step starts each run's ranks with srun inside this N-task allocation
+    task_gpus=_largest_run,  # one GPU per rank of its largest launch
+    devices=("cpu", "cuda"),
     run_resources=lambda cfg: {"mem_mb": 4000, "runtime": 30, "tasks": _largest_run(cfg), "mpi": "srun"},
     question=("Does partitioning a 3D CNN's volume over ranks scale efficiently, and does a ParaDL-style "
               "oracle predict its time well enough to choose the parallel strategy?"),
