@@ -11,7 +11,8 @@ LOCAL_RANK picks `cuda:LOCAL_RANK`; more ranks on a node than GPUs is an error n
 unless the study's block sets `gpu_sharing: true`, where ranks share GPUs round-robin and talk over
 gloo through host memory (NCCL refuses two ranks on one GPU), and their timings say so.
 
-Torch is imported inside the functions: importing this module detects nothing.
+Torch and the config (for ConfigError) are imported inside the functions: importing this module
+detects nothing, and a rank that imports it loads neither the schema nor the study registry.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-
-from hpcdl.platform.config import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
 # What each resolved device's collectives run on, and what makes a shared GPU possible.
@@ -45,6 +44,8 @@ def host_has_gpu() -> bool:
 
 def resolve(requested: str, key: str) -> str:
     """`auto` → `cuda` when a GPU is visible, else `cpu`; `cuda` without one → ConfigError naming `key`."""
+    from hpcdl.platform.config import ConfigError
+
     if requested not in DEVICES:
         raise ConfigError(key, requested, ", ".join(DEVICES))
     if requested == "cpu":
@@ -64,6 +65,7 @@ def requested(cfg: dict, study: str) -> str:
 def study_device(cfg: dict, study: str) -> str:
     """The device `study` runs on here: its block's `device`, resolved among the devices the study
     declares (StudySpec.devices): a study without a CUDA path runs on the CPU under `auto`."""
+    from hpcdl.platform.config import ConfigError
     from hpcdl.platform.study import spec
 
     want, key = requested(cfg, study), f"{study}.device"
