@@ -84,7 +84,8 @@ def test_the_library_never_imports_the_workflow_or_pycompss_outside_the_task_run
 def test_the_rank_runtime_knows_nothing_of_tasks():
     # it may place ranks by the device mechanism (pure: no tasks, no workflow)
     for file, names in imports_under(HPCDL / "platform" / "rank_runtime").items():
-        bad = sorted(n for n in names if not _within(n, ("hpcdl.platform.rank_runtime", "hpcdl.platform.device")))
+        allowed = ("hpcdl.platform.rank_runtime", "hpcdl.platform.device")
+        bad = sorted(n for n in names if not _within(n, allowed))
         assert not bad, f"hpcdl/{file} imports {bad}"
 
 
