@@ -3,7 +3,8 @@
     python tests/pycompss_master.py BINDING_DIR STUDY CONFIG OUT_JSON
 
 As `runcompss` does before it runs an app, the binding is put in its master context; the
-environment gets the computing-units assignments the generated runcompss command sets. Every
+environment gets the computing-units and GPU assignments the generated runcompss command sets
+(its `device: auto` resolved here, as the rule's shell would on this host). Every
 task call then goes through the binding's own decorators (argument validation, core-element
 registration, task submission), which reach the recorder instead of the Java runtime. Since no
 runtime executes the submitted task, the call also runs the task's function inline and hands its
@@ -52,9 +53,11 @@ def main(binding: str, study: str, config: str, out_json: str) -> None:
     COMPSs.compss = recorder
 
     from hpcdl.platform.config import load_config
-    from hpcdl.platform.task_runtime.compss import units_assignments
+    from hpcdl.platform.task_runtime.compss import gpus_assignments, units_assignments
 
-    for word in units_assignments(study, load_config(config), resolve_now=True):
+    cfg = load_config(config)
+    words = units_assignments(study, cfg, resolve_now=True) + gpus_assignments(study, cfg, resolve_now=True)
+    for word in words:
         name, value = word.split("=", 1)
         os.environ[name] = value
 
@@ -86,7 +89,7 @@ def main(binding: str, study: str, config: str, out_json: str) -> None:
                   for name, a in recorder.calls if name == "register_core_element"]
     processed = [{"signature": a[1], "on_failure": a[2], "num_returns": a[11]}
                  for name, a in recorder.calls if name == "process_task"]
-    env = {k: v for k, v in os.environ.items() if k.startswith("HPCDL_") and k.endswith("_UNITS")}
+    env = {k: v for k, v in os.environ.items() if k.startswith("HPCDL_") and k.endswith(("_UNITS", "_GPUS"))}
     Path(out_json).write_text(json.dumps({"tasks": sorted(tasks), "submitted": submitted,
                                           "registered": registered, "processed": processed,
                                           "units_env": env}, indent=1))

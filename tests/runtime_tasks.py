@@ -79,3 +79,30 @@ def fail_first_time_no_decorator(marker_path):
         open(marker_path, "w").close()
         raise OSError("transient failure")
     return "second attempt"
+
+
+def _held(seconds):
+    start = time.time()
+    time.sleep(seconds)
+    return {"start": start, "end": time.time(), "pid": os.getpid(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "1"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_TEST_GPUS"}])
+@task(returns=1)
+def gpu_task(seconds):
+    return _held(seconds)
+
+
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "1"},
+                        {"processorType": "GPU", "computingUnits": "2"}])
+@task(returns=1)
+def two_gpu_task(seconds):
+    return _held(seconds)
+
+
+@constraint(computing_units="1")
+@task(returns=1)
+def cpu_task(seconds):
+    return _held(seconds)

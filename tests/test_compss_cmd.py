@@ -187,15 +187,21 @@ def _compss_cfg(test_config, tmp_path):
 
 
 def test_every_rule_command_sets_its_task_units_where_compss_reads_them(test_config, tmp_path):
-    """test.yaml: checkpoint and hpo say "1"; shuffle's largest M is 2; spatial's largest run 2 ranks x 1."""
+    """test.yaml: checkpoint and hpo say "1"; shuffle's largest M is 2; spatial's largest run 2 ranks x 1.
+    shuffle's and spatial's tasks can hold GPUs: their commands set the GPUs too (device auto: 0 for
+    enqueue_compss without --gpus_per_node; the rule's shell asks where it runs)."""
     cfg = _compss_cfg(test_config, tmp_path)
     expected = {"checkpoint": "1", "hpo": "1", "shuffle": "2", "spatial": "2"}
     for study, units in expected.items():
         cmd = compss.task_app_command(study, "c.json", cfg)
         run = shlex.split(cmd.removeprefix("(").removesuffix(")").split(" && ")[1])
-        assert run[:2] == [f"HPCDL_{study.upper()}_UNITS={units}", "runcompss"], (study, run[:2])
+        var = f"HPCDL_{study.upper()}"
+        gpus = [f"{var}_GPUS=$(python -m hpcdl compss gpus {study} --config {os.path.abspath('c.json')})"]
+        gpus = gpus if study in ("shuffle", "spatial") else []
+        assert run[:len(gpus) + 2] == [f"{var}_UNITS={units}", *gpus, "runcompss"], (study, run[:3])
         enq = compss.enqueue_compss_command(study, "/c.json", cfg)
-        assert enq[:3] == ["env", f"HPCDL_{study.upper()}_UNITS={units}", "enqueue_compss"]
+        gpus = [f"{var}_GPUS=0"] if study in ("shuffle", "spatial") else []
+        assert enq[:len(gpus) + 3] == ["env", f"{var}_UNITS={units}", *gpus, "enqueue_compss"]
 
 
 def test_a_var_setting_is_expanded_by_the_shell_that_runs_the_rule(test_config, tmp_path):
@@ -235,3 +241,103 @@ def test_command_cli_prints_the_rule_command(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert "HPCDL_CHECKPOINT_UNITS=3 runcompss --lang=python" in out.stdout
     assert out.stdout.rstrip().endswith(f"--config {cfg_file})")
+
+
+# -- GPUs: HPCDL_<STUDY>_GPUS (hpcdl.platform.task_runtime.gpus) ---------------------------------------
+
+def _gpu_cfg(test_config, tmp_path, device, **compss_block):
+    from hpcdl.platform.config import validate_config
+
+    cfg = {**test_config, "results_dir": str(tmp_path / "results"),
+           "spatial": {**test_config["spatial"], "runtime": "compss", "device": device}}
+    if compss_block:
+        cfg["compss"] = compss_block
+    return validate_config(cfg)
+
+
+def _run_words(cmd: str) -> list[str]:
+    return shlex.split(cmd.removeprefix("(").removesuffix(")").split(" && ")[-1])
+
+
+@pytest.mark.parametrize("device, word", [("cuda", "2"), ("cpu", "0")])
+def test_cuda_and_cpu_set_the_gpus_wherever_the_command_is_made(test_config, tmp_path, device, word):
+    """test.yaml: spatial's largest run has 2 ranks, one GPU each."""
+    cfg = _gpu_cfg(test_config, tmp_path, device)
+    run = _run_words(compss.task_app_command("spatial", "c.json", cfg))
+    assert run[:3] == ["HPCDL_SPATIAL_UNITS=2", f"HPCDL_SPATIAL_GPUS={word}", "runcompss"]
+    assert ("--gpus visible" in compss.xml_command("spatial", cfg)) == (device == "cuda")
+
+
+def test_auto_is_resolved_by_the_shell_that_runs_the_rule(test_config, tmp_path):
+    """The generated command runs in a real shell with this repository's Python: what reaches the
+    runtime is what `device: auto` resolves to on the host running the rule (here: no GPU, 0)."""
+    import yaml
+
+    cfg = _gpu_cfg(test_config, tmp_path, "auto", project_xml="/site/p.xml", resources_xml="/site/r.xml")
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(yaml.safe_dump(cfg))
+    cmd = compss.task_app_command("spatial", str(cfg_file), cfg)
+    assert f'HPCDL_SPATIAL_GPUS="$(python -m hpcdl compss gpus spatial --config {cfg_file})"' in cmd
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "runcompss").write_text('#!/bin/sh\necho "gpus=$HPCDL_SPATIAL_GPUS"\n')
+    (bindir / "runcompss").chmod(0o755)
+    # the rule's environment: this interpreter's bin directory on PATH, a stand-in runcompss first
+    path = f"{bindir}:{Path(sys.executable).parent}:/usr/bin:/bin"
+    env = {**os.environ, "PATH": path, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(["bash", "-c", cmd], env=env, cwd=REPO, capture_output=True, text=True, check=True)
+    from hpcdl.platform.task_runtime.gpus import task_gpus
+
+    assert out.stdout.strip() == f"gpus={task_gpus('spatial', cfg)}"
+
+
+def test_gpus_cli_prints_the_gpus_per_task_here_or_names_the_key(test_config, tmp_path):
+    import torch
+    import yaml
+
+    outs = {}
+    for device in ("cpu", "auto", "cuda"):
+        cfg_file = tmp_path / f"{device}.yaml"
+        cfg_file.write_text(yaml.safe_dump(_gpu_cfg(test_config, tmp_path, "cpu") | {
+            "spatial": {**test_config["spatial"], "device": device}}))
+        outs[device] = subprocess.run([sys.executable, "-m", "hpcdl", "compss", "gpus", "spatial", "--config",
+                                       str(cfg_file)], cwd=REPO, capture_output=True, text=True)
+    gpu = torch.cuda.is_available()
+    assert outs["cpu"].stdout.strip() == "0"
+    assert outs["auto"].stdout.strip() == ("2" if gpu else "0")
+    if not gpu:
+        assert outs["cuda"].returncode == 2 and "'spatial.device': 'cuda'" in outs["cuda"].stderr
+
+
+def test_enqueue_asks_for_the_gpus_of_cuda_and_auto_follows_the_job(test_config, tmp_path):
+    enq = compss.enqueue_compss_command("spatial", "/c.json", _gpu_cfg(test_config, tmp_path, "cuda"))
+    assert enq[:4] == ["env", "HPCDL_SPATIAL_UNITS=2", "HPCDL_SPATIAL_GPUS=2", "enqueue_compss"]
+    assert "--gpus_per_node=2" in enq
+    # auto: GPUs exactly when the job asks for them
+    asked = _gpu_cfg(test_config, tmp_path, "auto", extra_flags=["--gpus_per_node=4"])
+    enq = compss.enqueue_compss_command("spatial", "/c.json", asked)
+    assert "HPCDL_SPATIAL_GPUS=2" in enq and enq.count("--gpus_per_node=4") == 1
+    enq = compss.enqueue_compss_command("spatial", "/c.json", _gpu_cfg(test_config, tmp_path, "auto"))
+    assert "HPCDL_SPATIAL_GPUS=0" in enq and not any(a.startswith("--gpus_per_node") for a in enq)
+    too_few = _gpu_cfg(test_config, tmp_path, "cuda", extra_flags=["--gpus_per_node=1"])
+    with pytest.raises(ConfigError, match=r"'compss.extra_flags': '--gpus_per_node=1'.*each spatial task "
+                                          r"holds 2 GPU"):
+        compss.enqueue_compss_command("spatial", "/c.json", too_few)
+
+
+def test_xml_offers_the_gpus_it_is_given(tmp_path):
+    out = tmp_path / "rule"
+    subprocess.run([sys.executable, "-m", "hpcdl", "compss", "xml", "--out", str(out), "--cpus", "4",
+                    "--gpus", "2", "--working-dir", str(out / "worker")], check=True, cwd=REPO,
+                   capture_output=True)
+    procs = ET.parse(out / "resources.xml").getroot().findall("./ComputeNode/Processor")
+    assert [(p.get("Name"), p.findtext("Type"), p.findtext("ComputingUnits")) for p in procs] == [
+        ("MainProcessor", None, "4"), ("GPU", "GPU", "2")]
+    subprocess.run([sys.executable, "-m", "hpcdl", "compss", "xml", "--out", str(out), "--cpus", "4",
+                    "--gpus", "visible", "--working-dir", str(out / "worker")], check=True, cwd=REPO,
+                   capture_output=True)
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    procs = ET.parse(out / "resources.xml").getroot().findall("./ComputeNode/Processor")
+    assert [p.findtext("ComputingUnits") for p in procs] == ["4", *([str(gpus)] if gpus else [])]

@@ -3,8 +3,9 @@
 1. Each task app run with the binding's decorators in its sequential mode (HPCDL_RUNTIME=pycompss,
    no runtime) writes the same raw tables as the local backend on every deterministic column.
 2. In the binding's master context, its C extension replaced by a recorder, every task of every
-   app passes the binding's decorator validation and registers the intended constraints, whose
-   computing_units resolve (in the environment the generated command sets) to the configured cores.
+   app passes the binding's decorator validation and registers the intended constraints: read as
+   the COMPSs runtime reads them, in the environment the generated command sets, they ask for the
+   configured cores and, for a study whose tasks can hold GPUs, for HPCDL_<STUDY>_GPUS GPUs.
 3. Backend detection: COMPSs in the master (and worker) context, local outside it; the 2.x API.
 
 The binding is found through HPCDL_PYCOMPSS_BINDING or a `shared/vendor/pycompss` beside the
@@ -105,6 +106,61 @@ def _conformance_config(tmp_path: Path, test_config: dict, name: str, runtime: s
     return path
 
 
+def _runtime_reading(constraints: str, env: dict) -> dict[str, int]:
+    """Computing units per processor type, as the COMPSs runtime reads the constraint string the
+    binding registers: MethodResourceDescription(String) and EnvironmentLoader of COMPSs 3.3, the
+    commit the vendored binding comes from (the Java runtime itself cannot be installed here).
+
+    Keys lose "_" and case; `processors` is a list of {key: value, ...}; a "$VAR" value comes from
+    the environment ("" when unset: the field then keeps its default); a processor with 0 units is
+    dropped; the top-level processor (computing_units) is a CPU, added when set or when no CPU was.
+    """
+    def load(value: str) -> str:
+        m = re.fullmatch(r"\$\{?(\w+)\}?", value)
+        return env.get(m.group(1), "") if m else value
+
+    units: dict[str, int] = {}
+
+    def add(kind: str, cu: int) -> None:
+        if cu > 0:
+            units[kind] = units.get(kind, 0) + cu
+
+    top = None
+    for item in filter(None, constraints.split(";")):
+        key, value = item.split(":", 1)
+        key, value = key.strip().replace("_", "").lower(), value.strip()
+        if key == "processors":
+            assert value.startswith("[") and value.endswith("]"), value
+            for body in re.findall(r"\{([^}]*)\}", value):
+                proc = {"processortype": "CPU", "computingunits": ""}
+                for field in body.split(","):
+                    name, raw = field.split(":")[:2]
+                    proc[name.strip().lower()] = load(raw.strip()) or proc.get(name.strip().lower(), "")
+                add(proc["processortype"].upper(), int(proc["computingunits"] or 1))
+        elif key == "computingunits":
+            top = int(load(value) or 1)
+        else:
+            raise AssertionError(f"constraint {key!r}: not one this suite reads")
+    if top is not None:
+        add("CPU", top)
+    elif "CPU" not in units:
+        add("CPU", 1)
+    return units
+
+
+def test_runtime_reading_mirrors_compss():
+    env = {"U": "4", "G": "2", "Z": "0"}
+    assert _runtime_reading("computing_units:$U;", env) == {"CPU": 4}
+    assert _runtime_reading("processors:[{processorType: CPU, computingUnits: $U}, "
+                            "{processorType: GPU, computingUnits: $G}];", env) == {"CPU": 4, "GPU": 2}
+    # a GPU of 0 units is dropped; a GPU alone still gets COMPSs's default CPU; an unset GPU count is 1
+    assert _runtime_reading("processors:[{processorType: CPU, computingUnits: $U}, "
+                            "{processorType: GPU, computingUnits: $Z}];", env) == {"CPU": 4}
+    gpu_only = "processors:[{processorType: GPU, computingUnits: $%s}];"
+    assert _runtime_reading(gpu_only % "G", env) == {"CPU": 1, "GPU": 2}
+    assert _runtime_reading(gpu_only % "NOPE", env) == {"CPU": 1, "GPU": 1}
+
+
 def _run_app(study: str, config: Path, env: dict) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", f"tasks.{study}", "--config", str(config)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=600)
@@ -147,14 +203,24 @@ def test_master_context_registers_every_task_with_its_constraints(study, tmp_pat
     assert sorted(rec["tasks"]) == sorted(intended), "a task was added or removed: update INTENDED"
     assert set(rec["submitted"]) == set(intended), "every task must be called at least once"
     env = rec["units_env"]
+    # GPUs per task: the study's tasks hold them where its device (auto here) resolves to cuda
+    from hpcdl.platform.config import load_config
+    from hpcdl.platform.task_runtime.gpus import declared_gpus, gpus_var, task_gpus
+
+    loaded = load_config(cfg)
+    gpu_study, gpus = declared_gpus(study, loaded) > 0, task_gpus(study, loaded)
+    if gpu_study:
+        assert env[gpus_var(study)] == str(gpus), env
     by_signature = {r["signature"]: r for r in rec["registered"]}
     for task, (units, on_failure) in intended.items():
         reg = by_signature[f"tasks.{study}.{task}"]
-        m = re.fullmatch(r"computing_units:(.+);", reg["constraints"])
-        assert m, reg
-        value = m.group(1)
-        resolved = int(env[value[1:].strip("{}")]) if value.startswith("$") else int(value)
-        assert resolved == (CONFIGURED_UNITS[study] if units == "study" else units), (task, value, env)
+        cores = CONFIGURED_UNITS[study] if units == "study" else units
+        reading = _runtime_reading(reg["constraints"], env)
+        assert reading == {"CPU": cores, **({"GPU": gpus} if gpus else {})}, (task, reg["constraints"], env)
+        if gpu_study:
+            # the GPU count travels by its variable: a runtime started with 3 gives each task 3
+            three = {**env, gpus_var(study): "3"}
+            assert _runtime_reading(reg["constraints"], three) == {"CPU": cores, "GPU": 3}
         actions = {p["on_failure"] for p in rec["processed"] if p["signature"] == f"tasks.{study}.{task}"}
         assert actions == {on_failure}, (task, actions)
     # The app finished with the binding's objects in place: its raw tables exist, no failed point.

@@ -1,12 +1,13 @@
-"""What every task app does before its first task: config, backend check, core counts."""
+"""What every task app does before its first task: config, backend check, core and GPU counts."""
 
 from __future__ import annotations
 
 import sys
 
-from hpcdl.platform.config import config_from_args
+from hpcdl.platform.config import ConfigError, config_from_args
 from hpcdl.platform.task_runtime.backend import BackendInfo, backend_info
 from hpcdl.platform.task_runtime.compss import study_runtime
+from hpcdl.platform.task_runtime.gpus import GpuError, apply_gpus
 from hpcdl.platform.task_runtime.units import UnitsError, apply_units
 
 
@@ -25,18 +26,21 @@ def check_backend(study: str, cfg: dict, info: BackendInfo | None = None) -> Non
 
 
 def start_app(study: str, argv: list[str] | None, description: str) -> dict:
-    """Parse --config; refuse a backend the config does not allow; export the tasks' core counts.
+    """Parse --config; refuse a backend the config does not allow; resolve the study's device; export
+    the tasks' core and GPU counts (hpcdl.platform.task_runtime.units, .gpus).
 
-    Any refusal prints the reason and exits 2 before the app writes anything.
+    Any refusal (`device: cuda` where no GPU is visible among them) prints the reason and exits 2
+    before the app writes anything.
     """
     cfg = config_from_args(argv, description)
     info = backend_info()
     try:
         check_backend(study, cfg)
         units = apply_units(study, cfg, info.name)
-    except (RuntimeSelectionError, UnitsError) as exc:
+        device, gpus = apply_gpus(study, cfg, info.name)
+    except (RuntimeSelectionError, UnitsError, GpuError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(f"[{study}] task backend {info.name} ({info.why}); {units} computing unit(s) per task",
-          file=sys.stderr, flush=True)
+    print(f"[{study}] task backend {info.name} ({info.why}); {units} computing unit(s) and {gpus} GPU(s) "
+          f"per task; device {device}", file=sys.stderr, flush=True)
     return cfg

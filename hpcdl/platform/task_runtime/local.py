@@ -3,6 +3,14 @@
 Tasks run in spawned worker processes (forking after torch is loaded can deadlock). A task
 starts only when its argument futures are resolved and enough cores are free for its
 `computing_units`; a task asking for more units than the machine has runs alone.
+
+GPUs, as COMPSs's worker binds them: a task whose constraint lists a GPU processor
+(`processors=[..., {"processorType": "GPU", "computingUnits": g}]`, hpcdl.platform.task_runtime.gpus)
+waits for g GPUs of the pool to be free and runs with CUDA_VISIBLE_DEVICES set to those ids, which
+no other running task holds. A task asking for more GPUs than the pool has runs, as with cores, with
+the whole pool (the rank runtime then refuses more ranks than GPUs unless the study shares them:
+hpcdl.platform.device); with an empty pool it is an error at submission. A task without GPUs keeps
+the environment it was started with, as under COMPSs.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from hpcdl.platform.results import available_cores as affinity_cores
+from hpcdl.platform.task_runtime.gpus import POOL_ENV, GpuError, gpu_pool, resolve_gpus
 from hpcdl.platform.task_runtime.units import resolve as resolve_units
 
 _MANAGEMENTS = ("IGNORE", "RETRY", "FAIL", "CANCEL_SUCCESSORS")
@@ -113,8 +122,10 @@ def resolve(obj):
     return obj
 
 
-def _run_in_worker(module: str, qualname: str, args, kwargs, units: int):
+def _run_in_worker(module: str, qualname: str, args, kwargs, units: int, gpu_ids: list[str] | None = None):
     os.environ[_IN_WORKER_ENV] = "1"
+    if gpu_ids is not None:  # before anything in this fresh process initialises CUDA
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
     os.environ["OMP_NUM_THREADS"] = str(units)
     if "torch" in sys.modules:  # the task module imported torch: give it its cores
         sys.modules["torch"].set_num_threads(units)
@@ -136,14 +147,19 @@ class _Job:
     args: tuple
     kwargs: dict
     units: int
+    gpus: int = 0
     attempts: int = 0
     deps: list = field(default_factory=list)
 
 
 class LocalBackend:
-    def __init__(self, cores: int | None = None, progress: bool | None = None):
+    def __init__(self, cores: int | None = None, progress: bool | None = None, gpus: list[str] | None = None):
         self.cores = cores or available_cores()
         self.free = self.cores
+        # GPU ids handed out (gpus.gpu_pool), read when the first GPU task is submitted
+        self.gpu_pool: list[str] | None = list(gpus) if gpus is not None else None
+        self.free_gpus: list[str] = list(self.gpu_pool or [])
+        self._spent: list[ProcessPoolExecutor] = []  # GPU tasks' one-task executors, to shut down
         self._pool: ProcessPoolExecutor | None = None
         self._pending: list[_Job] = []
         self._running = 0
@@ -158,9 +174,15 @@ class LocalBackend:
 
     # -- submission ---------------------------------------------------------------------------
     def submit(self, task: LocalTask, args, kwargs) -> LocalFuture:
-        units = resolve_units(task.computing_units, f"task {task.name}: computing_units")
+        units = sum(resolve_units(v, f"task {task.name}: computing_units") for v in task.cpu_units)
+        gpus = sum(resolve_gpus(v, f"task {task.name}: GPU computingUnits") for v in task.gpu_units)
+        if gpus:
+            self._load_gpu_pool()
+            if not self.gpu_pool:
+                raise GpuError(f"task {task.name} asks for {gpus} GPU(s) but the local GPU pool is empty "
+                               f"(no GPU visible; {POOL_ENV}={os.environ.get(POOL_ENV)!r})")
         fut = LocalFuture(task.name)
-        job = _Job(task, fut, args, kwargs, units, deps=list(_iter_futures((args, kwargs))))
+        job = _Job(task, fut, args, kwargs, units, gpus, deps=list(_iter_futures((args, kwargs))))
         with self._cond:
             if self._closed:
                 raise RuntimeError("local task backend is shut down")
@@ -171,6 +193,13 @@ class LocalBackend:
             self._ensure_dispatcher()
             self._cond.notify_all()
         return fut
+
+    def _load_gpu_pool(self):
+        if self.gpu_pool is None:
+            pool = gpu_pool()  # may import torch: outside the lock
+            with self._cond:
+                if self.gpu_pool is None:
+                    self.gpu_pool, self.free_gpus = pool, list(pool)
 
     def _ensure_dispatcher(self):
         if self._pool is None:
@@ -189,15 +218,18 @@ class LocalBackend:
                     if not all(d.done() for d in job.deps):
                         continue
                     need = min(job.units, self.cores)
-                    if need > self.free:
+                    gpus = min(job.gpus, len(self.gpu_pool or ()))
+                    if need > self.free or gpus > len(self.free_gpus):
                         continue
                     self._pending.remove(job)
-                    self._start(job, need)
+                    self._start(job, need, gpus)
                     started = True
+                while self._spent:
+                    self._spent.pop().shutdown(wait=False)
                 if not started:
                     self._cond.wait(timeout=0.2)
 
-    def _start(self, job: _Job, need: int):
+    def _start(self, job: _Job, need: int, gpus: int):
         try:
             args, kwargs = resolve(job.args), resolve(job.kwargs)
         except TaskFailedError as exc:  # a dependency failed: so does this task
@@ -207,12 +239,25 @@ class LocalBackend:
         self._running += 1
         job.attempts += 1
         module, qualname = job.task.import_path()
-        pf: Future = self._pool.submit(_run_in_worker, module, qualname, args, kwargs, job.units)
-        pf.add_done_callback(lambda f, job=job, need=need: self._on_done(job, need, f))
+        ids, executor = None, self._pool
+        if job.gpus:
+            ids, self.free_gpus = self.free_gpus[:gpus], self.free_gpus[gpus:]
+            # A process of its own: CUDA reads CUDA_VISIBLE_DEVICES once, when a process first
+            # initialises it, so a reused worker would keep its previous task's GPUs. (One executor
+            # per task: max_tasks_per_child can deadlock on Python 3.11, cpython gh-115634.)
+            executor = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=_worker_init)
+        pf: Future = executor.submit(_run_in_worker, module, qualname, args, kwargs, job.units, ids)
+        pf.add_done_callback(lambda f, job=job, need=need, ids=ids, ex=executor:
+                             self._on_done(job, need, f, ids, ex))
 
-    def _on_done(self, job: _Job, need: int, pf: Future):
+    def _on_done(self, job: _Job, need: int, pf: Future, ids: list[str] | None = None,
+                 executor: ProcessPoolExecutor | None = None):
         with self._cond:
             self.free += need
+            if ids is not None:
+                self.free_gpus = sorted(self.free_gpus + ids, key=self.gpu_pool.index)
+                self._spent.append(executor)
             self._running -= 1
             exc = pf.exception()
             if exc is None:
@@ -272,6 +317,10 @@ class LocalBackend:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        with self._cond:
+            spent, self._spent = self._spent, []
+        for executor in spent:
+            executor.shutdown(wait=True)
 
 
 _backend: LocalBackend | None = None
@@ -310,7 +359,8 @@ class LocalTask:
         self.name = fn.__qualname__
         self.returns = returns
         self.task_kwargs = task_kwargs
-        self.computing_units = getattr(fn, "_hpcdl_computing_units", "1")
+        # the CPU and GPU computingUnits values of its constraint, resolved at each submission
+        self.cpu_units, self.gpu_units = getattr(fn, "_hpcdl_processors", (("1",), ()))
         # PyCOMPSs' default: a task without @on_failure is retried, then fails the application.
         self.management = getattr(fn, "_hpcdl_management", DEFAULT_MANAGEMENT)
         self.failure_returns = getattr(fn, "_hpcdl_failure_returns", None)
@@ -340,13 +390,49 @@ def task(returns=1, **kwargs):
     return deco
 
 
-def constraint(computing_units="1", **kwargs):
+# The fields of a COMPSs @Processor (COMPSs manual, "Constraints"); the local backend reads the first two.
+PROCESSOR_FIELDS = ("processorType", "computingUnits", "name", "speed", "architecture", "propertyName",
+                    "propertyValue", "internalMemorySize")
+
+
+def processor_units(computing_units=None, processors=None) -> tuple[tuple, tuple]:
+    """(CPU, GPU) computingUnits values of a constraint, unresolved, summed per type as COMPSs does.
+
+    Without `processors`, the task's cores are `computing_units` (default "1"). With it, a listed CPU
+    gives them, or COMPSs's default of one; `computing_units` beside a listed CPU would be added to
+    it by COMPSs, so it is refused here rather than doubled.
+    """
+    if processors is None:
+        return (computing_units if computing_units is not None else "1",), ()
+    if not isinstance(processors, (list, tuple)) or not all(isinstance(p, dict) for p in processors):
+        raise TypeError(f"constraint processors= must be a list of dicts with the fields "
+                        f"{', '.join(PROCESSOR_FIELDS)}; got {processors!r}")
+    cpus, gpus = [], []
+    for proc in processors:
+        unknown = sorted(set(proc) - set(PROCESSOR_FIELDS))
+        if unknown:
+            raise ValueError(f"constraint processors: field {unknown[0]!r} is not a COMPSs processor field; "
+                             f"allowed: {', '.join(PROCESSOR_FIELDS)}")
+        kind = str(proc.get("processorType", "CPU")).upper()  # the COMPSs default type is CPU
+        if kind not in ("CPU", "GPU"):
+            raise ValueError(f"constraint processors: processorType {kind!r}: the local backend runs CPU "
+                             "and GPU processors only")
+        (cpus if kind == "CPU" else gpus).append(proc.get("computingUnits", "1"))
+    if cpus and computing_units is not None:
+        raise ValueError("constraint: computing_units beside a CPU processor in processors=; COMPSs adds "
+                         "the two up: give the cores once, in the CPU processor")
+    return tuple(cpus) or (computing_units if computing_units is not None else "1",), tuple(gpus)
+
+
+def constraint(computing_units=None, processors=None, **kwargs):
+    units = processor_units(computing_units, processors)
+
     def deco(obj):
         # Works above or below @task: a plain function keeps the value for LocalTask to pick up.
         if isinstance(obj, LocalTask):
-            obj.computing_units = computing_units
+            obj.cpu_units, obj.gpu_units = units
         else:
-            obj._hpcdl_computing_units = computing_units
+            obj._hpcdl_processors = units
         return obj
     return deco
 

@@ -1,13 +1,14 @@
 """The one computing_units mechanism of every task app.
 
-A study's tasks say `@constraint(computing_units="$HPCDL_<STUDY>_UNITS")`. The value comes from
-the study's declaration (hpcdl.platform.study.StudySpec.task_units): an int, or a "$VAR" config
-setting such as "$SLURM_CPUS_PER_TASK". COMPSs reads a "$VAR" constraint from the runtime's own environment
-when the runtime starts, before the app runs, so the value must be exported by the command that
-starts it: `units_exports` gives the shell assignments the generated commands put in front of
-python / runcompss / enqueue_compss, and `apply_units` makes the app agree with them (the local
-backend reads the variable at submission time; under COMPSs a missing or different value is an
-error, since the runtime has already read it).
+A study's tasks say `@constraint(computing_units="$HPCDL_<STUDY>_UNITS")` (a study whose tasks can
+hold GPUs gives the same variable to the CPU of its processor list: hpcdl.platform.task_runtime.gpus).
+The value comes from the study's declaration (hpcdl.platform.study.StudySpec.task_units): an int, or
+a "$VAR" config setting such as "$SLURM_CPUS_PER_TASK". COMPSs reads a "$VAR" constraint from the
+runtime's own environment when the runtime starts, before the app runs, so the value must be
+exported by the command that starts it: `units_exports` gives the shell assignments the generated
+commands put in front of python / runcompss / enqueue_compss, and `apply_units` makes the app agree
+with them (the local backend reads the variable at submission time; under COMPSs a missing or
+different value is an error, since the runtime has already read it).
 """
 
 from __future__ import annotations
