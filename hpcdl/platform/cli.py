@@ -5,7 +5,7 @@
     python -m hpcdl <study> claims  --config FILE   # tables/ (+ raw/) -> claims.json, claims.html
     python -m hpcdl <study> summary --config FILE   # a study's own digest, where it has summary.py
     python -m hpcdl <study> about --config FILE [--config-files F …]   # the report page opening the study
-    python -m hpcdl compss {command,enqueue,xml} …  # runcompss / enqueue_compss command lines
+    python -m hpcdl compss {command,enqueue,xml,gpus} …  # runcompss / enqueue_compss command lines
     python -m hpcdl verdict --results-dir DIR --out FILE STUDY[=TITLE] …
     python -m hpcdl ranks-probe [N [DEVICE]]        # N torch.distributed ranks all-reduce (launcher check)
 
