@@ -3,11 +3,13 @@
     python -m tasks.shuffle --config configs/default.yaml          # local backend
     python -m hpcdl compss command shuffle --config FILE    # prints the runcompss command line
 
-Writes raw/epochs.csv (one row per point, run, epoch and rank) and raw/points.csv (one row per
-point with its status; a failed point keeps its error). HPCDL_SHUFFLE_KILL="POINT:RANK:EPOCH"
-makes RANK of sweep point POINT ("*" = every partial point) die inside its exchange of
-EPOCH (fault-injection for tests). Every point's record is kept in <results>/shuffle/points/ as
-it finishes (hpcdl.platform.points): a rerun after a kill runs only the points not finished yet.
+Writes raw/epochs.csv (one row per point, run, epoch and rank, with the rank's device) and
+raw/points.csv (one row per point with its status and the study's device; a failed point keeps its
+error). The device is `shuffle.device`, resolved once here; every point's ranks run on it.
+HPCDL_SHUFFLE_KILL="POINT:RANK:EPOCH" makes RANK of sweep point POINT ("*" = every partial point)
+die inside its exchange of EPOCH (fault-injection for tests). Every point's record is kept in
+<results>/shuffle/points/ as it finishes (hpcdl.platform.points): a rerun after a kill runs only the
+points not finished yet.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import sys
 
 import pandas as pd
 
+from hpcdl.platform.config import ConfigError
+from hpcdl.platform.device import study_device
 from hpcdl.platform.points import StudyRun, failed_row
 from hpcdl.platform.results import write_table
 from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
@@ -28,10 +32,12 @@ KILL_ENV = "HPCDL_SHUFFLE_KILL"
 
 
 @on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_SHUFFLE_UNITS")
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_SHUFFLE_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_SHUFFLE_GPUS"}])
 @task(returns=1)
-def run_point(point, train, data, timeout_s, kill, slot):
-    return slot.run(compute.run_point, point=point, train=train, data=data, timeout_s=timeout_s, kill=kill)
+def run_point(point, train, data, timeout_s, kill, device, gpu_sharing, slot):
+    return slot.run(compute.run_point, point=point, train=train, data=data, timeout_s=timeout_s, kill=kill,
+                    device=device, gpu_sharing=gpu_sharing)
 
 
 def _kill_for(point: dict) -> dict | None:
@@ -47,22 +53,32 @@ def _kill_for(point: dict) -> dict | None:
 def main(argv=None) -> None:
     cfg = start_app("shuffle", argv, __doc__.splitlines()[0])
     block = cfg["shuffle"]
+    try:  # resolved once, here: every point's ranks run on it (`device: cuda` without a GPU: exit 2)
+        device = study_device(cfg, "shuffle")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    sharing = bool(block.get("gpu_sharing", False))
     study = StudyRun(cfg, "shuffle")
     data = shuffle_data.prepare(cfg["data"]["fashion_mnist_dir"], study.dir / "cache", block["n_train"],
                                 block["n_val"], seed=block["seeds"][0])
     points = sweep.expand(block)
     train = {k: block[k] for k in ("epochs", "batch_size", "lr", "momentum", "model", "alpha",
-                                   "exchange_timeout_s")}
-    print(f"[shuffle] {len(points)} sweep points", file=sys.stderr, flush=True)
+                                   "exchange_timeout_s", "exchange_device")}
+    shared = " (ranks share GPUs over gloo where M exceeds them)" if device == "cuda" and sharing else ""
+    print(f"[shuffle] {len(points)} sweep points on {device}{shared}", file=sys.stderr, flush=True)
     # The key covers what the task computes from: the point, the training settings, the data files
-    # (their path holds a hash of what made them); not the timeout or a test's kill injection.
+    # (their path holds a hash of what made them), the device (and on CUDA whether ranks may share a
+    # GPU); not the timeout or a test's kill injection.
+    where = {"device": device, **({"gpu_sharing": sharing} if device == "cuda" else {})}
     batch = study.submit("point", points, lambda p, slot: run_point(
-        p, train, data, block["point_timeout_s"], _kill_for(p), slot),
-        inputs=lambda p: {"point": p, "train": train, "data": data})
+        p, train, data, block["point_timeout_s"], _kill_for(p), device, sharing, slot),
+        inputs=lambda p: {"point": p, "train": train, "data": data, **where})
     (outcomes,) = study.gather([batch], compss_wait_on, failure_reason)
     rows, status = [], []
     for o in outcomes:
-        labels = {**{k: v for k, v in o.point.items() if k != "runs"}, "runs": len(o.point["runs"])}
+        labels = {**{k: v for k, v in o.point.items() if k != "runs"}, "runs": len(o.point["runs"]),
+                  "device": device}
         if not o.ok:
             status.append({**failed_row(labels, o.error), "point_wall_s": float("nan")})
             last = o.error.strip().splitlines()[-1] if o.error.strip() else ""

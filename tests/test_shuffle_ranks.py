@@ -1,4 +1,4 @@
-"""Shuffle study over real torch.distributed ranks (gloo): the distributed exchange matches the
+"""Shuffle study over real torch.distributed ranks (gloo, on the CPU): the distributed exchange matches the
 pure plan, a rank dying mid-exchange fails the point with a clear error instead of a hang, and
 the task app runs end to end (raw -> tables -> figures -> claims)."""
 
@@ -77,7 +77,8 @@ def test_rank_dying_mid_exchange_fails_fast_with_a_clear_error(tiny_data, monkey
 
 
 def _tiny_config(write_config, **shuffle):
-    block = {"n_train": 400, "n_val": 200, "epochs": 2, "batch_size": 50, "lr": 0.1,
+    # on the CPU wherever the tests run (the CUDA path: tests/test_shuffle_device.py)
+    block = {"device": "cpu", "n_train": 400, "n_val": 200, "epochs": 2, "batch_size": 50, "lr": 0.1,
              "model": {"kind": "mlp_bn", "width": 16, "depth": 1}, "seeds": [0, 1],
              "grids": [{"world_sizes": [2], "qs": [0, 0.5, 1], "partitionings": ["skewed"]}],
              "kakurenbo": {"fractions": [0, 0.2], "world_size": 2},
@@ -100,8 +101,10 @@ def test_task_app_end_to_end(write_config, tmp_path):
         "partial-q0.5-skewed-M2": 1,                                 # the rest of the sweep: one seed
         "kakurenbo-M2": 1 + 2 * 3}                                   # warm-up + 2 rounds x (F=0, 0.2, 0)
     assert (points["status"] == "ok").all()
+    assert set(points["device"]) == {"cpu"}                      # the study's device, resolved once
     raw = pd.read_csv(out / "raw" / "epochs.csv")
     assert len(raw) == 12 * 2 * 2                               # runs x epochs x ranks
+    assert set(raw["device"]) == {"cpu (gloo)"} and set(raw["exchange_device"]) == {"host"}
     for col in ("train_loss", "val_acc", "samples_sent", "bytes_sent", "bytes_recv", "exchange_s",
                 "exposed_exchange_s", "compute_s", "load_s", "samples_held", "record_s", "select_s"):
         assert raw[col].notna().all(), col
@@ -137,6 +140,7 @@ def test_task_app_end_to_end(write_config, tmp_path):
         assert "config runs no partial-0.1" in claims[cid]["reason"]
     final = pd.read_csv(out / "tables" / "final.csv")
     assert set(final["partitioning"]) == {"skewed", "random"}    # global baseline shown in both panels
+    assert set(final["device"]) == {"cpu (gloo)"}
 
 
 @pytest.mark.slow

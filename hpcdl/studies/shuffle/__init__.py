@@ -3,10 +3,11 @@
     data           the study's slice of Fashion-MNIST, cached as .npy files every rank memory-maps
     partition      random and label-skewed (Dirichlet) partitions of the samples over M ranks
     exchange_plan  the partial-Q exchange every rank plans alone from the shared seed and epoch
-    exchange       that exchange of the samples over gloo, in a background thread
+    exchange       that exchange of the samples: in host memory over gloo in a background thread,
+                   or as CUDA tensors over NCCL (`exchange_device`)
     kakurenbo      which easy samples KAKURENBO hides from the backward pass
     model          the network: an MLP with batch normalisation
-    train          the rank function (DDP over gloo, one shuffling strategy) run under run_ranks
+    train          the rank function (DDP on the rank's device, one shuffling strategy) run under run_ranks
     compute        what the task app's task body runs: one sweep point's M ranks, as rows
     sweep          the sweep points of a validated config; checks: config checks beyond the schema
     tables         raw/ -> tables/ (per run, gap to global, recovery Q, KAKURENBO rounds); figures:

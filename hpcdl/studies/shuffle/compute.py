@@ -1,6 +1,7 @@
 """What the shuffle task app's task body runs (tasks/shuffle.py): one sweep point, whose M ranks
-run `train.train_rank` (every run of the point in turn) under the rank runtime; their per-epoch
-records become the point's rows, one per run, epoch and rank."""
+run `train.train_rank` (every run of the point in turn) under the rank runtime on the study's
+resolved device; their per-epoch records become the point's rows, one per run, epoch and rank, each
+naming the device it was measured on (the rank's placement) and where its samples were held."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ SAMPLE_BYTES = 28 * 28 * 4 + 8 + 8   # float32 image + int64 label + int64 sampl
 
 
 def run_point(*, point: dict, train: dict, data: dict, timeout_s: float = 600.0,
-              kill: dict | None = None) -> list[dict]:
+              kill: dict | None = None, device: str = "cpu", gpu_sharing: bool = False) -> list[dict]:
     """`point`: strategy, q, partitioning, world_size, runs (hpcdl.studies.shuffle.sweep) (+ labels).
 
-    `train`: epochs, batch_size, lr, momentum, model, alpha, exchange_timeout_s.
+    `train`: epochs, batch_size, lr, momentum, model, alpha, exchange_timeout_s[, exchange_device].
+    `device`: the study's resolved device (hpcdl.platform.device.study_device), cpu or cuda;
+    `gpu_sharing`: the block's key (ranks may share GPUs over gloo).
     Raises hpcdl.platform.rank_runtime.launch.RankFailure when any rank fails.
     """
     started = time.time()
@@ -23,9 +26,10 @@ def run_point(*, point: dict, train: dict, data: dict, timeout_s: float = 600.0,
                   partitioning=point["partitioning"], alpha=float(train["alpha"]), runs=list(point["runs"]),
                   epochs=int(train["epochs"]), batch_size=int(train["batch_size"]), lr=float(train["lr"]),
                   momentum=float(train["momentum"]), model=dict(train["model"]),
-                  exchange_timeout_s=float(train["exchange_timeout_s"]), kill=kill)
+                  exchange_timeout_s=float(train["exchange_timeout_s"]),
+                  exchange_device=str(train.get("exchange_device", "host")), kill=kill)
     results = run_ranks("hpcdl.studies.shuffle.train:train_rank", int(point["world_size"]), kwargs,
-                        timeout_s=timeout_s, threads_per_rank=1)
+                        timeout_s=timeout_s, threads_per_rank=1, device=device, gpu_sharing=gpu_sharing)
     wall = time.time() - started
     labels = {k: v for k, v in point.items() if k != "runs"}
     rows = []

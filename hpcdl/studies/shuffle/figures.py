@@ -82,6 +82,9 @@ def draw(cfg: dict, study_dir: Path) -> None:
         ax.set_title(f"M = {m} ranks")
     axes[0][0].set_ylabel("time per epoch per rank (s)")
     axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))  # not over the bars
+    where = _measured_where(plain_final)
+    if where:
+        fig.suptitle(where, fontsize=9)
     save_figure(fig, figs / "time_per_epoch_vs_q.png")
     plt.close(fig)
 
@@ -198,6 +201,24 @@ def _kakurenbo_figure(plt, cfg: dict, study_dir: Path) -> None:
     fig.suptitle(f"KAKURENBO on global shuffling, M = {kk['world_size']}, {rounds} interleaved rounds")
     save_figure(fig, study_dir / "figures" / "kakurenbo.png")
     plt.close(fig)
+
+
+SAMPLES_HELD = {"host": "host memory", "device": "GPU memory"}
+
+
+def _measured_where(final) -> str:
+    """The ranks' devices and where their samples were held (tables' device columns), for a timing
+    figure's title: a shared GPU or a GPU-held exchange changes what the times mean. Empty for tables
+    from before rows named their device."""
+    if "device" not in final.columns or final.empty:
+        return ""
+    devices = sorted({d.strip() for v in final["device"].astype(str) for d in v.split(";")}
+                     - {"not recorded"})
+    held = sorted(set(final["exchange_device"].astype(str)) - {"not recorded"})
+    if not devices:
+        return ""
+    return (f"ranks on {', '.join(devices)}; samples held in "
+            f"{' and '.join(SAMPLES_HELD.get(h, h) for h in held)}")
 
 
 def _nothing(plt, path: Path, why: str) -> None:

@@ -6,7 +6,8 @@ partitionings), final.csv (point x run: last-epoch accuracy, times, bytes), gap.
 global per partitioning, M and Q, paired by seed, with its interval), recovery.csv (the smallest Q
 within tolerance of global per partitioning and M), kakurenbo_rounds.csv (each hiding fraction F
 against F = 0 of the same interleaved round: time, work skipped, overhead) and kakurenbo.csv (the
-rounds summarised with intervals).
+rounds summarised with intervals). epochs.csv and final.csv name what each row was measured on: its
+ranks' device (placement) and where their samples were held (`exchange_device`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,19 @@ def label(strategy: str, q: float) -> str:
     return strategy if strategy != "partial" else f"partial-{q:g}"
 
 
+# What a row was measured on (hpcdl.studies.shuffle.train: the rank's placement, where its samples sat).
+DEVICE_COLUMNS = ("device", "exchange_device")
+
+
+def _distinct(values: pd.Series) -> str:
+    """The ranks' devices of one row, each once (two ranks on two GPUs: "cuda:0 (nccl); cuda:1 (nccl)")."""
+    return "; ".join(sorted({str(v) for v in values}))
+
+
 def epoch_table(raw: pd.DataFrame) -> pd.DataFrame:
     """Ranks combined: accuracy is the same on every rank; volumes summed; times averaged."""
+    # raw tables written before rows named their device say so rather than guess
+    raw = raw.assign(**{c: "not recorded" for c in DEVICE_COLUMNS if c not in raw.columns})
     keys = ["point", "strategy", "q", "partitioning", "world_size", "seed", "kakurenbo_fraction", "round",
             "slot", "epoch"]
     agg = raw.groupby(keys, sort=False).agg(
@@ -47,6 +59,7 @@ def epoch_table(raw: pd.DataFrame) -> pd.DataFrame:
         samples_trained=("samples_trained", "sum"), hidden=("hidden", "max"),
         moved_back=("moved_back", "max"), n_train=("n_train", "max"),
         partition_skew_tv=("partition_skew_tv", "mean"),
+        device=("device", _distinct), exchange_device=("exchange_device", _distinct),
     ).reset_index()
     agg["label"] = [label(s, q) for s, q in zip(agg["strategy"], agg["q"], strict=True)]
     # the global baseline does not depend on the partitioning: show it in both panels
@@ -74,7 +87,8 @@ def final_table(epochs: pd.DataFrame, n_train: int) -> pd.DataFrame:
         skipped_fraction=("skipped_fraction", "mean"),
         samples_held_max=("samples_held_max", "max"), held_rows_max=("held_rows_max", "max")).reset_index()
     out = last[["point", "strategy", "q", "label", "partitioning", "world_size", "seed", "kakurenbo_fraction",
-                "round", "slot", "val_acc", "train_loss"]].rename(columns={"val_acc": "final_val_acc"})
+                "round", "slot", "val_acc", "train_loss", *DEVICE_COLUMNS]].rename(
+        columns={"val_acc": "final_val_acc"})
     out = out.merge(totals, on=RUN)
     out["expected_bytes_per_epoch"] = [
         exchange_count(n_train, int(m), q) * int(m) * SAMPLE_BYTES if s == "partial" else 0

@@ -1,22 +1,46 @@
-"""The rank function: data-parallel training (DDP over gloo) with one shuffling strategy.
+"""The rank function: data-parallel training (DDP) with one shuffling strategy, on the rank's device.
 
 Run by `hpcdl.platform.rank_runtime.launch.run_ranks("hpcdl.studies.shuffle.train:train_rank", M,
-kwargs)`; the process group is already initialised. Trains once per entry of `runs` (seed, KAKURENBO
-fraction, round: hpcdl.studies.shuffle.sweep), each from a fresh model, and returns this rank's
-per-epoch records of every run.
+kwargs, device=...)`; the process group is already initialised on the rank's placement
+(hpcdl.platform.rank_runtime.placement.current(): NCCL on the rank's GPU, gloo on the CPU or on a
+shared GPU). Trains once per entry of `runs` (seed, KAKURENBO fraction, round:
+hpcdl.studies.shuffle.sweep), each from a fresh model, and returns this rank's per-epoch records of
+every run.
 
 Strategies
 - global: every epoch a shared permutation of all N (DistributedSampler semantics); each
   rank reads its share from the memory-mapped cache (the "shared file system").
 - local: each rank reads its partition once and shuffles only it.
-- partial: as local, and during epoch e's compute a background thread sends k = Q*N/M of
-  the partition's samples to peers and receives k, which replace the sent ones for epoch
-  e+1 (so a rank holds at most N/M + k distinct samples; `samples_held` counts them from the
-  buffers at the epoch's peak, `held_rows` the sample rows in memory then, staged copies included).
+- partial: as local, and during epoch e's compute the rank sends k = Q*N/M of the partition's
+  samples to peers and receives k, which replace the sent ones for epoch e+1 (so a rank holds at
+  most N/M + k distinct samples; `samples_held` counts them from the buffers at the epoch's peak,
+  `held_rows` the sample rows in memory then, staged copies included).
 KAKURENBO (global only): hide easy samples from the backward pass (hpcdl.studies.shuffle.kakurenbo).
 Its cost is timed apart from the work it saves: `record_s` (keeping each sample's loss, correctness
 and confidence, and merging them over ranks), `select_s` (choosing the hidden samples) and
 `hidden_forward_s` (the forward pass that refreshes the hidden samples' loss).
+
+Devices. The model, batches, losses and KAKURENBO's per-sample records are on the rank's compute
+device; every collective on the default group moves tensors on the placement's comm device, so NCCL
+only ever sees CUDA tensors and gloo CPU ones. Where a rank holds its partition and how it exchanges
+it is `exchange_device` (the study block's key, hpcdl.studies.shuffle.exchange):
+- host (default): the samples stay in host memory, as read from the memory-mapped cache, and are
+  exchanged over a gloo group of their own in a background thread; each batch is gathered into
+  pinned memory and copied to the GPU asynchronously.
+- device: the partition is copied to the GPU once and exchanged as CUDA tensors over NCCL on the
+  default group; batches are indexed on the GPU. Needs one GPU per rank (NCCL refuses two ranks on
+  one GPU, so shared GPUs are an error here).
+On the CPU both are host memory and the same code path. Why host by default, for now: it is where
+the memory-mapped cache puts the samples, it works where ranks share a GPU, its exchange never
+touches the NCCL stream the gradients use, and it costs no GPU memory; the device path saves each
+batch's copy to the GPU but queues the exchange ahead of the first gradient all-reduce. Which costs
+more is a measurement on GPUs, still pending (no multi-GPU machine has run it):
+`benchmarks/bench_shuffle.py --device cuda --ranks M` (M >= 2, one GPU each) prints the steady-state
+partial-0.1 epoch time with the samples on the GPU over that with them in host memory; a ratio
+clearly below 1 (beyond the run-to-run spread of three runs) makes `device` the default.
+
+Timing on CUDA: a phase's time is read after the rank's compute stream is synchronised, so each
+phase holds its own GPU work (the exchange runs on other streams and is not waited for there).
 """
 
 from __future__ import annotations
@@ -32,21 +56,79 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from hpcdl.platform.device import Placement
+from hpcdl.platform.rank_runtime.placement import current
 from hpcdl.studies.shuffle import exchange_plan, kakurenbo, partition
 from hpcdl.studies.shuffle import model as model_mod
-from hpcdl.studies.shuffle.exchange import BackgroundExchange, ExchangeError
+from hpcdl.studies.shuffle.exchange import BackgroundExchange, DeviceExchange, ExchangeError
 
 STRATEGIES = ("global", "local", "partial")
+EXCHANGE_DEVICES = ("host", "device")
+
+
+class _Where:
+    """Where this rank computes, where it holds its samples, and how tensors get between them."""
+
+    def __init__(self, place: Placement, exchange_device: str, strategy: str):
+        if exchange_device not in EXCHANGE_DEVICES:
+            raise ValueError(f"exchange_device must be one of {EXCHANGE_DEVICES}, got {exchange_device!r}")
+        self.label = place.label
+        self.compute, self.comm = torch.device(place.compute), torch.device(place.comm)
+        self.cuda = self.compute.type == "cuda"
+        on_gpu = exchange_device == "device" and self.cuda
+        if on_gpu and strategy == "partial" and place.backend != "nccl":
+            raise ValueError(
+                f"shuffle.exchange_device: device exchanges CUDA tensors over NCCL, but this rank runs "
+                f"{place.label}: ranks sharing a GPU talk over gloo; set shuffle.exchange_device: host, "
+                f"or run one rank per GPU (gpu_sharing: false)")
+        self.samples = self.compute if on_gpu else torch.device("cpu")
+        self.samples_on = "device" if on_gpu else "host"
+
+    def sync(self) -> None:
+        """Wait for the compute stream's work, so a clock read after it times that work (CUDA)."""
+        if self.cuda:
+            torch.cuda.current_stream(self.compute).synchronize()
+
+    def batch(self, src, idx: np.ndarray) -> torch.Tensor:
+        """Rows `idx` of `src` (a numpy array or memmap, or a tensor of held samples), on the compute
+        device."""
+        if isinstance(src, torch.Tensor) and src.device == self.compute:
+            return src[torch.from_numpy(idx).to(self.compute)]
+        if not self.cuda:
+            return torch.from_numpy(np.ascontiguousarray(src[idx]))
+        # host memory -> GPU: gathered into pinned memory, the copy runs asynchronously
+        if isinstance(src, torch.Tensor):
+            host = torch.empty((len(idx), *src.shape[1:]), dtype=src.dtype, pin_memory=True)
+            torch.index_select(src, 0, torch.from_numpy(idx), out=host)
+        else:
+            host = torch.from_numpy(np.ascontiguousarray(src[idx])).pin_memory()
+        return host.to(self.compute, non_blocking=True)
+
+    def on_comm(self, t: torch.Tensor, op) -> None:
+        """Run the in-place collective `op` on the default group over `t`, staged on the comm device
+        where it differs from t's (a shared GPU talks over gloo through host memory)."""
+        if t.device == self.comm:
+            op(t)
+            return
+        staged = t.to(self.comm)
+        op(staged)
+        t.copy_(staged)
 
 
 class _Stopwatch:
-    def __init__(self):
+    def __init__(self, sync=None):
         self.t = {}
+        self._sync = sync or (lambda: None)
 
     def add(self, key: str, t0: float) -> float:
+        self._sync()
         now = time.perf_counter()
         self.t[key] = self.t.get(key, 0.0) + now - t0
         return now
+
+
+def _host_ids(idx) -> np.ndarray:
+    return idx.cpu().numpy() if isinstance(idx, torch.Tensor) else np.asarray(idx)
 
 
 class _Held:
@@ -63,37 +145,45 @@ class _Held:
         for data, idx in buffers:
             if len(data) != len(idx):
                 raise RuntimeError(f"buffer holds {len(data)} samples but {len(idx)} ids")
-            ids.append(np.asarray(idx).ravel())
+            ids.append(_host_ids(idx).ravel())
         all_ids = np.concatenate(ids) if ids else np.empty(0, dtype=np.int64)
         return cls(int(len(np.unique(all_ids))), int(len(all_ids)))
 
 
 def _batches(n: int, batch_size: int) -> list[slice]:
-    # drop nothing: the last, smaller batch still trains (every rank has the same count)
-    return [slice(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
+    # drop nothing: the last, smaller batch still trains (every rank has the same count); a last batch
+    # of one sample joins the one before, since batch norm cannot train on one sample (KAKURENBO's
+    # hiding leaves any count of visible samples)
+    cuts = list(range(0, n, batch_size)) + [n]
+    if len(cuts) > 2 and cuts[-1] - cuts[-2] == 1:
+        del cuts[-2]
+    return [slice(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
-def _validate(net, x_val, y_val, rank, m) -> tuple[float, float]:
+def _validate(net, val: tuple[torch.Tensor, torch.Tensor], where: _Where) -> tuple[float, float]:
     # DDP evaluates with rank 0's buffers (BN running stats): make that explicit.
     for buf in net.module.buffers():
-        dist.broadcast(buf, 0)
+        where.on_comm(buf, lambda t: dist.broadcast(t, 0))
     net.module.eval()
     with torch.no_grad():
-        xs, ys = torch.from_numpy(np.ascontiguousarray(x_val[rank::m])), torch.from_numpy(y_val[rank::m])
+        xs, ys = val
         out = net.module(xs)
         stats = torch.tensor([(out.argmax(1) == ys).sum().item(),
-                              F.cross_entropy(out, ys, reduction="sum").item(), len(ys)], dtype=torch.float64)
+                              F.cross_entropy(out, ys, reduction="sum").item(), len(ys)],
+                             dtype=torch.float64, device=where.comm)
     net.module.train()
     dist.all_reduce(stats)
+    stats = stats.cpu()
     return float(stats[0] / stats[2]), float(stats[1] / stats[2])
 
 
 def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha: float, runs: list[dict],
                epochs: int, batch_size: int, lr: float, momentum: float, model: dict,
                kill: dict | None = None, exchange_timeout_s: float | None = None,
-               return_ids: bool = False) -> dict:
+               exchange_device: str = "host", return_ids: bool = False) -> dict:
     """`runs`: [{"seed", "kakurenbo_fraction", "round", "slot"}], trained in this order. `kill` (tests)
-    makes a rank die in the exchange of one epoch of the first run."""
+    makes a rank die in the exchange of one epoch of the first run. `exchange_device`: host or device
+    (the module's docstring)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     exchange_plan.check_q(q)
@@ -103,11 +193,12 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
         kakurenbo.check_fraction(run["kakurenbo_fraction"])
         if run["kakurenbo_fraction"] > 0 and strategy != "global":
             raise ValueError("KAKURENBO is run on top of global shuffling (strategy 'global')")
+    where = _Where(current(), exchange_device, strategy)
     timeout = float(exchange_timeout_s or os.environ.get("HPCDL_COLLECTIVE_TIMEOUT_S", "60"))
-    shared = _Shared(data, timeout, partial=strategy == "partial")
+    shared = _Shared(data, timeout, host_exchange=strategy == "partial" and where.samples_on == "host")
     records, ids = [], None
     for i, run in enumerate(runs):
-        recs, ids = _train_one(shared, strategy=strategy, q=q, partitioning=partitioning, alpha=alpha,
+        recs, ids = _train_one(shared, where, strategy=strategy, q=q, partitioning=partitioning, alpha=alpha,
                                seed=int(run["seed"]), kakurenbo_fraction=float(run["kakurenbo_fraction"]),
                                epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, model=model,
                                kill=(kill or {}) if i == 0 else {})
@@ -122,26 +213,36 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
 
 
 class _Shared:
-    """What every run of a point shares: the memory-mapped data and the exchange's gloo group."""
+    """What every run of a point shares: the memory-mapped data, this rank's validation slice on its
+    compute device, and the host exchange's gloo group."""
 
-    def __init__(self, data: dict, timeout: float, partial: bool):
+    def __init__(self, data: dict, timeout: float, host_exchange: bool):
         self.timeout = timeout
         self.x_file = np.load(data["x_train"], mmap_mode="r")
         self.y_all = np.load(data["y_train"])
         self.x_val, self.y_val = np.load(data["x_val"], mmap_mode="r"), np.load(data["y_val"])
-        self.xgroup = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout)) if partial else None
+        self.xgroup = (dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout)) if host_exchange
+                       else None)
+        self._val = None
+
+    def val(self, rank: int, m: int, where: _Where) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._val is None:
+            xs = torch.from_numpy(np.ascontiguousarray(self.x_val[rank::m])).to(where.compute)
+            self._val = (xs, torch.from_numpy(self.y_val[rank::m]).to(where.compute))
+        return self._val
 
 
-def _train_one(shared: _Shared, *, strategy: str, q: float, partitioning: str, alpha: float, seed: int,
-               kakurenbo_fraction: float, epochs: int, batch_size: int, lr: float, momentum: float,
+def _train_one(shared: _Shared, where: _Where, *, strategy: str, q: float, partitioning: str, alpha: float,
+               seed: int, kakurenbo_fraction: float, epochs: int, batch_size: int, lr: float, momentum: float,
                model: dict, kill: dict) -> tuple[list[dict], np.ndarray | None]:
     rank, m = dist.get_rank(), dist.get_world_size()
     timeout, xgroup = shared.timeout, shared.xgroup
-    x_file, y_all, x_val, y_val = shared.x_file, shared.y_all, shared.x_val, shared.y_val
+    x_file, y_all = shared.x_file, shared.y_all
     torch.manual_seed(seed)
     n = len(y_all)
     sizes = partition.partition_sizes(n, m)
-    net = DistributedDataParallel(model_mod.build(model["kind"], model["width"], model["depth"]))
+    module = model_mod.build(model["kind"], model["width"], model["depth"]).to(where.compute)
+    net = DistributedDataParallel(module, device_ids=[where.compute.index] if where.cuda else None)
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
 
     load0 = time.perf_counter()
@@ -149,9 +250,10 @@ def _train_one(shared: _Shared, *, strategy: str, q: float, partitioning: str, a
         ids = None
     else:
         ids = partition.make_partition(partitioning, y_all, m, seed, alpha)[rank]
-        x_part = torch.from_numpy(np.ascontiguousarray(x_file[ids]))
-        y_part = torch.from_numpy(y_all[ids])
-        ids_part = torch.from_numpy(ids.astype(np.int64))
+        x_part = torch.from_numpy(np.ascontiguousarray(x_file[ids])).to(where.samples)
+        y_part = torch.from_numpy(y_all[ids]).to(where.samples)
+        ids_part = torch.from_numpy(ids.astype(np.int64)).to(where.samples)
+    where.sync()
     initial_load_s = time.perf_counter() - load0
     k = exchange_plan.exchange_count(n, m, q) if strategy == "partial" else 0
 
@@ -159,7 +261,7 @@ def _train_one(shared: _Shared, *, strategy: str, q: float, partitioning: str, a
     stats[0] = np.inf
     records = []
     for epoch in range(epochs):
-        sw = _Stopwatch()
+        sw = _Stopwatch(where.sync)
         wall0 = time.perf_counter()
         hidden = np.zeros(n, dtype=bool)
         hiding = None
@@ -176,17 +278,19 @@ def _train_one(shared: _Shared, *, strategy: str, q: float, partitioning: str, a
         if strategy == "global":
             visible = np.flatnonzero(~hidden)
             order = visible[exchange_plan.global_indices(len(visible), m, seed, epoch, rank)]
-            source_x, source_y, source_ids = x_file, y_all, None
         else:
             p = exchange_plan.rank_plan(sizes, q, seed, epoch, rank)
             order = p.order
-            source_x, source_y, source_ids = x_part, y_part, ids_part
             if k > 0:
-                pos = torch.from_numpy(p.send_pos)
-                ex = BackgroundExchange(
-                    x_part[pos], y_part[pos], ids_part[pos], p.send_counts,
-                    p.recv_counts, xgroup, epoch,
-                    die_before_send=(kill.get("rank") == rank and kill.get("epoch") == epoch))
+                # issued before the epoch's first step: on the device path, before DDP's all-reduces
+                pos = torch.from_numpy(p.send_pos).to(where.samples)
+                die = kill.get("rank") == rank and kill.get("epoch") == epoch
+                if where.samples_on == "device":
+                    ex = DeviceExchange(x_part[pos], y_part[pos], ids_part[pos], p.send_counts,
+                                        p.recv_counts, epoch, die_before_send=die)
+                else:
+                    ex = BackgroundExchange(x_part[pos], y_part[pos], ids_part[pos], p.send_counts,
+                                            p.recv_counts, xgroup, epoch, die_before_send=die)
         loss_sum, steps = 0.0, 0
         seen = {"ids": [], "loss": [], "correct": [], "conf": []}
         try:
@@ -195,12 +299,9 @@ def _train_one(shared: _Shared, *, strategy: str, q: float, partitioning: str, a
                 idx = order[sl]
                 if strategy == "global":
                     rows = np.sort(idx)       # sequential reads from the file
-                    xb = torch.from_numpy(np.ascontiguousarray(source_x[rows]))
-                    yb = torch.from_numpy(source_y[rows])
-                    bid = rows
-                else:
-                    ti = torch.from_numpy(idx)
-                    xb, yb, bid = source_x[ti], source_y[ti], source_ids[ti].numpy()
+                    xb, yb, bid = where.batch(x_file, rows), where.batch(y_all, rows), rows
+                else:                         # (KAKURENBO, the only reader of bid, runs on global only)
+                    xb, yb, bid = where.batch(x_part, idx), where.batch(y_part, idx), None
                 t0 = sw.add("load_s", t0)
                 out = net(xb)
                 per_sample = F.cross_entropy(out, yb, reduction="none")
@@ -214,37 +315,14 @@ def _train_one(shared: _Shared, *, strategy: str, q: float, partitioning: str, a
                 steps += 1
                 if kakurenbo_fraction > 0:
                     t0 = time.perf_counter()
-                    with torch.no_grad():
-                        prob = out.softmax(1)
+                    with torch.no_grad():     # kept on the compute device until the epoch's merge
                         seen["ids"].append(bid)
-                        seen["loss"].append(per_sample.detach().numpy())
-                        seen["correct"].append((out.argmax(1) == yb).numpy())
-                        seen["conf"].append(prob.max(1).values.numpy())
+                        seen["loss"].append(per_sample.detach())
+                        seen["correct"].append(out.argmax(1) == yb)
+                        seen["conf"].append(out.softmax(1).max(1).values)
                     sw.add("record_s", t0)
             if kakurenbo_fraction > 0:
-                t0 = time.perf_counter()
-                hid = np.flatnonzero(hidden)[rank::m]
-                if len(hid):
-                    with torch.no_grad():       # hidden samples: forward only, to refresh their loss
-                        xb = torch.from_numpy(np.ascontiguousarray(x_file[hid]))
-                        yb = torch.from_numpy(y_all[hid])
-                        out = net.module(xb)
-                        seen["ids"].append(hid)
-                        seen["loss"].append(F.cross_entropy(out, yb, reduction="none").numpy())
-                        seen["correct"].append((out.argmax(1) == yb).numpy())
-                        seen["conf"].append(out.softmax(1).max(1).values.numpy())
-                t0 = sw.add("hidden_forward_s", t0)
-                merged = torch.zeros((4, n), dtype=torch.float64)
-                sid = np.concatenate(seen["ids"])
-                for row, key in enumerate(("loss", "correct", "conf")):
-                    merged[row].index_add_(0, torch.from_numpy(sid), torch.from_numpy(
-                        np.concatenate(seen[key]).astype(np.float64)))
-                merged[3].index_add_(0, torch.from_numpy(sid), torch.ones(len(sid), dtype=torch.float64))
-                dist.all_reduce(merged)
-                cnt = merged[3].numpy()
-                got = cnt > 0
-                stats[:, got] = merged[:3, got].numpy() / cnt[got]
-                sw.add("record_s", t0)
+                _refresh_hidden(net, shared, where, hidden, seen, stats, sw, rank, m)
         except RuntimeError as exc:
             if ex is not None and not isinstance(exc, ExchangeError):
                 raise ExchangeError(f"rank {rank}: lost a peer in epoch {epoch} while its shuffle exchange "
@@ -262,14 +340,16 @@ def _train_one(shared: _Shared, *, strategy: str, q: float, partitioning: str, a
             held = _Held.count([(x_part, ids_part), (ex.staged[0], ex.staged[2]), (outcome.x, outcome.ids)])
             ex.staged = None
             # received samples overwrite the sent ones: the partition keeps its size
-            pos = torch.from_numpy(p.send_pos)
+            pos = torch.from_numpy(p.send_pos).to(where.samples)
             x_part[pos], y_part[pos], ids_part[pos] = outcome.x, outcome.y, outcome.ids
+        where.sync()
         epoch_s = time.perf_counter() - wall0
         val0 = time.perf_counter()
-        val_acc, val_loss = _validate(net, x_val, y_val, rank, m)
+        val_acc, val_loss = _validate(net, shared.val(rank, m, where), where)
         t = sw.t
         records.append({
             "epoch": epoch, "rank": rank, "world_size": m,
+            "device": where.label, "exchange_device": where.samples_on,
             "train_loss": loss_sum / max(1, steps), "val_acc": val_acc, "val_loss": val_loss,
             "samples_trained": len(order), "samples_sent": k if ex else 0, "samples_recv": k if ex else 0,
             "bytes_sent": outcome.bytes_sent if outcome else 0,
@@ -284,7 +364,37 @@ def _train_one(shared: _Shared, *, strategy: str, q: float, partitioning: str, a
             "samples_held": held.samples, "held_rows": held.rows,
             "hidden": int(hidden.sum()), "n_train": n, "moved_back": hiding.moved_back if hiding else 0,
             "lr": epoch_lr,
-            "partition_skew_tv": (partition.label_skew(y_all, [ids_part.numpy()]) if ids is not None
+            "partition_skew_tv": (partition.label_skew(y_all, [_host_ids(ids_part)]) if ids is not None
                                   else float("nan")),
         })
-    return records, (ids_part.numpy().copy() if ids is not None else None)
+    return records, (_host_ids(ids_part).copy() if ids is not None else None)
+
+
+def _refresh_hidden(net, shared: _Shared, where: _Where, hidden: np.ndarray, seen: dict, stats: np.ndarray,
+                    sw: _Stopwatch, rank: int, m: int) -> None:
+    """KAKURENBO's epoch end: a forward pass over this rank's share of the hidden samples refreshes
+    their loss; every rank's records are merged (summed over ranks on the comm device, then averaged
+    per sample) into `stats`."""
+    t0 = time.perf_counter()
+    hid = np.flatnonzero(hidden)[rank::m]
+    if len(hid):
+        with torch.no_grad():       # hidden samples: forward only, to refresh their loss
+            xb, yb = where.batch(shared.x_file, hid), where.batch(shared.y_all, hid)
+            out = net.module(xb)
+            seen["ids"].append(hid)
+            seen["loss"].append(F.cross_entropy(out, yb, reduction="none"))
+            seen["correct"].append(out.argmax(1) == yb)
+            seen["conf"].append(out.softmax(1).max(1).values)
+    t0 = sw.add("hidden_forward_s", t0)
+    n = stats.shape[1]
+    merged = torch.zeros((4, n), dtype=torch.float64, device=where.comm)
+    sid = torch.from_numpy(np.concatenate(seen["ids"])).to(where.comm)
+    for row, key in enumerate(("loss", "correct", "conf")):
+        merged[row].index_add_(0, sid, torch.cat(seen[key]).to(where.comm, torch.float64))
+    merged[3].index_add_(0, sid, torch.ones(len(sid), dtype=torch.float64, device=where.comm))
+    dist.all_reduce(merged)
+    merged = merged.cpu()
+    cnt = merged[3].numpy()
+    got = cnt > 0
+    stats[:, got] = merged[:3, got].numpy() / cnt[got]
+    sw.add("record_s", t0)
