@@ -6,7 +6,10 @@
   4. communication hiding: 2-rank iteration time with every exchange blocking / with halo overlapped
      and bucketed all-reduce during the backward; 2-rank efficiency against the no-communication ceiling
 
-    python benchmarks/bench_spatial.py [--grid 32] [--csv PATH]
+    python benchmarks/bench_spatial.py [--grid 32] [--device auto|cpu|cuda] [--gpu-sharing] [--csv PATH]
+
+Every launch runs on --device (resolved as a study's `device` is: auto is CUDA where a GPU is
+visible); two ranks on one GPU need --gpu-sharing (gloo through host memory, labelled so).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 BENCH_DIR = str(Path(__file__).resolve().parent)
 
 from hpcdl.common.layers import build_spec  # noqa: E402
+from hpcdl.platform.device import DEVICES, resolve  # noqa: E402
 from hpcdl.platform.rank_runtime.launch import run_ranks  # noqa: E402
 from hpcdl.platform.results import available_cores  # noqa: E402
 from hpcdl.studies.spatial.data import ensure_dataset  # noqa: E402
@@ -39,8 +43,11 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--comm-gap-ms", type=float, default=2.0,
                     help="compute before each timed collective in the calibration (0: back to back)")
+    ap.add_argument("--device", choices=DEVICES, default="auto", help="where the ranks compute")
+    ap.add_argument("--gpu-sharing", action="store_true", help="let ranks share a GPU (over gloo)")
     ap.add_argument("--csv", help="also write the table here")
     args = ap.parse_args(argv)
+    placed = {"device": resolve(args.device, "--device"), "gpu_sharing": args.gpu_sharing}
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (BENCH_DIR, os.environ.get("PYTHONPATH", "")) if p)  # inherited by the ranks
     g = args.grid
@@ -50,8 +57,9 @@ def main(argv=None) -> int:
     for n in (1, 2):
         res = run_ranks("spatial_conv:conv_fwd_bwd", n, {
             "shape": (g, g, g), "cin": args.channels, "cout": args.channels, "kernel": 3, "batch": args.batch,
-            "repeats": 7}, timeout_s=600)
+            "repeats": 7}, timeout_s=600, **placed)
         conv[n] = (max(r["time_s"] for r in res), max(r["halo_s"] for r in res))
+        measured_on = ", ".join(sorted({r["placement"] for r in res}))  # the 2-rank launch's, last
     rows.append({"measure": f"conv3d fwd+bwd {g}^3 x{args.channels}ch: 1-rank / 2-rank time",
                  "ratio": conv[1][0] / conv[2][0],
                  "detail": f"{conv[1][0] * 1e3:.1f} ms / {conv[2][0] * 1e3:.1f} ms"})
@@ -66,11 +74,11 @@ def main(argv=None) -> int:
             "specs": [(spec, args.batch)], "data_dir": str(data),
             "sizes_bytes": [1024, 65536, 1048576, 4194304],
             "fractions": [1.0, 0.5, 0.25], "repeats": 5, "comm_gap_s": args.comm_gap_ms / 1e3},
-            timeout_s=600)[0]
+            timeout_s=600, **placed)[0]
         def train(n, **kw):
             res = run_ranks("hpcdl.studies.spatial.train:train_run", n, {
                 "data_dir": str(data), "n_data": 1, "grid": (n, 1), "model": model, "batch_size": args.batch,
-                "iterations": args.iterations, "lr": 1e-3, "seed": 0, **kw}, timeout_s=600)
+                "iterations": args.iterations, "lr": 1e-3, "seed": 0, **kw}, timeout_s=600, **placed)
             it = pd.DataFrame([{**rec, "rank": r["rank"]} for r in res for rec in r["records"]])
             it = it[it["iteration"] >= 2].groupby("iteration")
             return float(it["total_s"].max().median()), float(it["halo_s"].mean().median())
@@ -100,7 +108,8 @@ def main(argv=None) -> int:
     df = pd.DataFrame(rows)
     with pd.option_context("display.max_colwidth", 80, "display.width", 160):
         print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"(cores available: {available_cores()}; ping-pong bandwidth {consts['bandwidth_gbs']:.2f} GB/s, "
+    print(f"(measured on {measured_on}; cores available: {available_cores()}; "
+          f"ping-pong bandwidth {consts['bandwidth_gbs']:.2f} GB/s, "
           f"latency {consts['alpha_s'] * 1e6:.0f} us; conv {consts['conv_gflops']:.1f} GFLOP/s)")
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,8 @@
     python -m tasks.spatial --config configs/default.yaml          # local backend
     python -m hpcdl compss command spatial --config FILE    # prints the runcompss command line
 
+Every launch runs on spatial.device, resolved here once (on CUDA one GPU per rank, or GPUs shared by
+the ranks over gloo where spatial.gpu_sharing allows), and every row names it.
 Order: the float64 exactness check, then the scaling runs' repeats, each repeat preceded by one round of
 the calibration microbenchmarks (calibration.rounds; rounds beyond the repeats run at the end).
 Each task reserves the cores of the largest run (HPCDL_SPATIAL_UNITS) and the main program
@@ -19,6 +21,7 @@ import sys
 
 import pandas as pd
 
+from hpcdl.platform.device import study_device
 from hpcdl.platform.points import StudyRun, failed_row
 from hpcdl.platform.results import available_cores, write_table
 from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
@@ -27,21 +30,24 @@ from hpcdl.studies.spatial import compute, sweep
 
 
 @on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_SPATIAL_UNITS")
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_SPATIAL_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_SPATIAL_GPUS"}])
 @task(returns=1)
 def exactness(block, layout, slot):
     return slot.run(compute.exactness_point, block, layout)
 
 
 @on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_SPATIAL_UNITS")
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_SPATIAL_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_SPATIAL_GPUS"}])
 @task(returns=1)
 def calibrate(block, resources_dir, round_index, slot):
     return slot.run(compute.calibrate_point, block, resources_dir, round_index)
 
 
 @on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_SPATIAL_UNITS")
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_SPATIAL_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_SPATIAL_GPUS"}])
 @task(returns=1)
 def scaling_run(point, block, resources_dir, slot):
     return slot.run(compute.run_point, point, block, resources_dir)
@@ -55,14 +61,19 @@ def main(argv=None) -> None:
     cfg = start_app("spatial", argv, __doc__.splitlines()[0])
     # absolute: under COMPSs a task runs in its sandbox directory, not where the app started
     block, res_dir = cfg["spatial"], os.path.abspath(cfg["data"]["resources_dir"])
+    # resolved once, here (start_app has refused `cuda` without a GPU): every launch runs on it
+    where = sweep.placement(block, study_device(cfg, "spatial"))
     study = StudyRun(cfg, "spatial")
     out = study.dir / "raw"
     points = sweep.expand(block)
     for p in points:  # generate every field cache once, before any task reads it
         compute.dataset_for(block, res_dir, p["shape"])
-    # Each task gets (and each stored result is keyed by) only the part of the block it reads.
-    ex_block, cal_block, run_block = sweep.exactness_block(block), sweep.calibration_block(block), \
-        sweep.run_block(block)
+    # Each task gets (and each stored result is keyed by) only the part of the block it reads, and
+    # where it runs.
+    ex_block, cal_block, run_block = ({**unit(block), **where} for unit in (
+        sweep.exactness_block, sweep.calibration_block, sweep.run_block))
+    shared = " (ranks may share a GPU, over gloo)" if where.get("gpu_sharing") else ""
+    _log(f"device {where['device']}{shared}")
 
     (ex,) = study.gather([study.submit("exactness", block["exactness"]["layouts"],
                                        lambda lay, slot: exactness(ex_block, lay, slot),

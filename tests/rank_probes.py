@@ -12,6 +12,8 @@ import torch.distributed as dist
 from torch import nn
 
 from hpcdl.common.layers import padding_for
+from hpcdl.platform.rank_runtime.placement import current
+from hpcdl.studies.spatial.devices import where
 from hpcdl.studies.spatial.exactness import rel_err, sum_over_layout, world_layout
 from hpcdl.studies.spatial.model import SpatialConv3d
 from hpcdl.studies.spatial.partition import split_sizes
@@ -41,8 +43,11 @@ def raise_on_rank(victim: int = 1) -> dict:
 
 
 def conv_cases(cases: list[dict], grid: tuple[int, int] = (0, 1)) -> list[dict]:
-    """One SpatialConv3d per case over all ranks (grid (0, 1) = world along depth)."""
+    """One SpatialConv3d per case over all ranks (grid (0, 1) = world along depth), on the rank's
+    compute device, from values drawn on the host."""
     torch.set_default_dtype(torch.float64)
+    place = current()
+    dev = torch.device(place.compute)
     grid = (dist.get_world_size(), 1) if grid[0] == 0 else tuple(grid)
     layout = world_layout(grid)
     out = []
@@ -50,10 +55,11 @@ def conv_cases(cases: list[dict], grid: tuple[int, int] = (0, 1)) -> list[dict]:
         torch.manual_seed(1000 + i)
         k, s = c["kernel"], c["stride"]
         p = padding_for(k, c["padding"])
-        ref = nn.Conv3d(c["cin"], c["cout"], k, stride=s, padding=p)
-        x = torch.randn(c.get("n", 2), c["cin"], c["depth"], c["height"], c["width"], requires_grad=True)
+        ref = nn.Conv3d(c["cin"], c["cout"], k, stride=s, padding=p).to(dev)
+        x = torch.randn(c.get("n", 2), c["cin"], c["depth"], c["height"], c["width"]).to(dev)
+        x.requires_grad_(True)
         y = ref(x)
-        g = torch.randn_like(y)
+        g = torch.randn(y.shape).to(dev)
         y.backward(g)
         conv = copy.deepcopy(ref)
         conv.zero_grad()
@@ -74,5 +80,5 @@ def conv_cases(cases: list[dict], grid: tuple[int, int] = (0, 1)) -> list[dict]:
                     "err_grad_input": rel_err(xs.grad, x.grad[:, :, d0:d0 + in_sizes[0][cd],
                                                              h0:h0 + in_sizes[1][ch]]),
                     "err_grad_weight": rel_err(gw, ref.weight.grad),
-                    "err_grad_bias": rel_err(gb, ref.bias.grad)})
+                    "err_grad_bias": rel_err(gb, ref.bias.grad), **where(place)})
     return out

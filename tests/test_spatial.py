@@ -366,3 +366,45 @@ def test_oracle_parity_figure_splits_held_out_from_in_sample(tmp_path):
                        "oracle_sample": ["in_sample", "held_out", ""]})
     _plot_oracle(pyplot(), df, {"claims": {"max_oracle_error": 0.1}}, tmp_path)
     assert (tmp_path / "oracle_parity.png").stat().st_size > 1000
+
+
+# ---- where the study runs (docs/architecture.md, "Devices") -----------------------------------
+
+def test_spatial_hands_nccl_only_gpu_tensors_and_gloo_only_host_tensors(monkeypatch):
+    """Every placement a rank can get: the device spatial moves its halos, gathers and gradient
+    all-reduces on (devices.comm_device) is a GPU exactly when the group runs NCCL, the rank's own."""
+    import torch
+
+    from hpcdl.platform.device import LayoutError, rank_placement
+    from hpcdl.studies.spatial.devices import comm_device
+
+    monkeypatch.delenv("HPCDL_GPU_PER_RANK_BOUND", raising=False)
+    seen = set()
+    for device, gpus in (("cpu", 0), ("cuda", 1), ("cuda", 2), ("cuda", 4)):
+        for world in (1, 2, 3, 4, 8):
+            for sharing in (False, True):
+                for local in range(world):
+                    try:
+                        place = rank_placement(device, local, world, gpus, sharing)
+                    except LayoutError:
+                        continue
+                    compute = torch.device(place.compute)
+                    moved = comm_device(compute, place)
+                    assert (moved.type == "cuda") == (place.backend == "nccl"), place
+                    if place.backend == "nccl":
+                        assert moved == compute, place  # its own GPU, never another rank's
+                    seen.add((compute.type, place.backend, moved.type))
+    # CPU ranks; one GPU per rank; ranks sharing a GPU, staged through host memory
+    assert seen == {("cpu", "gloo", "cpu"), ("cuda", "nccl", "cuda"), ("cuda", "gloo", "cpu")}
+
+
+def test_each_unit_block_carries_the_resolved_device(test_config):
+    """The task app adds the resolved device (and, on CUDA, gpu_sharing) to each unit's block
+    (sweep.placement), so it keys the stored results; the end-to-end app test (test_spatial_app)
+    checks on real ranks that the rows say where they ran."""
+    from hpcdl.studies.spatial import sweep
+
+    block = validate_config(test_config)["spatial"]
+    # on a CPU gpu_sharing changes nothing, so it keys no stored result
+    assert sweep.placement({**block, "gpu_sharing": True}, "cpu") == {"device": "cpu"}
+    assert sweep.placement({**block, "gpu_sharing": True}, "cuda") == {"device": "cuda", "gpu_sharing": True}

@@ -6,6 +6,7 @@ import json
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 from hpcdl.platform.cli import main as cli
@@ -17,12 +18,21 @@ def test_spatial_app_end_to_end(tmp_path):
     cfg = yaml.safe_load(open("configs/test.yaml"))
     cfg.update(results_dir=str(tmp_path / "results"), studies=["spatial"],
                data={**cfg["data"], "resources_dir": str(tmp_path / "resources")})
+    # device auto: the host here, the GPU (shared by a run's ranks where it has fewer) on a GPU machine
+    cfg["spatial"] = {**cfg["spatial"], "gpu_sharing": True}
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     app(["--config", str(path)])
     out = tmp_path / "results" / "spatial"
     runs = pd.read_csv(out / "raw" / "runs.csv")
     assert list(runs["status"]) == ["ok"] * 5
+    # every table says where it was measured: the resolved device, and how the ranks talked
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert set(runs["device"]) == {device}
+    if device == "cpu":
+        assert set(runs["placement"]) == {"cpu (gloo)"}
+        for table in ("ranks", "exactness", "calibration"):
+            assert set(pd.read_csv(out / "raw" / f"{table}.csv")["placement"]) == {"cpu (gloo)"}, table
     assert set(runs["run"]) == {"strong-d1x1x1", "strong-d1x2x1", "hybrid-d2x1x1", "ceiling-d1x2x1",
                                 "train-d1x1x1"}
     iters = pd.read_csv(out / "raw" / "iterations.csv")
@@ -40,6 +50,7 @@ def test_spatial_app_end_to_end(tmp_path):
     for stage in ("tables", "figures", "claims"):
         assert cli(["spatial", stage, "--config", str(path)]) == 0
     table = pd.read_csv(out / "tables" / "runs.csv")
+    assert set(table["device"]) == {device}
     trained = table[table["kind"] != "ceiling"]
     assert trained["pred_time_per_iter_s"].gt(0).all() and table["time_per_iter_s"].gt(0).all()
     assert {"phases", "phases_disturbed", "other_load_cores", "disturbed"} <= set(table.columns)

@@ -1,5 +1,9 @@
 """Spatial study on real ranks (forked + gloo): exactness in float64 on 1, 2 and 4 ranks,
-hybrid data x spatial training equal to whole-batch training, and faults (no hangs)."""
+hybrid data x spatial training equal to whole-batch training, and faults (no hangs).
+
+The same float64 exactness suite, training and calibration on CUDA (marked `cuda`: they skip without
+a GPU): one rank on its GPU, two over NCCL where two GPUs are visible, and ranks sharing one GPU over
+gloo (halos staged through host memory) everywhere."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import numpy as np
 import pytest
 from references import reference_losses
 
+from hpcdl.common.layers import build_spec
 from hpcdl.platform.rank_runtime.launch import RankFailure, run_ranks
 from hpcdl.studies.spatial.data import ensure_dataset
 
@@ -19,20 +24,15 @@ CASES = [dict(cin=2, cout=3, kernel=k, stride=s, padding=p, depth=d, height=9, w
 MODEL = {"channels": [3, 4], "dense": [8]}
 
 
-def _suite(nprocs, grid):
+def _suite(nprocs, grid, **placed):
     conv = run_ranks("rank_probes:conv_cases", nprocs, {"cases": CASES, "grid": grid},
-                     timeout_s=240)
+                     timeout_s=240, **placed)
     model = run_ranks("hpcdl.studies.spatial.exactness:model_case", nprocs,
-                      {"shape": (16, 12, 10), "model": MODEL, "grid": grid}, timeout_s=240)
+                      {"shape": (16, 12, 10), "model": MODEL, "grid": grid}, timeout_s=240, **placed)
     return conv, model
 
 
-@pytest.mark.parametrize("nprocs,grid", [
-    (1, (1, 1)), (2, (2, 1)),
-    pytest.param(4, (4, 1), marks=pytest.mark.slow), pytest.param(4, (2, 2), marks=pytest.mark.slow)],
-    ids=["1rank", "2ranks-depth", "4ranks-depth", "4ranks-depth-height"])
-def test_partitioned_conv_and_model_exact(nprocs, grid):
-    conv, model = _suite(nprocs, grid)
+def _assert_exact(conv, model, nprocs):
     assert len(conv) == nprocs and all(len(r) == len(CASES) for r in conv)
     for rank_rows in conv:
         for row in rank_rows:
@@ -40,6 +40,18 @@ def test_partitioned_conv_and_model_exact(nprocs, grid):
                 assert row[key] <= TOL, (key, row)
     for row in model:
         assert row["err_loss"] <= TOL and row["err_grad_input"] <= TOL and row["err_grad_params"] <= TOL, row
+
+
+@pytest.mark.parametrize("nprocs,grid", [
+    (1, (1, 1)), (2, (2, 1)),
+    pytest.param(4, (4, 1), marks=pytest.mark.slow), pytest.param(4, (2, 2), marks=pytest.mark.slow)],
+    ids=["1rank", "2ranks-depth", "4ranks-depth", "4ranks-depth-height"])
+def test_partitioned_conv_and_model_exact(nprocs, grid):
+    conv, model = _suite(nprocs, grid, device="cpu")
+    _assert_exact(conv, model, nprocs)
+    # device cpu: every rank computed on the host and its group ran gloo
+    assert {(r["device"], r["placement"], r["backend"]) for r in model} == {("cpu", "cpu (gloo)", "gloo")}
+    assert {(row["device"], row["placement"]) for rows in conv for row in rows} == {("cpu", "cpu (gloo)")}
     if grid == (4, 1):
         # 16 planes over 4 ranks, then halved by each pool: every rank keeps a slab to the end
         assert model[0]["out_sizes"][0] == (1, 1, 1, 1)
@@ -116,3 +128,90 @@ def test_calibration_gap_is_a_config_key_with_a_default(test_config):
 
     cfg = validate_config(test_config)
     assert cfg["spatial"]["calibration"]["comm_gap_ms"] == 2.0
+
+
+# ---- the same on CUDA (skipped without a GPU) -------------------------------------------------
+
+def _gpus() -> int:
+    from hpcdl.platform.device import visible_gpus
+
+    return visible_gpus()
+
+
+def _one_gpu(monkeypatch):
+    """Ranks started from here see one GPU (the first of this process's): with gpu_sharing they share
+    it over gloo, whatever the machine has."""
+    import os
+
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", first)
+
+
+# (ranks, grid, layout): "nccl" one GPU per rank (needs as many GPUs), "shared" all ranks on one GPU
+CUDA_LAYOUTS = [(1, (1, 1), "nccl"), (2, (2, 1), "nccl"), (2, (2, 1), "shared"), (4, (2, 2), "shared")]
+
+
+def _cuda_launch(nprocs, layout, monkeypatch) -> dict:
+    if layout == "nccl" and _gpus() < nprocs:
+        pytest.skip(f"{nprocs} ranks over NCCL need {nprocs} GPUs; {_gpus()} visible")
+    if layout == "shared":
+        _one_gpu(monkeypatch)
+    return {"device": "cuda", "gpu_sharing": layout == "shared"}
+
+
+def _assert_placed(rows, layout):
+    for r in rows:
+        if layout == "nccl":
+            assert (r["device"], r["placement"]) == ("cuda", f"cuda:{r['rank']} (nccl)"), r
+        else:
+            assert (r["device"], r["placement"]) == ("cuda", "cuda:0 (shared GPU, gloo via host memory)"), r
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("nprocs,grid,layout", CUDA_LAYOUTS,
+                         ids=["1rank", "2ranks-nccl", "2ranks-shared-gpu", "4ranks-depth-height-shared-gpu"])
+def test_partitioned_conv_and_model_exact_on_cuda(nprocs, grid, layout, monkeypatch):
+    conv, model = _suite(nprocs, grid, **_cuda_launch(nprocs, layout, monkeypatch))
+    _assert_exact(conv, model, nprocs)
+    _assert_placed(model, layout)
+    _assert_placed([row for rows in conv for row in rows], layout)
+    assert {r["backend"] for r in model} == {"gloo" if layout == "shared" else "nccl"}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("nprocs,layout", [(1, "nccl"), (2, "nccl"), (2, "shared")],
+                         ids=["1rank", "2ranks-nccl", "2ranks-shared-gpu"])
+def test_training_on_cuda_equals_whole_batch_training(nprocs, layout, tmp_path, monkeypatch):
+    placed = _cuda_launch(nprocs, layout, monkeypatch)
+    data = ensure_dataset(tmp_path, (16, 8, 8), 8, 0, (0.5, 2.0), (-3.0, -1.0))
+    kw = dict(data_dir=str(data), model=MODEL, batch_size=2, iterations=3, lr=1e-2, seed=0)
+    ref = reference_losses(**kw, dtype="float64")  # one process, on the host
+    runs = {}
+    for overlap in (True, False):
+        runs[overlap] = run_ranks("hpcdl.studies.spatial.train:train_run", nprocs,
+                                  {**kw, "n_data": 1, "grid": (nprocs, 1), "dtype": "float64",
+                                   "overlap": overlap, "bucket_kb": 0.5}, timeout_s=240, **placed)
+    for res in runs.values():
+        _assert_placed(res, layout)
+        for r in res:
+            np.testing.assert_allclose([rec["loss"] for rec in r["records"]], ref, rtol=1e-9)
+            assert r["gpu_peak_mb"] > 0
+            for rec in r["records"]:
+                assert all(rec[k] >= 0 for k in ("io_s", "compute_s", "halo_s", "gather_s", "allreduce_s"))
+                assert rec["total_s"] > 0
+    if nprocs > 1:  # the exchanges were timed on the GPU's stream
+        for key in ("halo_s", "gather_s"):
+            assert sum(rec[key] for r in runs[False] for rec in r["records"]) > 0, key
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", ["nccl", "shared"], ids=["nccl", "shared-gpu"])
+def test_calibration_on_cuda_times_every_kind(layout, tmp_path, monkeypatch):
+    placed = _cuda_launch(2, layout, monkeypatch)
+    data = ensure_dataset(tmp_path, (8, 8, 8), 4, 0, (0.5, 2.0), (-3.0, -1.0))
+    rows = run_ranks("hpcdl.studies.spatial.calibration:calibrate_rank", 2, {
+        "specs": [(build_spec((8, 8, 8), MODEL), 2)], "data_dir": str(data), "sizes_bytes": [1024, 65536],
+        "fractions": [1.0, 0.5], "repeats": 2, "comm_gap_s": 0.001}, timeout_s=300, **placed)[0]
+    kinds = {"pingpong", "allreduce", "allgather", "exchange", "conv", "pool", "dense", "optimizer", "io"}
+    assert kinds <= {r["kind"] for r in rows}
+    assert all(r["time_s"] > 0 and r["device"] == "cuda" for r in rows)

@@ -1,6 +1,7 @@
 """Spatial scaling study: halo-exchange partitioned Conv3d, CosmoFlow-like hybrid training, analysis.
 
     partition    index arithmetic of spatially partitioned windowed ops along one axis (pure)
+    devices      where a rank's tensors live (compute vs comm device, host staging) and GPU timing
     halo         halo exchange along one partitioned axis as an autograd Function
     overlap      a depth-partitioned conv3d whose halo exchange is hidden behind compute
     buckets      gradient all-reduce in buckets launched during the backward

@@ -5,6 +5,11 @@ their gradients (last layer first). A bucket's all-reduce starts (async) the mom
 gradient is accumulated, so it travels while the backward of earlier layers still computes;
 buckets are launched strictly in order so every rank issues the same collectives in the same
 order. `finish()` waits for them all and writes the reduced gradients back.
+
+On a GPU over NCCL a bucket's all-reduce runs on NCCL's stream once the stream that produced its
+gradients reaches it (the hook's); `finish()` makes the compute stream wait for each (work.wait()),
+so the copies back are ordered after the reduction. Where ranks share a GPU (gloo) a bucket is
+staged to host memory in the hook and copied back after its wait.
 """
 
 from __future__ import annotations
@@ -14,12 +19,15 @@ import time
 import torch
 import torch.distributed as dist
 
+from hpcdl.studies.spatial.devices import synchronize, to_comm
+
 
 class _Bucket:
     def __init__(self, params: list, group, scale: float):
         self.params, self.group, self.scale = params, group, scale
         self.pending = len(params)
         self.flat = None
+        self.sent = None  # what the all-reduce moves: flat itself, or its host copy (shared GPU)
         self.work = None
 
 
@@ -49,11 +57,13 @@ class GradBuckets:
                 self._owner[p] = i
                 p.register_post_accumulate_grad_hook(self._ready)
         self._next = 0
+        # the parameters' device: on CUDA the exposed wait is timed once its queued kernels are done
+        self.device = next((p.device for params, *_ in plan for p in params), torch.device("cpu"))
 
     def start(self) -> None:
         """Before each backward."""
         for b in self.buckets:
-            b.pending, b.work, b.flat = len(b.params), None, None
+            b.pending, b.work, b.flat, b.sent = len(b.params), None, None, None
         self._next = 0
 
     def _ready(self, p) -> None:
@@ -70,17 +80,23 @@ class GradBuckets:
                 return
             b.flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                                 for p in b.params])
-            b.work = dist.all_reduce(b.flat, group=b.group, async_op=True)
+            b.sent = to_comm(b.flat)
+            b.work = dist.all_reduce(b.sent, group=b.group, async_op=True)
             self._next += 1
 
     def finish(self) -> float:
         """Wait for every bucket (launching any whose gradients never came), copy back, scale.
 
-        Returns the seconds spent waiting here: the all-reduce time the backward did not hide."""
+        Returns the seconds spent waiting here: the all-reduce time the backward did not hide. On a
+        GPU that is from the end of the backward's kernels to the end of the last reduction."""
         self._launch(force=True)
+        synchronize(self.device)
         t0 = time.perf_counter()
         for b in self.buckets:
             b.work.wait()
+            if b.sent is not b.flat:
+                b.flat.copy_(b.sent)
+        synchronize(self.device)
         waited = time.perf_counter() - t0
         for b in self.buckets:
             b.flat.mul_(b.scale)

@@ -12,6 +12,11 @@ activations are streamed through the caches (untimed), as in a training step. Th
 run with the allocator warmed (no page faults); the cost of the fresh pages a step's largest
 feature maps take from the OS is timed on its own (map, first-touch, unmap). Slab reads from
 the GRF cache give the I/O cost.
+
+Everything runs where the study's ranks run (hpcdl.platform.rank_runtime.placement): the layers on
+the rank's compute device, the collectives' buffers on its comm device. On a GPU each timing waits
+for the compute stream at both ends (devices.now), and I/O includes the copy to the GPU, as a
+training step's does. (Fitting the oracle to a GPU at paper scale is another matter: #26.)
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from hpcdl.common.layers import flops, layer_key, numel
+from hpcdl.platform.rank_runtime.placement import current
 from hpcdl.studies.spatial.data import SlabReader
+from hpcdl.studies.spatial.devices import comm_tensor, now, synchronize, where
 from hpcdl.studies.spatial.load import PhaseLoad, other_load_cores
 from hpcdl.studies.spatial.model import LEAK, partitioned_conv3d, single_layout, window
 from hpcdl.studies.spatial.partition import plan_axis
@@ -46,8 +53,15 @@ def interquartile_mean(times) -> float:
     return float(t[q:len(t) - q].mean())
 
 
-def _best(fn, repeats: int, together: bool = False) -> float:
-    """Fastest quartile of fn's seconds.
+def _slowest(times: list[float]) -> list[float]:
+    """Each repetition's time on the slowest rank of the group."""
+    t = comm_tensor(times, torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _best(fn, repeats: int, together: bool = False, device="cpu") -> float:
+    """Fastest quartile of fn's seconds (fn's work on `device`, waited for on a GPU).
 
     `together`: every rank of the group runs fn at the same moment (a barrier before each
     repetition) and the slowest rank sets each repetition's time, as in a spatial run where all
@@ -58,25 +72,24 @@ def _best(fn, repeats: int, together: bool = False) -> float:
     for _ in range(repeats):
         if together:
             dist.barrier()
-        t0 = time.perf_counter()
+        t0 = now(device)
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(now(device) - t0)
     if together:
-        t = torch.tensor(times, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        times = t.tolist()
+        times = _slowest(times)
     return fastest_quartile(times)
 
 
 def pingpong(sizes_bytes: list[int], repeats: int) -> list[dict]:
     rank = dist.get_rank()
+    comm = torch.device(current().comm)
     rows = []
     for n in sizes_bytes:
-        buf = torch.zeros(max(1, n // 4), dtype=torch.float32)
+        buf = torch.zeros(max(1, n // 4), dtype=torch.float32, device=comm)
         times = []
         for i in range(repeats + 1):
             dist.barrier()
-            t0 = time.perf_counter()
+            t0 = now(comm)
             if rank == 0:
                 dist.send(buf, 1)
                 dist.recv(buf, 1)
@@ -84,7 +97,7 @@ def pingpong(sizes_bytes: list[int], repeats: int) -> list[dict]:
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
             if i:
-                times.append(time.perf_counter() - t0)
+                times.append(now(comm) - t0)
         rows.append({"kind": "pingpong", "size_bytes": buf.numel() * 4,
                      "time_s": fastest_quartile(times) / 2})
     return rows
@@ -93,24 +106,31 @@ def pingpong(sizes_bytes: list[int], repeats: int) -> list[dict]:
 def _exchange(buf: torch.Tensor, recv: torch.Tensor, peer: int | None) -> None:
     if peer is None:
         return
-    works = [dist.irecv(recv, src=peer, tag=7), dist.isend(buf, dst=peer, tag=7)]
+    if buf.is_cuda:  # NCCL: one group call, as the halo's (hpcdl.studies.spatial.halo.post)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, recv, peer, tag=7),
+                                        dist.P2POp(dist.isend, buf, peer, tag=7)])
+    else:
+        works = [dist.irecv(recv, src=peer, tag=7), dist.isend(buf, dst=peer, tag=7)]
     for w in works:
         w.wait()
 
 
-def _gap_work(seconds: float):
-    """A fixed amount of matmul work lasting about `seconds` on rank 0, the same on every rank."""
-    a = torch.randn(128, 128)
+def _gap_work(seconds: float, device="cpu"):
+    """A fixed amount of matmul work lasting about `seconds` on rank 0, the same on every rank; on a
+    GPU each product is counted once done, and the work returns once its kernels are."""
+    a = torch.randn(128, 128, device=device)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < 0.05:
         a @ a
+        synchronize(device)
         n += 1
-    count = torch.tensor([max(1, round(seconds * n / (time.perf_counter() - t0)))])
+    count = comm_tensor([max(1, round(seconds * n / (time.perf_counter() - t0)))])
     dist.broadcast(count, 0)
 
     def work():
         for _ in range(int(count)):
             a @ a
+        synchronize(device)
     return work
 
 
@@ -126,11 +146,13 @@ def collectives(sizes_bytes: list[int], repeats: int, gap_s: float = 0.0) -> lis
     machine vary several-fold, hence the many repetitions, cheap at these sizes)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     peer = 1 - rank if rank < 2 else None
-    gap = _gap_work(gap_s) if gap_s > 0 else None
+    place = current()
+    comm = torch.device(place.comm)
+    gap = _gap_work(gap_s, place.compute) if gap_s > 0 else None
     reps = 6 * repeats if gap else repeats
     rows = []
     for n in sizes_bytes:
-        buf = torch.zeros(max(1, n // 4), dtype=torch.float32)
+        buf = torch.zeros(max(1, n // 4), dtype=torch.float32, device=comm)
         recv = torch.empty_like(buf)
         outs = [torch.empty_like(buf) for _ in range(world)]
         ops = (("allreduce", functools.partial(dist.all_reduce, buf), buf.numel() * 4),
@@ -142,16 +164,16 @@ def collectives(sizes_bytes: list[int], repeats: int, gap_s: float = 0.0) -> lis
                 dist.barrier()
                 if gap:
                     gap()
-                t0 = time.perf_counter()
+                t0 = now(comm)
                 fn()
                 if i:
-                    times.append(time.perf_counter() - t0)
+                    times.append(now(comm) - t0)
             t = interquartile_mean(times) if gap else fastest_quartile(times)
             rows.append({"kind": kind, "size_bytes": size, "ranks": world, "time_s": t, "gap_s": gap_s})
     return rows
 
 
-def _layer_fn(L: dict, batch: int, frac_d: float, input_grad: bool = True):
+def _layer_fn(L: dict, batch: int, frac_d: float, input_grad: bool = True, device="cpu"):
     """The forward of layer L on a slab with frac_d of its depth, run as the model runs it.
 
     Conv: the halo window (the slab plus its halo planes, built by concatenation; its backward
@@ -160,12 +182,13 @@ def _layer_fn(L: dict, batch: int, frac_d: float, input_grad: bool = True):
     dense: linear with bias (+ LeakyReLU). On one rank the halo planes are the zero padding of
     the slab's edges, the same planes a middle rank receives, so the copies are the same.
     `input_grad` is False for the network's first layer: training needs no gradient of the data.
+    Every tensor is on `device`, the rank's compute device.
     Returns (forward closure returning the output, units, depth fraction actually timed).
     """
     if L["kind"] == "dense":
-        x = torch.randn(batch, L["fin"], requires_grad=True)
-        w = torch.randn(L["fout"], L["fin"], requires_grad=True)
-        b = torch.randn(L["fout"], requires_grad=True)
+        x = torch.randn(batch, L["fin"], requires_grad=True, device=device)
+        w = torch.randn(L["fout"], L["fin"], requires_grad=True, device=device)
+        b = torch.randn(L["fout"], requires_grad=True, device=device)
 
         def fwd():
             y = F.linear(x, w, b)
@@ -178,10 +201,10 @@ def _layer_fn(L: dict, batch: int, frac_d: float, input_grad: bool = True):
         d_loc = max(s, d_loc // s * s)  # a slab of whole pooling windows, as the study's splits are
     plans = (plan_axis((d_loc,), k, s, L["pad"], L["name"]), None)
     layout = single_layout()
-    x = torch.randn(batch, c, d_loc, h, w_, requires_grad=input_grad)
+    x = torch.randn(batch, c, d_loc, h, w_, requires_grad=input_grad, device=device)
     if L["kind"] == "conv":
-        wt = torch.randn(L["cout"], c, k, k, k, requires_grad=True)
-        bias = torch.randn(L["cout"], requires_grad=True)
+        wt = torch.randn(L["cout"], c, k, k, k, requires_grad=True, device=device)
+        bias = torch.randn(L["cout"], requires_grad=True, device=device)
 
         if d_loc == d:  # the whole volume: a run with no spatial split runs the plain conv (no window)
             def fwd():
@@ -203,34 +226,34 @@ def activation_bytes(spec: list[dict], batch: int) -> int:
     return sum(_nbytes(L, batch, 1.0) for L in spec)
 
 
-def _best_fwd_bwd(fwd, evict: torch.Tensor | None, repeats: int, together: bool = False) -> float:
+def _best_fwd_bwd(fwd, evict: torch.Tensor | None, repeats: int, together: bool = False,
+                  device="cpu") -> float:
     """Fastest quartile of forward + backward seconds, with `evict` rewritten (untimed) in between.
 
     In a training step the rest of the network's activations pass through the caches between a
     layer's forward and its backward, so the backward reads what the forward saved from further
     away than a layer timed alone would: `evict` is that traffic. The output's gradient is a
-    dense tensor, just written, as the next layer's backward hands it over. `together`: as `_best`.
+    dense tensor, just written, as the next layer's backward hands it over. `together`, `device`:
+    as `_best`.
     """
     grad = torch.randn_like(fwd())
     times = []
     for i in range(repeats + 1):
         if together:
             dist.barrier()
-        t0 = time.perf_counter()
+        t0 = now(device)
         y = fwd()
-        t1 = time.perf_counter()
+        t1 = now(device)
         if evict is not None:
             evict.add_(1.0)
         grad.mul_(1.0)
-        t2 = time.perf_counter()
+        t2 = now(device)
         y.backward(grad)
-        t3 = time.perf_counter()
+        t3 = now(device)
         if i:  # the first is a warm-up: allocator, kernels
             times.append((t1 - t0) + (t3 - t2))
     if together:
-        t = torch.tensor(times, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        times = t.tolist()
+        times = _slowest(times)
     return fastest_quartile(times)
 
 
@@ -267,11 +290,11 @@ def _param_shapes(spec: list[dict]) -> list[tuple[int, ...]]:
     return shapes
 
 
-def _optimizer_fn(shapes: list[tuple[int, ...]]):
+def _optimizer_fn(shapes: list[tuple[int, ...]], device="cpu"):
     """zero_grad + Adam step over parameters of the model's own shapes (per-tensor costs included)."""
-    params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    params = [torch.nn.Parameter(torch.randn(s, device=device)) for s in shapes]
     for p in params:
-        p.grad = torch.randn(p.shape)
+        p.grad = torch.randn(p.shape, device=device)
     opt = torch.optim.Adam(params, lr=1e-3)
 
     def fn():
@@ -281,24 +304,25 @@ def _optimizer_fn(shapes: list[tuple[int, ...]]):
 
 
 def compute_timings(specs: list[tuple[list[dict], int]], fractions: list[float], repeats: int,
-                    together: bool = False) -> list[dict]:
-    """Every conv/pool/dense layer of the specs at each slab fraction, and the optimizer step.
+                    together: bool = False, device="cpu") -> list[dict]:
+    """Every conv/pool/dense layer of the specs at each slab fraction, and the optimizer step, on
+    `device` (the fresh pages' cost is the host's: glibc's heap).
 
     With `together` every rank of the group must call this with the same arguments.
     """
     concurrent = dist.get_world_size() if together else 1
     rows = []
     _warm_allocator(2 * max(activation_bytes(spec, batch) for spec, batch in specs))
-    evict = torch.zeros(max(activation_bytes(spec, batch) for spec, batch in specs) // 4)
+    evict = torch.zeros(max(activation_bytes(spec, batch) for spec, batch in specs) // 4, device=device)
     for spec, batch in specs:
         for L in spec:
             if L["kind"] not in ("conv", "pool", "dense"):
                 continue
             for frac in (fractions if L["kind"] != "dense" else [1.0]):
-                fwd, units, got = _layer_fn(L, batch, frac, input_grad=L is not spec[0])
+                fwd, units, got = _layer_fn(L, batch, frac, input_grad=L is not spec[0], device=device)
                 # the step's other activations, on a slab of the same fraction
                 n = max(0, int(activation_bytes(spec, batch) * got) - _nbytes(L, batch, got)) // 4
-                t = _best_fwd_bwd(fwd, evict[:n] if n else None, repeats, together)
+                t = _best_fwd_bwd(fwd, evict[:n] if n else None, repeats, together, device)
                 rows.append({"kind": L["kind"], "layer": L["name"], "key": layer_key(L), "batch": batch,
                              "fraction": frac, "concurrent": concurrent, "units": units, "time_s": t})
     sizes = {int(fresh_bytes(spec, batch)) for spec, batch in specs}
@@ -309,20 +333,29 @@ def compute_timings(specs: list[tuple[list[dict], int]], fractions: list[float],
     shape_sets = [_param_shapes(spec) for spec, _ in specs]
     shape_sets.append([s for shapes in shape_sets for s in shapes] * 2)  # a larger model
     for shapes in shape_sets:
-        fn, n = _optimizer_fn(shapes)
+        fn, n = _optimizer_fn(shapes, device)
         rows.append({"kind": "optimizer", "units": n, "concurrent": concurrent,
-                     "time_s": _best(fn, repeats, together)})
+                     "time_s": _best(fn, repeats, together, device)})
     return rows
 
 
-def io_timings(data_dir: str, batch: int, fractions: list[float], repeats: int) -> list[dict]:
+def _read_to(reader: SlabReader, idx, n_d: int, device: torch.device):
+    """A slab read as a training step reads it: onto the GPU where the ranks compute on one."""
+    block = reader.read(idx, slice(0, n_d), slice(None))
+    if device.type == "cuda":
+        return torch.from_numpy(block[0]).to(device), torch.from_numpy(block[1]).to(device)
+    return block
+
+
+def io_timings(data_dir: str, batch: int, fractions: list[float], repeats: int, device="cpu") -> list[dict]:
     reader = SlabReader(data_dir)
+    device = torch.device(device)
     d = reader.shape[0]
     rows = []
     for frac in fractions:
         n_d = max(1, int(round(d * frac)))
         idx = np.arange(min(batch, len(reader)))
-        t = _best(lambda idx=idx, n_d=n_d: reader.read(idx, slice(0, n_d), slice(None)), repeats)
+        t = _best(lambda idx=idx, n_d=n_d: _read_to(reader, idx, n_d, device), repeats, device=device)
         nbytes = len(idx) * n_d * reader.shape[1] * reader.shape[2] * 4
         rows.append({"kind": "io", "units": nbytes, "batch": len(idx), "time_s": t})
     return rows
@@ -340,7 +373,7 @@ def _section(fn, world: int) -> tuple[list[dict], dict]:
     if world > 1:
         dist.barrier()
     got = probe.stop()
-    own = torch.tensor([got["own_cpu_s"]], dtype=torch.float64)
+    own = comm_tensor([got["own_cpu_s"]], torch.float64)
     if world > 1:
         dist.all_reduce(own)
     other = other_load_cores(got["machine_busy_s"], got["steal_s"], float(own), got["wall_s"]) * got["wall_s"]
@@ -352,20 +385,23 @@ def calibrate_rank(specs: list[tuple[list[dict], int]], data_dir: str, sizes_byt
     """Every rank joins the ping-pong and collectives; rank 0 alone times compute and I/O while the
     others wait (`concurrent` 1), then every rank times the same compute at once (`concurrent` =
     ranks: the contended rate of runs that keep several cores busy). Each row carries its section's
-    `other_cpu_s` (CPU seconds taken from outside the run) and `section_s` (wall seconds)."""
+    `other_cpu_s` (CPU seconds taken from outside the run) and `section_s` (wall seconds), and where
+    it was measured (`device`, `placement`)."""
     torch.set_default_dtype(torch.float32)
     world, rank = dist.get_world_size(), dist.get_rank()
+    place = current()
+    dev = torch.device(place.compute)
     sections = []
     if world > 1:
         sections.append(lambda: (pingpong(sizes_bytes, repeats)
                                  + collectives(sizes_bytes, repeats, comm_gap_s)))
-    sections.append(lambda: (compute_timings(specs, fractions, repeats)
-                             + io_timings(data_dir, max(b for _, b in specs), fractions, repeats))
+    sections.append(lambda: (compute_timings(specs, fractions, repeats, device=dev)
+                             + io_timings(data_dir, max(b for _, b in specs), fractions, repeats, dev))
                     if rank == 0 else [])
     if world > 1:
-        sections.append(lambda: compute_timings(specs, fractions, repeats, together=True))
+        sections.append(lambda: compute_timings(specs, fractions, repeats, together=True, device=dev))
     rows = []
     for fn in sections:
         got, load = _section(fn, world)
-        rows += [{**r, **load} for r in got]
+        rows += [{**r, **load, **where(place)} for r in got]
     return rows if rank == 0 else []

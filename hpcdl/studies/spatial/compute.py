@@ -3,6 +3,10 @@
 A scaling run = one rank launch (hpcdl.platform.rank_runtime.launch.run_ranks) of
 hpcdl.studies.spatial.train.train_run on data x depth x height ranks; it returns one summary row and
 per-rank, per-iteration rows.
+
+Every launch (scaling runs, the 1-rank and no-communication ceiling runs among them, calibration,
+exactness) runs on the device its block names: `device`, the study's device resolved once by the task
+app (cpu or cuda), and on CUDA `gpu_sharing` (sweep.placement). The rows say where they were measured.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ def _env(block: dict) -> None:
     os.environ["HPCDL_HALO_TIMEOUT_S"] = str(block["halo_timeout_s"])
 
 
+def _placed(block: dict) -> dict:
+    """run_ranks' device arguments from a unit's block (its resolved device; sharing only on CUDA)."""
+    return {"device": block["device"], "gpu_sharing": bool(block.get("gpu_sharing", False))}
+
+
 def run_point(point: dict, block: dict, resources_dir: str) -> dict:
     """Launch one scaling run; returns {"summary": row, "iterations": rows, "ranks": per-rank rows}."""
     _env(block)
@@ -41,7 +50,7 @@ def run_point(point: dict, block: dict, resources_dir: str) -> dict:
         "seed": block["seed"], "dtype": block["dtype"], "allow_uneven": block["allow_uneven"],
         "overlap": block["overlap"], "bucket_kb": block["bucket_kb"],
         "communicate": point["kind"] != "ceiling"},
-        timeout_s=block["run_timeout_s"], threads_per_rank=block["threads_per_rank"])
+        timeout_s=block["run_timeout_s"], threads_per_rank=block["threads_per_rank"], **_placed(block))
     wall = time.time() - t0
     iters, ranks = [], []
     for res in results:
@@ -51,10 +60,13 @@ def run_point(point: dict, block: dict, resources_dir: str) -> dict:
                       "data_index": res["data_index"],
                       "slab_depth": res["slab_depth"], "slab_height": res["slab_height"],
                       "peak_rss_mb": res["peak_rss_mb"], "base_rss_mb": res["base_rss_mb"],
-                      "peak_delta_mb": res["peak_rss_mb"] - res["base_rss_mb"], "n_params": res["n_params"]})
+                      "peak_delta_mb": res["peak_rss_mb"] - res["base_rss_mb"], "n_params": res["n_params"],
+                      "placement": res["placement"],
+                      **({"gpu_peak_mb": res["gpu_peak_mb"]} if "gpu_peak_mb" in res else {})})
     summary = {**{k: v for k, v in point.items() if k not in ("layout", "shape")},
                "data": d, "depth_ranks": pd, "height_ranks": ph,
                "depth": point["shape"][0], "height": point["shape"][1], "width": point["shape"][2],
+               "device": results[0]["device"], "placement": results[0]["run_placement"],
                "launch_wall_s": wall, "status": "ok", "error": ""}
     return {"summary": summary, "iterations": iters, "ranks": ranks}
 
@@ -74,7 +86,7 @@ def calibrate_point(block: dict, resources_dir: str, round_index: int = 0) -> li
     rows = run_ranks("hpcdl.studies.spatial.calibration:calibrate_rank", 2, {
         "specs": calibration_specs(block), "data_dir": str(data_dir), "sizes_bytes": c["pingpong_bytes"],
         "fractions": c["fractions"], "repeats": c["repeats"], "comm_gap_s": c["comm_gap_ms"] / 1e3},
-        timeout_s=block["run_timeout_s"], threads_per_rank=block["threads_per_rank"])[0]
+        timeout_s=block["run_timeout_s"], threads_per_rank=block["threads_per_rank"], **_placed(block))[0]
     return [{**r, "round": round_index} for r in rows]
 
 
@@ -84,6 +96,6 @@ def exactness_point(block: dict, layout: list[int]) -> list[dict]:
     _, pd, ph = layout
     res = run_ranks("hpcdl.studies.spatial.exactness:model_case", pd * ph, {
         "shape": tuple(block["exactness"]["shape"]), "model": block["model"], "grid": (pd, ph)},
-        timeout_s=block["run_timeout_s"])
+        timeout_s=block["run_timeout_s"], **_placed(block))
     return [{"layout": "x".join(map(str, layout)), **{k: v for k, v in r.items() if k != "out_sizes"}}
             for r in res]

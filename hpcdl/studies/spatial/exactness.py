@@ -2,7 +2,8 @@
 
 Every rank builds the same seeded reference (nn.Conv3d / CosmoFlow) on the full input and
 the partitioned version on its slab, then reports the relative error of outputs, input
-gradients and weight gradients (max |a - b| / max |b|).
+gradients and weight gradients (max |a - b| / max |b|). Both run on the rank's compute device
+(its GPU under CUDA, float64 there too), from the same values drawn on the host.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import torch.distributed as dist
 from torch import nn
 
 from hpcdl.common.layers import build_spec
+from hpcdl.platform.rank_runtime.placement import current
+from hpcdl.studies.spatial.devices import to_comm, where
 from hpcdl.studies.spatial.model import CosmoFlow, SpatialCosmoFlow, make_layout
 
 
@@ -33,7 +36,10 @@ def world_layout(grid):
 
 def sum_over_layout(t: torch.Tensor, layout) -> torch.Tensor:
     if layout.size > 1:
-        dist.all_reduce(t, group=layout.group)
+        sent = to_comm(t)
+        dist.all_reduce(sent, group=layout.group)
+        if sent is not t:
+            t.copy_(sent)
     return t
 
 
@@ -48,12 +54,14 @@ def model_case(shape: tuple[int, int, int], model: dict, grid: tuple[int, int] =
     launch reports is the survivors' own error, not a race with the launcher stopping them.
     """
     torch.set_default_dtype(torch.float64)
+    place = current()
+    dev = torch.device(place.compute)
     grid = (dist.get_world_size(), 1) if grid[0] == 0 else tuple(grid)
     layout = world_layout(grid)
     torch.manual_seed(7)
-    ref = CosmoFlow(build_spec(tuple(shape), model))
-    x = torch.randn(batch, 1, *shape, requires_grad=True)
-    target = torch.randn(batch, 2)
+    ref = CosmoFlow(build_spec(tuple(shape), model)).to(dev)
+    x = torch.randn(batch, 1, *shape).to(dev).requires_grad_(True)
+    target = torch.randn(batch, 2).to(dev)
     loss_ref = nn.functional.mse_loss(ref(x), target)
     loss_ref.backward()
     net = copy.deepcopy(ref)
@@ -77,4 +85,4 @@ def model_case(shape: tuple[int, int, int], model: dict, grid: tuple[int, int] =
         errs.append(rel_err(g, p_ref.grad))
     return {"rank": dist.get_rank(), "err_loss": rel_err(loss.detach(), loss_ref.detach()),
             "err_grad_input": rel_err(xs.grad, x.grad[:, :, ds, hs]), "err_grad_params": max(errs),
-            "out_sizes": sp.out_sizes}
+            "out_sizes": sp.out_sizes, **where(place), "backend": str(dist.get_backend())}

@@ -8,7 +8,6 @@ head runs replicated on every spatial rank and its gradient needs no spatial red
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcdl.common.layers import conv_out
+from hpcdl.studies.spatial.devices import to_comm
 from hpcdl.studies.spatial.halo import TIMERS, Line, halo_exchange
 from hpcdl.studies.spatial.overlap import overlapped_conv3d
 from hpcdl.studies.spatial.partition import AxisPlan, plan_axis, split_sizes
@@ -150,11 +150,12 @@ class _Gather(torch.autograd.Function):
         ctx.block = (layout.coords, d_sizes, h_sizes)
         if layout.size == 1:
             return x
-        t0 = time.perf_counter()
+        t0 = TIMERS.start(x.device)
         n, c, _, _, w = x.shape
         md, mh = max(d_sizes), max(h_sizes)
         padded = x.new_zeros((n, c, md, mh, w))
         padded[:, :, :x.shape[2], :x.shape[3]] = x
+        padded = to_comm(padded)  # staged through the host where ranks share a GPU
         bufs = [torch.empty_like(padded) for _ in range(layout.size)]
         dist.all_gather(bufs, padded, group=layout.group)
         pd, ph = layout.grid
@@ -163,7 +164,9 @@ class _Gather(torch.autograd.Function):
             rows.append(torch.cat([bufs[cd * ph + ch][:, :, :d_sizes[cd], :h_sizes[ch]] for ch in range(ph)],
                                   dim=3))
         out = torch.cat(rows, dim=2)
-        TIMERS.seconds["gather"] += time.perf_counter() - t0
+        if out.device != x.device:
+            out = out.to(x.device)
+        TIMERS.stop("gather", t0)
         return out
 
     @staticmethod

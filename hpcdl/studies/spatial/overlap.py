@@ -12,7 +12,8 @@ does this rank wait for the gradients of the planes it sent.
 Two autograd Functions share one `_Halo` state per call: `_Post` (identity on x; forward posts,
 backward waits for the returned gradients and adds them) and `_Wait` (forward waits for the
 halo planes; backward posts their gradients). The same sums as the blocking path up to the
-order of additions, so the float64 exactness checks hold.
+order of additions, so the float64 exactness checks hold. On a GPU the halo planes and their
+gradients live on the rank's GPU; hpcdl.studies.spatial.halo's post/wait move them over its backend.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hpcdl.studies.spatial.halo import Line, post, wait
+from hpcdl.studies.spatial.halo import Line, Posted, post, wait
 from hpcdl.studies.spatial.partition import AxisPlan
 
 
@@ -29,8 +30,8 @@ class _Halo:
 
     def __init__(self, plan: AxisPlan, line: Line, dim: int, tag: int):
         self.ex, self.line, self.dim, self.tag = plan.exchange(line.index), line, dim, tag
-        self.fwd: list = []
-        self.bwd: list | None = None  # posted by _Wait.backward (or _Post.backward where no halo came)
+        self.fwd: Posted | None = None
+        self.bwd: Posted | None = None  # posted by _Wait.backward (or _Post.backward where no halo came)
         self.halo: dict = {}
         self.back: dict = {}
 
@@ -44,7 +45,8 @@ class _Halo:
         recvs, sends = [], []
         for side, peer in (("l", line.left()), ("r", line.right())):
             if ex[f"recv_{side}"]:
-                self.halo[side] = torch.empty(self._shape(x, ex[f"recv_{side}"]), dtype=x.dtype)
+                shape = self._shape(x, ex[f"recv_{side}"])
+                self.halo[side] = torch.empty(shape, dtype=x.dtype, device=x.device)
                 recvs.append((self.halo[side], peer))
         if ex["send_l"]:
             sends.append((x.narrow(dim, 0, ex["send_l"]).contiguous(), line.left()))
@@ -60,7 +62,8 @@ class _Halo:
         recvs = []
         for side, peer in (("l", line.left()), ("r", line.right())):
             if ex[f"send_{side}"]:
-                self.back[side] = torch.empty(self._shape(like, ex[f"send_{side}"]), dtype=like.dtype)
+                self.back[side] = torch.empty(self._shape(like, ex[f"send_{side}"]), dtype=like.dtype,
+                                              device=like.device)
                 recvs.append((self.back[side], peer))
         self.bwd = post(sends, recvs, self.tag + 1)
 
@@ -85,7 +88,7 @@ class _Post(torch.autograd.Function):
                 grad.narrow(st.dim, 0, st.ex["send_l"]).add_(st.back["l"])
             if "r" in st.back:
                 grad.narrow(st.dim, n - st.ex["send_r"], st.ex["send_r"]).add_(st.back["r"])
-        st.fwd, st.bwd = [], None
+        st.fwd, st.bwd = None, None
         st.halo, st.back = {}, {}
         return grad, None
 

@@ -67,6 +67,14 @@ def exactness_block(block: dict) -> dict:
             "exactness": {"shape": block["exactness"]["shape"]}}
 
 
+def placement(block: dict, device: str) -> dict:
+    """Where every unit runs, added to each unit's block (so to its stored result's key): the study's
+    resolved device (hpcdl.platform.device.study_device) and, on CUDA, whether ranks may share a GPU.
+    A result measured on one device is never reused for another."""
+    return {"device": device, **({"gpu_sharing": bool(block.get("gpu_sharing", False))}
+                                 if device == "cuda" else {})}
+
+
 # Out of sample (spatial.held_out): the oracle is judged on runs whose layer shapes its calibration
 # never timed. A layer's shape is its layer_key (channels, kernel, height x width; depth is the
 # fitted size), so a held-out run is unseen exactly when none of its keys is calibrated.

@@ -5,12 +5,16 @@ the global batch; each spatial rank reads only its slab of those samples. Gradie
 convolutions are summed over the spatial group (each rank saw part of the volume), then
 every gradient is averaged over the data group. Per iteration we time I/O, halo exchange,
 the gather to the head, the gradient all-reduce, and the rest (compute).
+
+The model, the batch and every activation, halo and gradient live on the rank's compute device
+(hpcdl.platform.rank_runtime.placement: its GPU under CUDA). On a GPU each phase boundary waits for
+the compute stream (devices.now), so I/O includes the copy to the GPU and compute its kernels; the
+halo and gather times are read on the stream's own timeline (halo.CommTimers).
 """
 
 from __future__ import annotations
 
 import resource
-import time
 
 import numpy as np
 import torch
@@ -18,8 +22,10 @@ import torch.distributed as dist
 from torch import nn
 
 from hpcdl.common.layers import build_spec
+from hpcdl.platform.rank_runtime.placement import current
 from hpcdl.studies.spatial.buckets import GradBuckets
 from hpcdl.studies.spatial.data import SlabReader
+from hpcdl.studies.spatial.devices import now, run_label, to_comm, where
 from hpcdl.studies.spatial.groups import hybrid_groups
 from hpcdl.studies.spatial.halo import TIMERS
 from hpcdl.studies.spatial.load import PhaseLoad
@@ -53,12 +59,14 @@ def train_run(data_dir: str, n_data: int, grid: tuple[int, int], model: dict, ba
     the iteration (hpcdl.studies.spatial.load), so the analysis can tell a disturbed phase.
     """
     torch.set_default_dtype(getattr(torch, dtype))
+    place = current()
+    dev = torch.device(place.compute)
     if batch_size % n_data:
         raise ValueError(f"spatial: global batch {batch_size} is not divisible by {n_data} data groups")
     hy = hybrid_groups(n_data, tuple(grid))
     reader = SlabReader(data_dir)
     torch.manual_seed(seed)
-    net = CosmoFlow(build_spec(reader.shape, model))
+    net = CosmoFlow(build_spec(reader.shape, model)).to(dev)
     sp = SpatialCosmoFlow(net, hy.layout, allow_uneven=allow_uneven, overlap=overlap)
     ds, hs = sp.slab()
     conv_params = sp.conv_parameters()
@@ -90,11 +98,11 @@ def train_run(data_dir: str, n_data: int, grid: tuple[int, int], model: dict, ba
             dist.barrier()
         TIMERS.reset()
         probe.start()
-        t0 = time.perf_counter()
+        t0 = now(dev)
         xb, yb = reader.read(idx, ds, hs)
-        x = torch.from_numpy(xb).to(torch.get_default_dtype())
-        y = torch.from_numpy(yb).to(torch.get_default_dtype())
-        t_io = time.perf_counter() - t0
+        x = torch.from_numpy(xb).to(device=dev, dtype=torch.get_default_dtype())
+        y = torch.from_numpy(yb).to(device=dev, dtype=torch.get_default_dtype())
+        t_io = now(dev) - t0
         opt.zero_grad(set_to_none=False)
         if buckets is not None:
             buckets.start()
@@ -104,28 +112,31 @@ def train_run(data_dir: str, n_data: int, grid: tuple[int, int], model: dict, ba
             out = net.head(_ceiling_head_input(slab_net.features(x), full_depth))
         loss = nn.functional.mse_loss(out, y)
         loss.backward()
-        t1 = time.perf_counter()
+        t1 = now(dev)
         if buckets is not None:
             t_ar = buckets.finish()
         elif communicate:
             _allreduce([p.grad for p in conv_params], hy.layout.group, hy.layout.size, 1.0)
             _allreduce([p.grad for p in conv_params + other_params], hy.data_group, n_data, 1.0 / n_data)
-            t_ar = time.perf_counter() - t1
+            t_ar = now(dev) - t1
         else:
             t_ar = 0.0
         opt.step()
-        total = time.perf_counter() - t0
+        total = now(dev) - t0
         load = probe.stop()
+        TIMERS.settle()  # the GPU's halo and gather spans, ended by now
         comm = TIMERS.seconds["halo"] + TIMERS.seconds["gather"]
         records.append({"iteration": it, "loss": float(loss.item()), "io_s": t_io,
                         "halo_s": TIMERS.seconds["halo"], "gather_s": TIMERS.seconds["gather"],
                         "allreduce_s": t_ar, "compute_s": max(total - t_io - comm - t_ar, 0.0),
                         "total_s": total, "cpu_s": load["own_cpu_s"],
                         "machine_busy_s": load["machine_busy_s"], "steal_s": load["steal_s"]})
+    gpu = {"gpu_peak_mb": torch.cuda.max_memory_allocated(dev) / 2 ** 20} if dev.type == "cuda" else {}
     return {"rank": dist.get_rank(), "data_index": hy.data_index, "spatial_coords": hy.layout.coords,
             "slab_depth": ds.stop - ds.start, "slab_height": hs.stop - hs.start,
             "peak_rss_mb": rss_mb(), "base_rss_mb": base, "records": records,
-            "n_params": sum(p.numel() for p in net.parameters())}
+            "n_params": sum(p.numel() for p in net.parameters()), **where(place),
+            "run_placement": run_label(place), "backend": str(dist.get_backend()), **gpu}
 
 
 def _allreduce(tensors: list[torch.Tensor], group, size: int, scale: float) -> None:
@@ -136,7 +147,10 @@ def _allreduce(tensors: list[torch.Tensor], group, size: int, scale: float) -> N
                 t.mul_(scale)
         return
     flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat, group=group)
+    sent = to_comm(flat)  # staged through the host where ranks share a GPU
+    dist.all_reduce(sent, group=group)
+    if sent is not flat:
+        flat.copy_(sent)
     flat.mul_(scale)
     off = 0
     for t in tensors:
