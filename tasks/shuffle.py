@@ -19,7 +19,6 @@ import sys
 
 import pandas as pd
 
-from hpcdl.platform.config import ConfigError
 from hpcdl.platform.device import study_device
 from hpcdl.platform.points import StudyRun, failed_row
 from hpcdl.platform.results import write_table
@@ -53,11 +52,8 @@ def _kill_for(point: dict) -> dict | None:
 def main(argv=None) -> None:
     cfg = start_app("shuffle", argv, __doc__.splitlines()[0])
     block = cfg["shuffle"]
-    try:  # resolved once, here: every point's ranks run on it (`device: cuda` without a GPU: exit 2)
-        device = study_device(cfg, "shuffle")
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    # resolved once, here (start_app has refused `cuda` without a GPU): every point's ranks run on it
+    device = study_device(cfg, "shuffle")
     sharing = bool(block.get("gpu_sharing", False))
     study = StudyRun(cfg, "shuffle")
     data = shuffle_data.prepare(cfg["data"]["fashion_mnist_dir"], study.dir / "cache", block["n_train"],
