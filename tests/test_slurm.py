@@ -1,4 +1,4 @@
-"""The cluster path against a real single-node Slurm (.ci/slurm.sh, fixture in tests/slurm_cluster.py).
+"""The cluster path against a real Slurm on this machine (.ci/slurm.sh, fixtures in tests/slurm_cluster.py).
 
 - a whole study's test-scale workflow under `snakemake --profile slurm`: every rule a Slurm job,
   tables shaped like a local run's;
@@ -6,7 +6,10 @@
   inside a plain rule's 1-task step, where the ranks start locally (forked) instead of a hanging srun;
 - a failing rule: non-zero exit with the failure in the log; the rerun resumes without redoing
   finished rules;
-- sbatch missing: a clear error before any rule runs (no cluster needed for that one).
+- sbatch missing: a clear error before any rule runs (no cluster needed for that one);
+- across nodes (the partition of two slurmd, each in its own network namespace): ranks on both nodes
+  with rank, local rank and MASTER_ADDR from Slurm, and a spatial run (halos) and a shuffle run
+  (partial exchange) there that give the one-node run's numbers exactly.
 Snakemake always runs under `timeout -k` so a stuck status loop cannot hang the suite.
 """
 
@@ -14,15 +17,18 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
-from slurm_cluster import slurm_cluster, unavailable  # noqa: F401  (session fixture: Slurm up/down)
+from slurm_cluster import slurm_cluster, slurm_two_nodes, unavailable  # noqa: F401  (session fixtures)
 
 from hpcdl.platform.slurm import SLURM_CLIENTS, SlurmUnavailable, require_slurm, require_slurm_for
 
@@ -242,3 +248,151 @@ def test_study_workflow_runs_as_slurm_jobs(slurm_cluster, tmp_path):  # noqa: F8
         assert list(a.columns) == list(b.columns), rel
         assert a.shape == b.shape, rel
     assert (slurm_dir / "results" / STUDY / "claims.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# across nodes: two slurmd, each in its own network namespace (address, hostname, /etc/hosts)
+
+SLURM_TESTS = REPO / "tests" / "slurm"
+RUN_RANKS_JOB = SLURM_TESTS / "run_ranks_job.py"
+SPATIAL_MODEL = {"channels": [3, 4], "dense": [8]}
+SHUFFLE_TRAIN = dict(epochs=3, batch_size=40, lr=0.1, momentum=0.9,
+                     model={"kind": "mlp_bn", "width": 8, "depth": 1})
+
+
+def run_across_nodes(two_nodes, workdir: Path, target: str, nprocs: int, kwargs: dict,
+                     sbatch_layout: list[str], timeout_s: int = 240) -> dict:
+    """`target` on `nprocs` ranks started by run_ranks inside an sbatch job of the two-node partition;
+    returns tests/slurm/run_ranks_job.py's record (launcher, nodelist, each rank's result and node)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec, out, log = workdir / "spec.pkl", workdir / "ranks.pkl", workdir / "job.log"
+    spec.write_bytes(pickle.dumps({"target": target, "nprocs": nprocs, "kwargs": kwargs,
+                                   "timeout_s": timeout_s - 30}))
+    env = job_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(SLURM_TESTS), env["PYTHONPATH"]])   # node_ranks
+    env.pop("HPCDL_LAUNCHER", None)   # the job's ranks must come from srun
+    cmd = ["sbatch", "--parsable", "-J", f"hpcdl-{workdir.name}", "-p", two_nodes.partition,
+           "-N", str(len(two_nodes.nodes)), *sbatch_layout, "--time=10", f"--chdir={workdir}",
+           f"--output={log}", f"--wrap={sys.executable} {RUN_RANKS_JOB} {spec} {out}"]
+    submit = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=60)
+    assert submit.returncode == 0, submit.stderr
+    job_id = submit.stdout.strip().split(";")[0]
+    state, exit_code = wait_for_job(job_id, timeout_s)
+    log_text = log.read_text(errors="replace")[-4000:] if log.exists() else "(no job log)"
+    assert (state, exit_code) == ("COMPLETED", "0:0"), f"job {job_id}: {state} {exit_code}\n{log_text}"
+    record = pickle.loads(out.read_bytes())
+    assert record["launcher"] == "srun", record
+    return record
+
+
+def wait_for_job(job_id: str, timeout_s: float) -> tuple[str, str]:
+    """(final JobState, ExitCode) of a batch job, polled every 0.5 s: `sbatch --wait` sleeps 2, 8, then
+    32 s between its polls, so a 12 s job would take 42 s. Cancels the job past `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        show = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                              check=False, timeout=30)
+        fields = dict(tok.partition("=")[::2] for tok in show.stdout.split())
+        if fields.get("JobState") not in (None, "PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            return fields["JobState"], fields.get("ExitCode", "")
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], check=False, timeout=30)
+            pytest.fail(f"job {job_id} still {fields.get('JobState')} after {timeout_s} s: cancelled")
+        time.sleep(0.5)
+
+
+def deterministic(value):
+    """`value` without what differs between runs of the same computation: timings (*_s) and memory (*_mb)."""
+    if isinstance(value, dict):
+        return {k: deterministic(v) for k, v in value.items() if not k.endswith(("_s", "_mb"))}
+    if isinstance(value, list | tuple):
+        return [deterministic(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
+
+
+def assert_spans_both_nodes(record: dict, two_nodes, ranks_per_node: list[int]) -> list[dict]:
+    """Every rank on the node Slurm gave it, its hostname resolving to that node's own address (where
+    gloo binds), ranks in block order; returns each rank's placement."""
+    where = [r["where"] for r in record["ranks"]]
+    nodes = [n for n, count in zip(two_nodes.nodes, ranks_per_node, strict=True) for _ in range(count)]
+    assert [w["rank"] for w in where] == list(range(len(nodes)))
+    assert [w["slurm_procid"] for w in where] == [str(r) for r in range(len(nodes))]   # rank from srun
+    assert [w["host"] for w in where] == nodes
+    assert [w["slurmd_nodename"] for w in where] == nodes
+    assert [w["address"] for w in where] == [two_nodes.addresses[n] for n in nodes]
+    # MASTER_ADDR: the allocation's first host, reached from both nodes
+    assert record["master_addr"] == two_nodes.nodes[0]
+    assert {w["master_addr"] for w in where} == {two_nodes.nodes[0]}
+    # local ranks from SLURM_LOCALID, counted per node
+    expected_local = [i for count in ranks_per_node for i in range(count)]
+    assert [w["local_rank"] for w in where] == expected_local
+    assert [w["slurm_localid"] for w in where] == [str(i) for i in expected_local]
+    assert [w["ranks_on_node"] for w in where] == [c for c in ranks_per_node for _ in range(c)]
+    return where
+
+
+@pytest.mark.slurm
+def test_ranks_probe_spans_two_nodes(slurm_two_nodes, tmp_path):  # noqa: F811
+    record = run_across_nodes(slurm_two_nodes, tmp_path / "probe",
+                              "hpcdl.platform.rank_runtime.probes:allreduce_sum", 4, {"value": 1.0},
+                              ["--ntasks-per-node=2"])
+    assert_spans_both_nodes(record, slurm_two_nodes, [2, 2])
+    results = [r["result"] for r in record["ranks"]]
+    assert all(r["world_size"] == 4 and r["sum"] == pytest.approx(1 + 2 + 3 + 4) for r in results)
+    assert {r["slurm_job_id"] for r in results} == {record["job_id"]}
+
+
+@pytest.mark.slurm
+def test_spatial_run_across_two_nodes_equals_the_one_node_run(slurm_two_nodes, tmp_path,  # noqa: F811
+                                                              monkeypatch):
+    from hpcdl.platform.rank_runtime.launch import run_ranks
+    from hpcdl.studies.spatial.data import ensure_dataset
+
+    data = ensure_dataset(tmp_path / "data", (16, 12, 8), 8, 0, (0.5, 2.0), (-3.0, -1.0))
+    # one rank per node, the depth split in two: every halo and every all-reduce crosses the bridge
+    kw = dict(data_dir=str(data), n_data=1, grid=(2, 1), model=SPATIAL_MODEL, batch_size=4, iterations=3,
+              lr=1e-2, seed=0, dtype="float64")
+    record = run_across_nodes(slurm_two_nodes, tmp_path / "spatial", "hpcdl.studies.spatial.train:train_run",
+                              2, kw, ["--ntasks-per-node=1"])
+    assert_spans_both_nodes(record, slurm_two_nodes, [1, 1])
+    across = [r["result"] for r in record["ranks"]]
+    monkeypatch.setenv("HPCDL_LAUNCHER", "fork")   # the same ranks on this one machine, forked
+    one_node = run_ranks("hpcdl.studies.spatial.train:train_run", 2, kw, timeout_s=240)
+    assert [r["slab_depth"] for r in across] == [8, 8]
+    for rank in across:
+        assert all(rec["halo_s"] > 0 and rec["allreduce_s"] > 0 for rec in rank["records"])
+    # losses, slabs, parameter counts: the same to the last bit
+    assert deterministic(across) == deterministic(one_node)
+
+
+@pytest.mark.slurm
+def test_shuffle_partial_exchange_across_two_nodes_equals_the_one_node_run(slurm_two_nodes,  # noqa: F811
+                                                                           tmp_path, monkeypatch):
+    from hpcdl.platform.rank_runtime.launch import run_ranks
+    from hpcdl.studies.shuffle import data as shuffle_data
+
+    data = shuffle_data.prepare("/usr/share/datasets/fashion-mnist", tmp_path / "cache", n_train=301,
+                                n_val=60, seed=0)
+    kw = dict(data=data, strategy="partial", q=0.3, partitioning="skewed", alpha=0.2,
+              runs=[{"seed": 5, "kakurenbo_fraction": 0.0, "round": 0, "slot": 0}], return_ids=True,
+              **SHUFFLE_TRAIN)
+    second = slurm_two_nodes.nodes[1]
+    sent_before = slurm_two_nodes.link_bytes(second, "tx")
+    # three ranks on two nodes (2 + 1): samples go both within a node and across
+    record = run_across_nodes(slurm_two_nodes, tmp_path / "shuffle", "hpcdl.studies.shuffle.train:train_rank",
+                              3, kw, ["--ntasks=3"])
+    sent_by_second = slurm_two_nodes.link_bytes(second, "tx") - sent_before
+    assert_spans_both_nodes(record, slurm_two_nodes, [2, 1])
+    across = [r["result"] for r in record["ranks"]]
+    monkeypatch.setenv("HPCDL_LAUNCHER", "fork")   # the same ranks on this one machine, forked
+    one_node = run_ranks("hpcdl.studies.shuffle.train:train_rank", 3, kw, timeout_s=240)
+    for epoch in range(SHUFFLE_TRAIN["epochs"]):
+        assert across[2]["records"][epoch]["bytes_sent"] > 0
+    # the samples rank 2 sent left its node over its own link (with the gradients and Slurm's traffic)
+    assert sent_by_second >= sum(rec["bytes_sent"] for rec in across[2]["records"])
+    # the same samples on every rank, the same losses, accuracies and bytes exchanged, exactly
+    for a, b in zip(across, one_node, strict=True):
+        assert np.array_equal(a["ids"], b["ids"])
+    assert deterministic(across) == deterministic(one_node)
