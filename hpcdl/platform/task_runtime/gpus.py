@@ -38,10 +38,10 @@ in CUDA_VISIBLE_DEVICES, as COMPSs's worker binds them.
 from __future__ import annotations
 
 import os
-import re
+
+from hpcdl.platform.task_runtime.units import read_count
 
 POOL_ENV = "HPCDL_GPU_POOL"
-_VAR = re.compile(r"^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$")
 
 
 class GpuError(ValueError):
@@ -79,22 +79,8 @@ def task_gpus(study: str, cfg: dict, device: str | None = None) -> int:
 
 
 def resolve_gpus(value: int | str, key: str, environ=None) -> int:
-    """A GPU count (int >= 0) from an int-like value or "$VAR" read from `environ`; `key` names it."""
-    environ = os.environ if environ is None else environ
-    raw = value
-    if isinstance(value, str):
-        m = _VAR.match(value.strip())
-        if m:
-            if m.group(1) not in environ:
-                raise GpuError(f"{key}={raw!r} names environment variable {m.group(1)}, which is not set")
-            value = environ[m.group(1)]
-    try:
-        gpus = int(value)
-    except (TypeError, ValueError):
-        gpus = -1
-    if isinstance(value, bool) or gpus < 0:
-        raise GpuError(f"{key}={raw!r} is not a GPU count (an integer >= 0 or \"$VAR\")")
-    return gpus
+    """A GPU count: an int-like value >= 0, or "$VAR" read from `environ`; `key` names it."""
+    return read_count(value, key, minimum=0, noun="GPU count", error=GpuError, environ=environ)
 
 
 def gpu_pool(environ=None) -> list[str]:
@@ -123,15 +109,12 @@ def gpus_exports(study: str, cfg: dict, config_path: str) -> dict[str, str]:
     Empty for a study whose tasks never hold GPUs. `auto` stays a command substitution that asks,
     in that shell, what the app will resolve there (`python -m hpcdl compss gpus`).
     """
-    from hpcdl.platform.config import ConfigError
-    from hpcdl.platform.device import DEVICES, requested
+    from hpcdl.platform.device import requested
 
     declared = declared_gpus(study, cfg)
     if not declared:
         return {}
-    want = requested(cfg, study)
-    if want not in DEVICES:
-        raise ConfigError(f"{study}.device", want, ", ".join(DEVICES))
+    want = requested(cfg, study)  # one of auto, cpu, cuda: the config was validated
     if want == "auto":
         import shlex
 

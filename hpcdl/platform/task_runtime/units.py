@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 
-_VAR = re.compile(r"^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$")
+VAR = re.compile(r"^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$")
 
 
 class UnitsError(ValueError):
@@ -34,30 +34,38 @@ def task_units(study: str, cfg: dict) -> int | str:
     return spec(study).task_units(cfg)
 
 
-def resolve(value: int | str, key: str, environ=None) -> int:
-    """An int-like value, or "$VAR" read from `environ`; `key` names the setting in errors."""
+def read_count(value: int | str, key: str, *, minimum: int, noun: str, error: type[Exception],
+               environ=None) -> int:
+    """An int-like value >= `minimum`, or "$VAR" read from `environ`; `key` names the setting and
+    `noun` what it counts in `error`'s message. Shared by the cores (here) and the GPUs (gpus.py)."""
     environ = os.environ if environ is None else environ
     raw = value
     if isinstance(value, str):
-        m = _VAR.match(value)
+        m = VAR.match(value.strip())
         if m:
             if m.group(1) not in environ:
-                raise UnitsError(f"{key}={raw!r} names environment variable {m.group(1)}, which is not set")
+                raise error(f"{key}={raw!r} names environment variable {m.group(1)}, which is not set")
             value = environ[m.group(1)]
+    wrong = f"{key}={raw!r} is not a {noun} (an integer >= {minimum} or \"$VAR\")"
     try:
-        units = int(value)
+        count = int(value)
     except (TypeError, ValueError):
-        raise UnitsError(f"{key}={raw!r} is not a core count (an integer >= 1 or \"$VAR\")") from None
-    if units < 1:
-        raise UnitsError(f"{key}={raw!r} is not a core count (an integer >= 1 or \"$VAR\")")
-    return units
+        raise error(wrong) from None
+    if isinstance(value, bool) or count < minimum:
+        raise error(wrong)
+    return count
+
+
+def resolve(value: int | str, key: str, environ=None) -> int:
+    """A core count: an int-like value >= 1, or "$VAR" read from `environ`; `key` names the setting."""
+    return read_count(value, key, minimum=1, noun="core count", error=UnitsError, environ=environ)
 
 
 def units_exports(study: str, cfg: dict) -> dict[str, str]:
     """{HPCDL_<STUDY>_UNITS: shell word}: an int, or "${VAR}" that the shell expands when the rule runs."""
     value = task_units(study, cfg)
     if isinstance(value, str):
-        m = _VAR.match(value)
+        m = VAR.match(value)
         word = f"${{{m.group(1)}}}" if m else value
     else:
         word = str(int(value))
