@@ -11,7 +11,8 @@ FASHION_MNIST ?= /usr/share/datasets/fashion-mnist
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export MPLBACKEND := Agg
 
-.PHONY: figures report test test-fast lint bench data browser tools clean gpu gpu-carry
+.PHONY: figures report test test-fast lint bench data browser tools clean gpu gpu-carry gpu-setup gpu-calibrate \
+	gpu-tests gpu-studies
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -82,11 +83,13 @@ bench: $(STAMP) data
 # Every GPU step of the project, in order, on a machine with a CUDA GPU, run with that machine's own
 # torch ($(GPU_PY); no venv: the CPU wheel of requirements.txt would replace its CUDA build). What the
 # image lacks comes from `make gpu-carry`, run beforehand where PyPI is reachable (.gpu-carry/: wheels
-# and Fashion-MNIST). Steps: the `cuda` tests, then every study under configs/gpu.yaml and its report.
-# (The oracle's layer-time calibration and the micro-batch cuDNN benchmark join here first when
-# their issues land.) What must be committed afterwards lands in $(GPU_RECORDS)/; a failing step
-# does not stop the later ones (one device call should show everything), and the target fails at
-# the end if any step did.
+# and Fashion-MNIST). `make gpu` = gpu-calibrate, gpu-tests, gpu-studies (every study under
+# configs/gpu.yaml and its report), each also a target of its own that sets the machine up first, so
+# a device lent in 10-minute calls runs `make gpu-calibrate gpu-tests` in one and `make gpu-studies`
+# in the next. What must be committed afterwards lands in $(GPU_RECORDS)/; within a step a failure
+# does not stop what follows (one call should show everything), and the step fails at its end.
+# `--resources gpu=<GPUs here>`: no two GPU studies share a GPU at once (Snakemake caps a rule that
+# asks for more, so one GPU runs them one after another).
 GPU_PY ?= python3
 GPU_RECORDS ?= gpu-records
 GPU_CARRY ?= .gpu-carry
@@ -95,7 +98,9 @@ GPU_ENV = PATH="$(abspath .gpu-bin):$$PATH" PYTHONPATH="$(abspath $(GPU_CARRY))/
 gpu-carry: $(STAMP) data
 	$(PY) envs/gpu_carry.py --out $(GPU_CARRY) --data $(FASHION_MNIST)
 
-gpu:
+gpu: gpu-calibrate gpu-tests gpu-studies  # in this order (no -j)
+
+gpu-setup:
 	@$(GPU_PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make gpu: torch sees no CUDA GPU here")'
 	mkdir -p $(GPU_RECORDS) .gpu-bin
 	ln -sfn "$$(command -v $(GPU_PY))" .gpu-bin/python
@@ -106,11 +111,19 @@ gpu:
 	  mkdir -p $(FASHION_MNIST) && cp $(GPU_CARRY)/fashion-mnist/* $(FASHION_MNIST)/; fi
 	$(GPU_ENV) $(GPU_PY) -c 'from hpcdl.platform.device import cuda_record; import json; print(json.dumps(cuda_record(), indent=1))' \
 	  | tee $(GPU_RECORDS)/device.json
-	rc=0; \
+
+# (The oracle's layer-time calibration and the micro-batch cuDNN benchmark join here.)
+gpu-calibrate: gpu-setup
+
+gpu-tests: gpu-setup
 	$(GPU_ENV) $(GPU_PY) -m pytest -m cuda -p no:cacheprovider -rs tests 2>&1 | tee $(GPU_RECORDS)/cuda-tests.log; \
-	  rc=$$((rc | $${PIPESTATUS[0]})); \
+	  exit $${PIPESTATUS[0]}
+
+gpu-studies: gpu-setup
+	rc=0; \
 	$(GPU_ENV) $(GPU_PY) -m snakemake --cores all --configfile configs/gpu.yaml --rerun-incomplete \
-	  --keep-going --printshellcmds 2>&1 | tee $(GPU_RECORDS)/workflow.log; rc=$$((rc | $${PIPESTATUS[0]})); \
+	  --resources gpu=$$(nvidia-smi -L | grep -c '^GPU') --keep-going --printshellcmds 2>&1 \
+	  | tee $(GPU_RECORDS)/workflow.log; rc=$$((rc | $${PIPESTATUS[0]})); \
 	$(GPU_ENV) $(GPU_PY) -m snakemake --cores 1 --configfile configs/gpu.yaml \
 	  --report $(GPU_RECORDS)/report.html >>$(GPU_RECORDS)/workflow.log 2>&1 || rc=1; \
 	for d in results-gpu/*/; do s=$$(basename $$d); mkdir -p $(GPU_RECORDS)/$$s; \

@@ -3,7 +3,8 @@
     python -m tasks.microbatch --config configs/default.yaml     # local backend
     python -m hpcdl compss command microbatch --config FILE    # prints the runcompss command line
 
-A task benchmarks every candidate algorithm per kernel and micro-batch size of one network's conv
+Each network runs on microbatch.device, resolved once here: on CUDA the candidates are cuDNN's modes
+that PyTorch exposes and each task holds one GPU. A task benchmarks every candidate algorithm per kernel and micro-batch size of one network's conv
 layers, plans with the DP per kernel and the ILP over the network, executes every distinct plan and
 the framework's default as whole networks in interleaved rounds, and checks exactness. Writes
 raw/bench.csv, plans.csv, budget.csv, execution.csv, network_rounds.csv, exactness.csv and
@@ -19,6 +20,7 @@ import time
 
 import pandas as pd
 
+from hpcdl.platform.device import study_device
 from hpcdl.platform.points import StudyRun, failed_row
 from hpcdl.platform.results import write_table
 from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
@@ -29,7 +31,8 @@ RAW = ("bench", "plans", "budget", "execution", "network_rounds", "exactness", "
 
 
 @on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_MICROBATCH_UNITS")
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_MICROBATCH_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_MICROBATCH_GPUS"}])
 @task(returns=1)
 def network_point(point: dict, slot) -> dict:
     return slot.run(compute.run_network, **point)
@@ -38,7 +41,8 @@ def network_point(point: dict, slot) -> dict:
 def main(argv=None) -> None:
     cfg = start_app("microbatch", argv, __doc__.splitlines()[0])
     run = StudyRun(cfg, "microbatch")
-    points = sweep.network_points(cfg)
+    # resolved once, here (start_app has refused `cuda` without a GPU); on cuda each task holds a GPU
+    points = sweep.network_points(cfg, study_device(cfg, "microbatch"))
     print(
         f"[microbatch] {len(points)} network point(s): {', '.join(p['network_name'] for p in points)}",
         file=sys.stderr,

@@ -20,6 +20,7 @@ import time
 
 import pandas as pd
 
+from hpcdl.platform.device import study_device
 from hpcdl.platform.points import StudyRun, failed_row
 from hpcdl.platform.results import write_table
 from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
@@ -28,7 +29,8 @@ from hpcdl.studies.offload import sweep
 
 
 @on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_OFFLOAD_UNITS")
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_OFFLOAD_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_OFFLOAD_GPUS"}])
 @task(returns=1)
 def run_point(point: dict, slot) -> dict:
     from hpcdl.studies.offload import compute
@@ -37,21 +39,13 @@ def run_point(point: dict, slot) -> dict:
 
 
 @on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_OFFLOAD_UNITS")
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_OFFLOAD_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_OFFLOAD_GPUS"}])
 @task(returns=1)
 def capacity_point(point: dict, slot) -> dict:
     from hpcdl.studies.offload import compute
 
     return slot.run(compute.search_point, point)
-
-
-def _cuda_present(cfg: dict) -> bool:
-    device = cfg["offload"]["device"]
-    if device == "cpu":
-        return False
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def main(argv=None) -> None:
@@ -62,9 +56,11 @@ def main(argv=None) -> None:
     except sweep.SlowTierError as exc:
         print(f"error: {exc.strerror}", file=sys.stderr)
         raise SystemExit(2) from None
-    cuda = _cuda_present(cfg)
-    points, capacity = sweep.sweep_points(cfg, cuda), sweep.capacity_points(cfg, cuda)
-    skipped = [s for s in cfg["offload"]["strategies"] if s not in sweep.strategies(cfg, cuda)]
+    # resolved once, here (start_app has refused `cuda` without a GPU); on cuda each task holds a GPU
+    device = study_device(cfg, "offload")
+    cuda = device == "cuda"
+    points, capacity = sweep.sweep_points(cfg, device), sweep.capacity_points(cfg, device)
+    skipped = [s for s in cfg["offload"]["strategies"] if s not in sweep.strategies(cfg, device)]
     run.log(
         f"{len(points)} sweep points, {len(capacity)} capacity searches on "
         f"{'CUDA (GPU > pinned host)' if cuda else 'CPU (process memory > files in ' + str(slow) + ')'}"

@@ -206,10 +206,12 @@ def test_ilp_budget_below_the_least_need_names_the_layer():
 # ---------------------------------------------------------------------------------- exactness
 
 
-@pytest.mark.parametrize("alg", CPU_ALGS)
+@pytest.mark.parametrize("alg", [pytest.param(n, marks=[pytest.mark.cuda] if a.device == "cuda" else [])
+                                 for n, a in ALGORITHMS.items()])
 def test_every_candidate_micro_batched_equals_the_undivided_layer(alg):
+    device = ALGORITHMS[alg].device
     for batch, division in ((5, [1, 4]), (5, [2, 2, 1]), (4, [4])):
-        call = KernelCall(SMALL, batch, "cpu", seed=7)
+        call = KernelCall(SMALL, batch, device, seed=7)
         x = call.x.clone().requires_grad_(True)
         w = call.weight.clone().requires_grad_(True)
         y = torch.nn.functional.conv2d(x, w, padding=1)
@@ -332,6 +334,18 @@ def test_workloads_have_the_papers_shapes():
 
 
 # ------------------------------------------------------------------------- config and the app
+
+
+def test_each_network_point_runs_on_the_device_the_app_resolved(test_config):
+    """The app resolves microbatch.device once; its points (and so their stored results) name it."""
+    from hpcdl.platform.config import validate_config
+    from hpcdl.platform.study import spec
+    from hpcdl.studies.microbatch.sweep import network_points
+
+    cfg = validate_config(test_config)
+    assert {p["device"] for p in network_points(cfg, "cuda")} == {"cuda"}
+    assert {p["device"] for p in network_points(cfg)} == {"cpu"}
+    assert spec("microbatch").task_gpus(cfg) == 1  # on CUDA each network's task holds one GPU
 
 
 def test_bad_config_values_name_the_key(test_config):

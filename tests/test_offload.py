@@ -61,6 +61,36 @@ def test_every_offload_strategy_trains_to_bit_identical_weights(tmp_path, foreac
     assert not list(tmp_path.iterdir()), "offload files left behind"
 
 
+@pytest.mark.cuda
+def test_on_cuda_every_strategy_trains_to_none_weights_and_offload_lowers_the_allocator_peak(tmp_path):
+    """The CUDA tiers: GPU memory (the allocator's peak) and pinned host memory; save_on_cpu included."""
+    runs = {s: train(_spec(tmp_path, s, depth=4, device="cuda", batch=256), keep_weights=True)
+            for s in ("none", *OFFLOADS, "save_on_cpu")}
+    ref_rec, _, ref = runs["none"]
+    assert ref_rec["device"] == "cuda" and ref_rec["peak_measured_by"] == "torch.cuda.max_memory_allocated"
+    for s, (rec, timeline, weights) in runs.items():
+        assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(weights, ref, strict=True)), s
+        assert rec["tier"] == "gpu>pinned_host" and timeline, s
+    assert runs["both"][0]["peak_fast_bytes"] < ref_rec["peak_fast_bytes"]
+    assert runs["optimizer"][0]["bytes_to_slow"] > 0
+
+
+def test_points_run_on_the_device_the_app_resolved(test_config):
+    """The app resolves offload.device once: every point names it, and save_on_cpu (a CUDA strategy)
+    is a point only there."""
+    from hpcdl.platform.study import spec
+    from hpcdl.studies.offload.sweep import capacity_points, sweep_points
+
+    cfg = validate_config(test_config)
+    cfg["offload"]["strategies"] = ["none", "both", "save_on_cpu"]
+    on_gpu = sweep_points(cfg, "cuda")
+    assert {p["device"] for p in on_gpu} == {"cuda"} and "save_on_cpu" in {p["strategy"] for p in on_gpu}
+    on_cpu = sweep_points(cfg, "cpu")
+    assert {p["device"] for p in on_cpu} == {"cpu"} and "save_on_cpu" not in {p["strategy"] for p in on_cpu}
+    assert {p["spec"]["device"] for p in capacity_points(cfg, "cuda")} == {"cuda"}
+    assert spec("offload").task_gpus(cfg) == 1
+
+
 def test_fast_tier_accounts_every_kind_and_offload_lowers_the_peak(tmp_path):
     depth = 6
     n = depth * (W * W + W)

@@ -144,7 +144,7 @@ def test_gpus_per_task_follow_the_device(test_config, monkeypatch):
     # test.yaml: spatial's largest run has 2 ranks, one GPU each on cuda
     assert task_gpus("spatial", _cfg(test_config, device="cpu")) == 0
     assert task_gpus("spatial", _cfg(test_config), device="cuda") == 2
-    assert task_gpus("checkpoint", validate_config(test_config), device="cuda") == 0  # holds none
+    assert task_gpus("malleable", validate_config(test_config), device="cuda") == 0  # holds none
     monkeypatch.delenv("HPCDL_SPATIAL_GPUS", raising=False)
     assert apply_gpus("spatial", _cfg(test_config, device="cpu"), "local") == ("cpu", 0)
     assert os.environ["HPCDL_SPATIAL_GPUS"] == "0"
@@ -173,7 +173,7 @@ def test_cuda_without_a_gpu_is_refused_naming_the_key(test_config):
         apply_gpus("spatial", _cfg(test_config, device="cuda"), "local")
 
 
-@pytest.mark.parametrize("study", ["spatial", "shuffle"])
+@pytest.mark.parametrize("study", ["spatial", "shuffle", "microbatch", "offload"])
 def test_task_app_with_device_cuda_and_no_gpu_exits_2_and_writes_nothing(study, write_config, tmp_path):
     import torch
 

@@ -13,7 +13,6 @@ compute     one network point (what the task app runs): benchmark, plan, execute
 heap        fixed glibc heap thresholds, so in-process timing comparisons allocate alike
 sweep       the network points of a validated config; checks: config checks beyond the schema
 tables      raw/ -> tables/; figures: tables/ -> figures/; claims: tables/ -> claims
-gpu_probe   the CUDA path in one command
 """
 
 from hpcdl.platform.study import StudySpec
@@ -47,6 +46,7 @@ SPEC = StudySpec(
     figures=("layer_speedup", "budget_speedup", "microbatch_sizes", "predicted_vs_measured"),
     task_units=_task_units,
     devices=("cpu", "cuda"),
+    task_gpus=lambda cfg: 1,  # on CUDA each network's task holds one GPU
     run_resources=lambda cfg: {"mem_mb": 4000, "runtime": 60},
     question=("Does dividing each convolution's mini-batch into micro-batches, planned per layer (DP) and "
               "over a network's workspace budget (ILP), make the network's convolutions faster?"),

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 
-def network_points(cfg: dict) -> list[dict]:
+def network_points(cfg: dict, device: str = "cpu") -> list[dict]:
+    """One point per network, on the resolved `device` (the app resolves it once: a stored point names
+    where it ran, so a CPU result is never reused for a CUDA run)."""
     b = cfg["microbatch"]
     return [
         {
             "network_name": net,
-            "device": b["device"],
+            "device": device,
             "batch_size": b["batch_size"],
             "image_size": b["image_size"],
             "deepbench_scale": b["deepbench_scale"],

@@ -13,7 +13,6 @@ activations moved to a slower memory tier, the copies overlapped with compute.
     sweep        the points of a validated config and the slow-tier directory they share
     checks       config checks beyond the schema; procs: process liveness (stale run directories)
     tables       raw/ -> tables/; figures: tables/ -> figures/; claims: tables/ -> claims
-    gpu_probe    the one-command CUDA check
 """
 
 from hpcdl.platform.study import StudySpec
@@ -48,6 +47,7 @@ SPEC = StudySpec(
     figures=("tradeoff", "breakdown", "capacity", "timeline"),
     task_units=_task_units,
     devices=("cpu", "cuda"),
+    task_gpus=lambda cfg: 1,  # on CUDA every point holds one GPU: its fast tier
     run_resources=_run_resources,
     question=("How much fast-tier memory does moving optimizer state and saved activations to a slower tier "
               "save, how much of the copy time hides behind compute, and how much larger a model fits?"),

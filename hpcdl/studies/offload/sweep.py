@@ -33,14 +33,14 @@ def prepare_slow_dir(cfg: dict) -> tuple[Path, bool, list[Path]]:
     return slow, owned, remove_stale_runs(slow)
 
 
-def _common(cfg: dict) -> dict:
+def _common(cfg: dict, device: str) -> dict:
     b = cfg["offload"]
     return {
         "width": b["model"]["width"],
         "batch": b["model"]["batch"],
         "lr": b["model"]["lr"],
         "seed": b["seed"],
-        "device": b["device"],
+        "device": device,  # resolved once by the app, so a stored point names where it ran
         "slow_dir": str(slow_dir(cfg)[0]),
         "io_mode": b["slow_tier"]["io_mode"],
         "bucket_mb": b["optimizer"]["bucket_mb"],
@@ -54,11 +54,12 @@ def _common(cfg: dict) -> dict:
     }
 
 
-def strategies(cfg: dict, cuda: bool) -> list[str]:
-    return [s for s in cfg["offload"]["strategies"] if cuda or s not in CPU_ONLY_SKIPPED]
+def strategies(cfg: dict, device: str) -> list[str]:
+    """The configured strategies that mean something on the resolved `device` (cpu or cuda)."""
+    return [s for s in cfg["offload"]["strategies"] if device == "cuda" or s not in CPU_ONLY_SKIPPED]
 
 
-def sweep_points(cfg: dict, cuda: bool = False) -> list[dict]:
+def sweep_points(cfg: dict, device: str = "cpu") -> list[dict]:
     b = cfg["offload"]
     return [
         {
@@ -67,14 +68,14 @@ def sweep_points(cfg: dict, cuda: bool = False) -> list[dict]:
             "steps": b["steps"],
             "warmup_steps": b["warmup_steps"],
             "budget_mb": None,
-            **_common(cfg),
+            **_common(cfg, device),
         }
         for d in sorted(b["model"]["depths"])
-        for s in strategies(cfg, cuda)
+        for s in strategies(cfg, device)
     ]
 
 
-def capacity_points(cfg: dict, cuda: bool = False) -> list[dict]:
+def capacity_points(cfg: dict, device: str = "cpu") -> list[dict]:
     b = cfg["offload"]
     c = b["capacity"]
     return [
@@ -85,9 +86,9 @@ def capacity_points(cfg: dict, cuda: bool = False) -> list[dict]:
                 "steps": c["trial_steps"],
                 "warmup_steps": 0,
                 "budget_mb": c["budget_mb"],
-                **_common(cfg),
+                **_common(cfg, device),
             },
             "max_depth": c["max_depth"],
         }
-        for s in strategies(cfg, cuda)
+        for s in strategies(cfg, device)
     ]
