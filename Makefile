@@ -112,8 +112,15 @@ gpu-setup:
 	$(GPU_ENV) $(GPU_PY) -c 'from hpcdl.platform.device import cuda_record; import json; print(json.dumps(cuda_record(), indent=1))' \
 	  | tee $(GPU_RECORDS)/device.json
 
-# (The oracle's layer-time calibration and the micro-batch cuDNN benchmark join here.)
+# The spatial oracle's layer times at the papers' slab shapes (#26), into resources/calibration/
+# (committed from there; the paper predictions of gpu-studies already read it). (The micro-batch
+# cuDNN benchmark joins here.)
 gpu-calibrate: gpu-setup
+	mkdir -p $(GPU_RECORDS)/calibration
+	$(GPU_ENV) $(GPU_PY) -m hpcdl spatial-calibrate --config configs/paper.yaml --device cuda \
+	  --out resources/calibration 2>&1 | tee $(GPU_RECORDS)/spatial-calibrate.log; rc=$${PIPESTATUS[0]}; \
+	cp resources/calibration/*.csv resources/calibration/*.provenance.json $(GPU_RECORDS)/calibration/ \
+	  2>/dev/null || true; exit $$rc
 
 gpu-tests: gpu-setup
 	$(GPU_ENV) $(GPU_PY) -m pytest -m cuda -p no:cacheprovider -rs tests 2>&1 | tee $(GPU_RECORDS)/cuda-tests.log; \

@@ -5,8 +5,10 @@
 
 Every launch runs on spatial.device, resolved here once (on CUDA one GPU per rank, or GPUs shared by
 the ranks over gloo where spatial.gpu_sharing allows), and every row names it.
-Order: the float64 exactness check, then the scaling runs' repeats, each repeat preceded by one round of
-the calibration microbenchmarks (calibration.rounds; rounds beyond the repeats run at the end).
+Order: the float64 exactness check, on CUDA the GPU calibration at the papers' slab shapes
+(spatial.gpu_calibration.in_study; raw/gpu_calibration/<gpu>.csv), then the scaling runs' repeats,
+each repeat preceded by one round of the calibration microbenchmarks (calibration.rounds; rounds
+beyond the repeats run at the end).
 Each task reserves the cores of the largest run (HPCDL_SPATIAL_UNITS) and the main program
 waits for each timed task before submitting the next, so no two timed runs overlap.
 Writes raw/{exactness,calibration,runs,iterations,ranks}.csv (+ provenance). Every result is kept in
@@ -43,6 +45,14 @@ def exactness(block, layout, slot):
 @task(returns=1)
 def calibrate(block, resources_dir, round_index, slot):
     return slot.run(compute.calibrate_point, block, resources_dir, round_index)
+
+
+@on_failure(management="IGNORE", returns=None)
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_SPATIAL_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_SPATIAL_GPUS"}])
+@task(returns=1)
+def gpu_calibration(block, out_dir, slot):
+    return slot.run(compute.gpu_calibration_point, block, out_dir)
 
 
 @on_failure(management="IGNORE", returns=None)
@@ -100,6 +110,16 @@ def main(argv=None) -> None:
             raise SystemExit(f"[spatial] calibration failed: {cal.error}")
         else:
             _log(f"calibration round {r + 1} FAILED: {cal.error.splitlines()[0] if cal.error else ''}")
+
+    if where["device"] == "cuda" and block["gpu_calibration"]["in_study"]:
+        # per-layer times at the papers' slab shapes (raw/gpu_calibration/<gpu>.csv): the paper predictions
+        # of this run rest on them (tables.gpu_calibration); copy the file to resources/calibration/ to commit
+        gblock = {k: block[k] for k in ("papers", "extrapolate", "machine", "gpu_calibration")} | where
+        gdir = str(out / "gpu_calibration")
+        gc = study.one("gpu_calibration", 0, lambda r, slot: gpu_calibration(gblock, gdir, slot),
+                       compss_wait_on, failure_reason, inputs=lambda r: {"block": gblock})
+        _log(f"GPU calibration {'reused' if gc.reused else 'done'}: {gc.result['path']}" if gc.ok
+             else f"GPU calibration FAILED: {gc.error.splitlines()[0] if gc.error else ''}")
 
     rounds = block["calibration"]["rounds"]
     summaries, iters, ranks = [], [], []

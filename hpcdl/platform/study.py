@@ -43,6 +43,9 @@ class StudySpec:
     # cfg -> files besides the raw tables that the task app writes and a later stage reads
     # (e.g. an Optuna journal the figures load): outputs of the run rule, inputs of the stages
     run_files: Callable[[dict], tuple[str, ...]] = field(default=lambda cfg: ())
+    # cfg -> files no rule makes that the stages read (e.g. a committed GPU calibration), relative to
+    # the workflow's directory: inputs of the stages, so adding or changing one reruns them
+    stage_files: Callable[[dict], tuple[str, ...]] = field(default=lambda cfg: ())
     # The report's introduction of the study (hpcdl.platform.about): the seed's question in one
     # sentence, the figure that answers it (one of `figures`, listed first), and cfg -> this run's
     # sizes in a phrase

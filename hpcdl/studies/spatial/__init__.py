@@ -13,7 +13,8 @@
     exactness    rank functions comparing the partitioned ops and model with the whole ones
     calibration  rank function of the microbenchmarks that calibrate the oracle
     perfmodel    the ParaDL-style oracle and its calibration fit (no other spatial module)
-    papers       the oracle at exactly the papers' settings
+    papers       the oracle at exactly the papers' settings, on assumed or GPU-calibrated compute
+    gpucal       the GPU calibration at the papers' slab shapes (python -m hpcdl spatial-calibrate)
     sweep        the scaling runs of a config, what each unit of work reads of it, and the layer
                  shapes of the held-out runs the oracle is judged on out of sample
     compute      the units of work the task bodies (tasks/spatial.py) call
@@ -30,6 +31,17 @@ def _largest_run(cfg: dict) -> int:
     return max(p["ranks"] for p in expand(cfg["spatial"]))
 
 
+def _committed_calibrations(cfg: dict) -> tuple[str, ...]:
+    """The GPU calibrations the paper predictions may read (<data.resources_dir>/calibration/), so that
+    committing one reruns the stages."""
+    from pathlib import Path
+
+    if cfg["spatial"]["gpu_calibration"]["use"] == "none":
+        return ()
+    found = Path(cfg["data"]["resources_dir"]) / "calibration"
+    return tuple(str(p) for p in sorted(found.glob("*.csv")) + sorted(found.glob("*.provenance.json")))
+
+
 def _setting(cfg: dict) -> str:
     b = cfg["spatial"]
     return (f"strong scaling at {b['strong']['grid']}^3, weak at {b['weak']['grid']}^3 per rank, up to "
@@ -42,15 +54,16 @@ SPEC = StudySpec(
     title="Spatial scaling (hybrid data x spatial 3D CNN)",
     raw_tables=("exactness", "calibration", "runs", "iterations", "ranks"),
     tables=("runs", "loss", "exactness", "calibration_fit", "extrapolation", "strategy_choice",
-            "paper_predictions"),
+            "paper_predictions", "paper_bases", "paper_sensitivity", "compute_check"),
     figures=("strong_scaling", "weak_scaling", "efficiency", "oracle_parity", "extrapolation",
-             "paper_predictions", "memory", "loss"),
+             "paper_predictions", "paper_sensitivity", "memory", "loss"),
     # the largest run's ranks x threads, so no two timed runs overlap
     task_units=lambda cfg: _largest_run(cfg) * cfg["spatial"]["threads_per_rank"],
     # the batch step starts each run's ranks with srun inside this N-task allocation
     task_gpus=_largest_run,  # one GPU per rank of its largest launch
     devices=("cpu", "cuda"),
     run_resources=lambda cfg: {"mem_mb": 4000, "runtime": 30, "tasks": _largest_run(cfg), "mpi": "srun"},
+    stage_files=_committed_calibrations,
     question=("Does partitioning a 3D CNN's volume over ranks scale efficiently, and does a ParaDL-style "
               "oracle predict its time well enough to choose the parallel strategy?"),
     headline="efficiency",

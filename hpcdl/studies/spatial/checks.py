@@ -59,6 +59,7 @@ def check(cfg: dict) -> None:
             raise ConfigError("spatial.exactness.layouts", lay,
                               "no more ranks than planes of spatial.exactness.shape")
     _check_held_out(b)
+    check_assumptions(b)
 
 
 def _check_held_out(b: dict) -> None:
@@ -74,3 +75,21 @@ def _check_held_out(b: dict) -> None:
     for r, shape in sweep.unlisted_unseen(b).items():
         raise ConfigError("spatial.held_out", b["held_out"], f"every run whose layer shapes the calibration "
                           f"does not time; {r} has {shape}, timed by neither calibrated model: list it")
+
+
+def check_assumptions(b: dict) -> None:
+    """spatial.assumptions: each key a section.key the paper predictions read, each value of its kind."""
+    for path, values in b["assumptions"].items():
+        key = f"spatial.assumptions.{path}"
+        if path == "pipeline.bound":
+            if not set(values) <= {"cached", "file"}:
+                raise ConfigError(key, values, "values among cached, file")
+            continue
+        section, _, name = path.partition(".")
+        if section not in ("machine", "pipeline", "gpu_calibration") or name not in b[section]:
+            raise ConfigError(key, values,
+                              "a key of spatial.machine, spatial.pipeline or spatial.gpu_calibration")
+        have = b[section][name]
+        if any(isinstance(v, bool) != isinstance(have, bool) or isinstance(v, str) != isinstance(have, str)
+               for v in values):
+            raise ConfigError(key, values, f"values of the kind of spatial.{path} ({have!r})")

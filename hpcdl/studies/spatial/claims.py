@@ -13,7 +13,8 @@ from hpcdl.platform.claims import claim, every, not_measured
 from hpcdl.platform.stages import failed_because, read_or_empty
 from hpcdl.studies.spatial.sweep import expand as expand_runs
 
-CLAIMS = ("partitioned_exact", "strong_efficiency_2", "oracle_error", "loss_falls", "oracle_picks_spatial")
+CLAIMS = ("partitioned_exact", "strong_efficiency_2", "oracle_error", "loss_falls", "oracle_picks_spatial",
+          "compute_term")
 
 
 def _run_missing(raw: pd.DataFrame, run: str) -> str:
@@ -39,7 +40,29 @@ def judge(cfg: dict, study_dir: Path) -> list[dict]:
             _claim_efficiency(block, df, raw, timed),
             oracle,
             _claim_loss(block, read_or_empty(tables / "loss.csv"), raw, runs),
-            _claim_pick(block, read_or_empty(tables / "extrapolation.csv"), oracle)]
+            _claim_pick(block, read_or_empty(tables / "extrapolation.csv"), oracle),
+            claim_compute_term(block, read_or_empty(tables / "compute_check.csv"))]
+
+
+def claim_compute_term(block: dict, check: pd.DataFrame) -> dict:
+    """The oracle's compute sum against a whole one-GPU step measured in the same calibration run: a check of
+    the model on the GPU it was calibrated on (not of the paper predictions' mapping or communication)."""
+    tol = block["gpu_calibration"]["tolerance"]
+    statement = (f"on the calibrated GPU, the oracle's compute term (sum of the per-layer forward + backward "
+                 f"times and the optimizer step of the calibration table) is within {tol:.0%} of a measured "
+                 "whole one-GPU training step at the same slab, at every checked slab "
+                 "(spatial.gpu_calibration.steps; measured in one calibration run)")
+    if check.empty or "error" not in check:
+        return not_measured("compute_term", statement, "no GPU calibration with whole-step rows: run "
+                            "`python -m hpcdl spatial-calibrate --device cuda` on a GPU and commit its "
+                            "resources/calibration/<gpu>.csv", tolerance=tol)
+    per = {f"{r.network} {int(r.depth)}x{int(r.height)}": float(r.error) for r in check.itertuples()}
+    gpu = str(check["gpu"].iloc[0])
+    return every("compute_term", statement, {k: abs(e) <= tol for k, e in per.items()}, {}, error=per,
+                 measured_step_s={f"{r.network} {int(r.depth)}x{int(r.height)}": float(r.measured_step_s)
+                                  for r in check.itertuples()},
+                 oracle_compute_s={f"{r.network} {int(r.depth)}x{int(r.height)}": float(r.oracle_compute_s)
+                                   for r in check.itertuples()}, tolerance=tol, gpu=gpu)
 
 
 def _claim_exact(block: dict, ex: pd.DataFrame) -> dict:

@@ -99,3 +99,14 @@ def exactness_point(block: dict, layout: list[int]) -> list[dict]:
         timeout_s=block["run_timeout_s"], **_placed(block))
     return [{"layout": "x".join(map(str, layout)), **{k: v for k, v in r.items() if k != "out_sizes"}}
             for r in res]
+
+
+def gpu_calibration_point(block: dict, out_dir: str) -> dict:
+    """The GPU calibration at the papers' slab shapes (hpcdl.studies.spatial.gpucal) on this task's GPU,
+    written to `out_dir`/<gpu>.csv (+ provenance); returns its path and item count."""
+    from hpcdl.studies.spatial import gpucal
+
+    if block["device"] != "cuda":
+        raise ValueError(f"the GPU calibration runs on cuda, spatial.device resolved to {block['device']}")
+    path = gpucal.run(block, "cuda", out_dir, "tasks.spatial (spatial.gpu_calibration.in_study)")
+    return {"path": str(path), "items": len(gpucal.slabs.calibration_items(block))}

@@ -92,6 +92,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
 
     _plot_efficiency(plt, df, block, figs)
     _plot_papers(plt, read_table(tables / "paper_predictions.csv"), figs)
+    _plot_sensitivity(plt, read_table(tables / "paper_sensitivity.csv"), figs)
 
     loss = read_table(tables / "loss.csv")
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -196,3 +197,31 @@ def _plot_papers(plt, pp: pd.DataFrame, figs: Path) -> None:
     fig.tight_layout()
     save_figure(fig, figs / "paper_predictions.png")
 
+
+
+def _plot_sensitivity(plt, sens: pd.DataFrame, figs: Path) -> None:
+    """Predicted speedup of each network's largest over its smallest GPU count as each assumption of
+    spatial.assumptions moves over its range (x: the value's rank in that range), one line each."""
+    nets = list(dict.fromkeys(sens["network"])) if len(sens) else []
+    fig, axes = plt.subplots(1, max(1, len(nets)), figsize=(6 * max(1, len(nets)), 4.8), squeeze=False)
+    if not nets:
+        mark_no_data(axes[0][0], "spatial.assumptions is empty")
+    for ax, net in zip(axes[0], nets, strict=False):
+        g = sens[sens["network"] == net]
+        for i, (name, a) in enumerate(g.groupby("assumption", sort=False)):
+            x = np.linspace(0, 1, len(a))
+            line, = ax.plot(x, a["speedup"], "o-", color=f"C{i % 10}", label=name)
+            conf = a["configured"].astype(str).str.lower() == "true"
+            ax.plot(x[conf.to_numpy()], a.loc[conf, "speedup"], "*", color=line.get_color(), markersize=13)
+            ax.annotate(f"{a['value'].iloc[0]}", (0, a["speedup"].iloc[0]), fontsize=6,
+                        color=line.get_color(), textcoords="offset points", xytext=(-4, 3), ha="right")
+            ax.annotate(f"{a['value'].iloc[-1]}", (1, a["speedup"].iloc[-1]), fontsize=6,
+                        color=line.get_color(), textcoords="offset points", xytext=(4, 3))
+        ideal = float(g["ideal_speedup"].iloc[0])
+        ax.axhline(ideal, color="k", ls=":", lw=1, label=f"ideal ({ideal:g}x)")
+        ax.set(xlim=(-0.25, 1.25), xlabel="assumption's value, low -> high end of its range (* = configured)",
+               ylabel=f"predicted speedup {int(g['gpus_from'].iloc[0])} -> {int(g['gpus_to'].iloc[0])} GPUs",
+               title=f"{net}: what each assumption decides (model)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, figs / "paper_sensitivity.png")

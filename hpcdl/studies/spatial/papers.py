@@ -1,74 +1,295 @@
-"""The oracle at exactly the papers' settings: CosmoFlow and 3D U-Net, hybrid data x spatial on ABCI.
+"""The oracle at exactly the papers' settings: CosmoFlow and 3D U-Net, hybrid data x spatial on the
+cluster of `spatial.machine`.
 
 Oyama et al. train with the mini-batch split one sample per data group and each sample split
 spatially over GPUs / mini-batch GPUs. For each published setting this predicts the paper's own
 hybrid (the fastest depth x height split of that many spatial ranks) and the oracle's free pick
-among every strategy it models, on the machine described in `spatial.machine` (public
-specifications, no constant fitted to the published speedups). Model only: nothing is measured.
+among every strategy it models. No constant is fitted to the published speedups.
+
+The compute term rests on one of three bases (column compute_basis):
+  assumed     every layer at spatial.machine.efficiency x the GPU's FP32 peak (nothing measured)
+  mapped      per-layer times measured on a GPU at the layouts' exact slab shapes
+              (resources/calibration/<gpu>.csv), mapped to spatial.machine's GPU by datasheet ratios
+              (hpcdl.studies.spatial.perfmodel.gpu_table)
+  calibrated  the same times on the calibrated GPU itself (the same cluster with that GPU), so a
+              reader sees what the mapping contributes
+The headline (paper_predictions.csv) is `mapped` where a calibration exists, else `assumed`.
+
+The input pipeline is modelled as the papers' code (LBANN) runs it, with both bounds shown, since
+what the 2020 runs enabled is not published (spatial.pipeline, sources there):
+  each rank reads its share of the sample: LBANN's HDF5 reader reads a hyperslab split along depth
+  only (num_io_partitions = depth groups), so 1 / depth ranks of a sample per rank (`read_split`
+  depth; `block`: 1 / (depth x height));
+  cached bound: samples held in host memory by LBANN's data store (--use_data_store), fetched by
+  the background I/O threads while the previous step computes: only what the copy at
+  pipeline.cache_gbs takes beyond the step's compute is exposed;
+  file bound: every step reads its share from storage at machine.io_gbs, not overlapped.
 """
 
 from __future__ import annotations
 
-from hpcdl.common.layers import build_spec, unet3d_spec
+import copy
+from dataclasses import replace
+
+from hpcdl.common.layers import numel
+from hpcdl.studies.spatial.perfmodel.gpu_table import CalibrationGap, Measured, datasheet
 from hpcdl.studies.spatial.perfmodel.oracle import Machine, Strategy, family, predict, strategies
+from hpcdl.studies.spatial.perfmodel.slabs import network_spec, splits
+
+__all__ = ["bases", "network_spec", "paper_predictions", "sensitivity", "splits"]
+
+BYTES = 4
 
 
-def network_spec(name: str, setting: dict, cosmoflow: dict) -> list[dict]:
-    g = setting["grid"]
-    if name == "cosmoflow":
-        return build_spec((g, g, g), {"channels": cosmoflow["channels"], "kernel": cosmoflow["kernel"],
-                                      "dense": cosmoflow["dense"]},
-                          in_channels=cosmoflow["in_channels"], outputs=cosmoflow["outputs"])
-    return unet3d_spec((setting["in_channels"], g, g, g), list(setting["levels"]), outputs=setting["outputs"])
+def _target_sheet(machine: dict) -> dict:
+    return {
+        "peak_tflops": machine["peak_tflops"],
+        "memory_gbs": machine["memory_gbs"],
+        "memory_gb": machine["memory_gb"],
+    }
 
 
-def _splits(n: int) -> list[tuple[int, int]]:
-    """Every (depth, height) split of n spatial ranks into powers of two."""
-    out, d = [], 1
-    while d <= n:
-        if n % d == 0:
-            out.append((d, n // d))
-        d *= 2
-    return out
+def bases(block: dict, cal=None) -> dict[str, tuple[Machine, Measured | None, str]]:
+    """name -> (machine, its Measured or None, the GPU its compute rests on), the headline first."""
+    m = block["machine"]
+    assumed = replace(Machine.from_description(m), io=(0.0, 0.0))
+    if cal is None:
+        return {"assumed": (assumed, None, f"{m['peak_tflops']:g} TFLOP/s x {m['efficiency']:g} (assumed)")}
+    g = block["gpu_calibration"]
+    src = datasheet(g["datasheets"], cal.gpu_model)
+    mapped = Measured(cal, src, _target_sheet(m), g["mapping"])
+    itself = Measured(cal, src, None)
+    return {
+        "mapped": (replace(assumed, measured=mapped), mapped, f"{cal.gpu_model} mapped ({g['mapping']})"),
+        "calibrated": (
+            replace(assumed, measured=itself, memory_bytes=src["memory_gb"] * 1e9),
+            itself,
+            cal.gpu_model,
+        ),
+        "assumed": (assumed, None, f"{m['peak_tflops']:g} TFLOP/s x {m['efficiency']:g} (assumed)"),
+    }
 
 
-def paper_predictions(block: dict) -> list[dict]:
-    machine = Machine.from_description(block["machine"])
-    rows = []
+def io_bounds(spec: list[dict], depth: int, height: int, compute_s: float, block: dict) -> dict:
+    """Seconds of input a rank waits for per step (batch 1 per rank): the cached-and-overlapped and the
+    file-and-serial bound (module docstring)."""
+    p = block["pipeline"]
+    share = depth if p["read_split"] == "depth" else depth * height
+    nbytes = numel(spec[0]["in"]) * BYTES / share
+    cached = max(0.0, nbytes / (p["cache_gbs"] * 1e9) - compute_s)
+    return {
+        "io_read_bytes": nbytes,
+        "io_cached_s": cached,
+        "io_file_s": nbytes / (block["machine"]["io_gbs"] * 1e9),
+    }
+
+
+def _hybrid(spec, batch, split, machine, d0, h0, block) -> tuple[dict, dict]:
+    """The paper's hybrid: the fastest depth x height split of `split` spatial ranks per sample, with the
+    input's cached bound and, apart, with its file bound (the split decides what each rank reads)."""
+    cands = []
+    for pd_, ph in splits(split):
+        if pd_ <= d0 and ph <= h0:
+            pr = predict(spec, batch, Strategy(batch, pd_, ph), machine) | {"depth": pd_, "height": ph}
+            pr |= io_bounds(spec, pd_, ph, pr["compute_s"] + pr["optimizer_s"], block)
+            cands.append(pr)
+    return (
+        min(cands, key=lambda r: r["total_s"] + r["io_cached_s"]),
+        min(cands, key=lambda r: r["total_s"] + r["io_file_s"]),
+    )
+
+
+def _settings(block: dict):
     for name, setting in block["papers"].items():
         spec = network_spec(name, setting, block["extrapolate"])
         batch = setting["batch_size"]
-        _, d0, h0, _ = spec[0]["in"]
-        max_model = min(L["cout"] for L in spec if L["kind"] == "conv")
-        first = None
         for gpus in setting["gpus"]:
             if gpus % batch:
-                raise ValueError(f"spatial.papers.{name}: {gpus} GPUs is not a multiple of the "
-                                 f"mini-batch {batch}")
+                raise ValueError(
+                    f"spatial.papers.{name}: {gpus} GPUs is not a multiple of the mini-batch {batch}"
+                )
+        yield name, setting, spec, batch
+
+
+def _rows(block: dict, basis: str, machine: Machine, measured, gpu: str, free: bool) -> list[dict]:
+    rows = []
+    for name, setting, spec, batch in _settings(block):
+        _, d0, h0, _ = spec[0]["in"]
+        max_model = min(L["cout"] for L in spec if L["kind"] == "conv")
+        first = first_file = None
+        for gpus in setting["gpus"]:
             split = gpus // batch
-            paper = min((predict(spec, batch, Strategy(batch, pd, ph), machine) | {"depth": pd, "height": ph}
-                         for pd, ph in _splits(split) if pd <= d0 and ph <= h0),
-                        key=lambda r: r["total_s"])
-            free = []
-            for st in strategies(gpus, batch, d0, h0, max_model):
-                pr = predict(spec, batch, st, machine)
-                free.append((not pr["feasible"], pr["total_s"], st, pr))
-            _, _, pick, pick_pr = min(free, key=lambda x: (x[0], x[1]))
-            first = first or paper["total_s"]
-            rows.append({"network": name, "grid": setting["grid"], "batch_size": batch, "gpus": gpus,
-                         "spatial_split": split, "data": batch, "depth": paper["depth"],
-                         "height": paper["height"], "time_per_iter_s": paper["total_s"],
-                         "compute_s": paper["compute_s"], "halo_s": paper["halo_s"],
-                         "allreduce_s": paper["allreduce_s"], "gather_s": paper["gather_s"],
-                         "io_s": paper["io_s"],
-                         "memory_gb": paper["memory_bytes"] / 1e9, "fits_in_memory": bool(paper["feasible"]),
-                         "samples_per_s": batch / paper["total_s"],
-                         "speedup_vs_first": first / paper["total_s"],
-                         "ideal_speedup_vs_first": gpus / setting["gpus"][0],
-                         "chosen_strategy": f"{pick.name} ({pick.data}x{pick.depth}x{pick.height}"
-                                            f"{'' if pick.filter == 1 else f' f{pick.filter}'}"
-                                            f"{'' if pick.channel == 1 else f' c{pick.channel}'})",
-                         "chosen_family": family(pick), "chosen_time_per_iter_s": pick_pr["total_s"],
-                         "chosen_fits_in_memory": bool(pick_pr["feasible"]),
-                         "basis": "model (oracle), not measured"})
+            if measured is not None:
+                measured.interpolated.clear()
+            paper, by_file = _hybrid(spec, batch, split, machine, d0, h0, block)
+            interpolated = len(measured.interpolated) if measured is not None else 0
+            io = paper
+            total = paper["total_s"] + paper["io_cached_s"]
+            total_file = by_file["total_s"] + by_file["io_file_s"]
+            first, first_file = first or total, first_file or total_file
+            row = {
+                "network": name,
+                "grid": setting["grid"],
+                "batch_size": batch,
+                "gpus": gpus,
+                "spatial_split": split,
+                "data": batch,
+                "depth": paper["depth"],
+                "height": paper["height"],
+                "time_per_iter_s": total,
+                "compute_s": paper["compute_s"],
+                "optimizer_s": paper["optimizer_s"],
+                "halo_s": paper["halo_s"],
+                "allreduce_s": paper["allreduce_s"],
+                "gather_s": paper["gather_s"],
+                "io_s": io["io_cached_s"],
+                "io_file_s": by_file["io_file_s"],
+                "io_read_mb": io["io_read_bytes"] / 1e6,
+                "time_per_iter_io_file_s": total_file,
+                "depth_io_file": by_file["depth"],
+                "height_io_file": by_file["height"],
+                "memory_gb": paper["memory_bytes"] / 1e9,
+                "fits_in_memory": bool(paper["feasible"]),
+                "samples_per_s": batch / total,
+                "speedup_vs_first": first / total,
+                "speedup_vs_first_io_file": first_file / total_file,
+                "ideal_speedup_vs_first": gpus / setting["gpus"][0],
+                "compute_basis": basis,
+                "compute_gpu": gpu,
+                "interpolated_items": interpolated,
+                "basis": (
+                    "model (oracle), not measured"
+                    if measured is None
+                    else f"model (oracle) on per-layer times measured on {gpu}"
+                ),
+            }
+            if free:
+                cands, skipped = [], 0
+                for st in strategies(gpus, batch, d0, h0, max_model):
+                    try:
+                        pr = predict(spec, batch, st, machine)
+                    except CalibrationGap:  # a shape no paper layout produces (e.g. a whole sample per GPU)
+                        skipped += 1
+                        continue
+                    cands.append((not pr["feasible"], pr["total_s"], st, pr))
+                _, _, pick, pick_pr = min(cands, key=lambda x: (x[0], x[1]))
+                row.update(
+                    {
+                        "chosen_strategy": f"{pick.name} ({pick.data}x{pick.depth}x{pick.height}"
+                        f"{'' if pick.filter == 1 else f' f{pick.filter}'}"
+                        f"{'' if pick.channel == 1 else f' c{pick.channel}'})",
+                        "chosen_family": family(pick),
+                        "chosen_time_per_iter_s": pick_pr["total_s"],
+                        "chosen_fits_in_memory": bool(pick_pr["feasible"]),
+                        "strategies_not_calibrated": skipped,
+                    }
+                )
+            rows.append(row)
     return rows
+
+
+def paper_predictions(block: dict, cal=None, every_basis: bool = False) -> list[dict]:
+    """One row per setting on the headline basis (or, with every_basis, per setting and basis)."""
+    out = []
+    for basis, (machine, measured, gpu) in bases(block, cal).items():
+        out += _rows(block, basis, machine, measured, gpu, free=True)
+        if not every_basis:
+            break
+    return out
+
+
+def _speedups(block: dict, cal, file_bound: bool = False) -> dict[str, float]:
+    basis, (machine, measured, gpu) = next(iter(bases(block, cal).items()))
+    rows = _rows(block, basis, machine, measured, gpu, free=False)
+    out = {}
+    for name in block["papers"]:
+        g = [r for r in rows if r["network"] == name]
+        out[name] = g[-1]["speedup_vs_first_io_file" if file_bound else "speedup_vs_first"]
+    return out
+
+
+def sensitivity(block: dict, cal=None) -> list[dict]:
+    """Predicted speedup from each network's smallest to largest GPU count (CosmoFlow 512 -> 2048, U-Net
+    256 -> 512) as each entry of spatial.assumptions moves over its values, the others as configured;
+    `pipeline.bound` switches between the cached and the file bound of the input."""
+    rows = []
+    for path, values in block["assumptions"].items():
+        section, key = path.split(".", 1)
+        for v in values:
+            b = copy.deepcopy(block)
+            file_bound = False
+            if path == "pipeline.bound":
+                file_bound = v == "file"
+            else:
+                b[section][key] = v
+            for net, s in _speedups(b, cal, file_bound).items():
+                setting = block["papers"][net]
+                rows.append(
+                    {
+                        "assumption": path,
+                        "value": str(v),
+                        "configured": _configured(block, path) == v,
+                        "network": net,
+                        "gpus_from": setting["gpus"][0],
+                        "gpus_to": setting["gpus"][-1],
+                        "speedup": s,
+                        "ideal_speedup": setting["gpus"][-1] / setting["gpus"][0],
+                    }
+                )
+    return rows
+
+
+def _configured(block: dict, path: str):
+    if path == "pipeline.bound":
+        return "cached"
+    section, key = path.split(".", 1)
+    return block[section][key]
+
+
+def compute_check(cal) -> list[dict]:
+    """Per whole-step row of a calibration: the measured one-GPU step against the oracle's compute sum
+    for the same slab (every layer's forward + backward and the optimizer, from the same table, on the
+    calibrated GPU: no mapping, no communication)."""
+    from hpcdl.common.layers import n_params
+    from hpcdl.studies.spatial.perfmodel import slabs
+
+    if cal is None:
+        return []
+    rows = []
+    for step in cal.rows[cal.rows["kind"] == "step"].to_dict("records"):
+        net, split = step["network"], str(step["id"]).split("|")[2]
+        pd_, ph = (int(v) for v in split.split("x"))
+        spec = _spec_of(cal, net)
+        if spec is None:
+            continue
+        measured = Measured(cal, {}, None)
+        layers = [
+            it
+            for it in slabs.layout_items(spec, pd_, ph, 1, overlap=False)
+            if it["kind"] in ("conv", "pool", "deconv", "dense")
+        ]
+        total = sum(measured._t(it) for it in layers) + measured.optimizer(sum(n_params(L) for L in spec))
+        rows.append(
+            {
+                "network": net,
+                "depth": pd_,
+                "height": ph,
+                "gpu": cal.gpu_model,
+                "measured_step_s": float(step["median_s"]),
+                "measured_step_p25_s": float(step["p25_s"]),
+                "measured_step_p75_s": float(step["p75_s"]),
+                "oracle_compute_s": total,
+                "error": (total - float(step["median_s"])) / float(step["median_s"]),
+                "layers": len(layers),
+                "interpolated_items": len(measured.interpolated),
+            }
+        )
+    return rows
+
+
+def _spec_of(cal, network: str):
+    """The network spec a calibration measured (its provenance keeps the spatial block it ran)."""
+    block = cal.meta.get("block")
+    if not block or network not in block.get("papers", {}):
+        return None
+    return network_spec(network, block["papers"][network], block["extrapolate"])

@@ -11,8 +11,9 @@ import pandas as pd
 from hpcdl.common.layers import build_spec
 from hpcdl.platform.results import read_table, write_table
 from hpcdl.studies.spatial.load import other_load_cores
-from hpcdl.studies.spatial.papers import paper_predictions
+from hpcdl.studies.spatial.papers import compute_check, paper_predictions, sensitivity
 from hpcdl.studies.spatial.perfmodel.calibrate import fit_machine
+from hpcdl.studies.spatial.perfmodel.gpu_table import find as find_calibration
 from hpcdl.studies.spatial.perfmodel.oracle import Machine, Strategy, extrapolate, predict
 from hpcdl.studies.spatial.sweep import held_out_shapes
 
@@ -212,5 +213,24 @@ def write(cfg: dict, study_dir: Path) -> None:
         choice[col] = choice["gpus"].map(picks[col]) if len(picks) else None
     choice["strategy"] = choice["strategy"].fillna("none fits in memory")
     write_table(choice, tables / "strategy_choice.csv", cfg, started)
-    write_table(pd.DataFrame(paper_predictions(block)), tables / "paper_predictions.csv", cfg, started)
+    cal = gpu_calibration(cfg, study_dir)
+    write_table(pd.DataFrame(paper_predictions(block, cal)), tables / "paper_predictions.csv", cfg, started)
+    write_table(pd.DataFrame(paper_predictions(block, cal, every_basis=True)), tables / "paper_bases.csv",
+                cfg, started)
+    write_table(pd.DataFrame(sensitivity(block, cal)), tables / "paper_sensitivity.csv", cfg, started)
+    check = pd.DataFrame(compute_check(cal), columns=[
+        "network", "depth", "height", "gpu", "measured_step_s", "measured_step_p25_s", "measured_step_p75_s",
+        "oracle_compute_s", "error", "layers", "interpolated_items"])
+    write_table(check, tables / "compute_check.csv", cfg, started)
+
+
+def gpu_calibration(cfg: dict, study_dir: Path):
+    """The GPU calibration the paper predictions use (spatial.gpu_calibration.use): with `auto`, this run's
+    own (raw/gpu_calibration/, made where the study ran on a GPU), else the committed one in
+    <data.resources_dir>/calibration/, else None (the assumed efficiency)."""
+    use = cfg["spatial"]["gpu_calibration"]["use"]
+    own = Path(study_dir) / "raw" / "gpu_calibration"
+    if use == "auto" and list(own.glob("*.csv")):
+        return find_calibration(own, use)
+    return find_calibration(Path(cfg["data"]["resources_dir"]) / "calibration", use)
 

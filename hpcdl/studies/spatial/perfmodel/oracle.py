@@ -133,6 +133,10 @@ class Machine:
     # 1/`rack_oversubscription` of the nodes' injection bandwidth
     rack_nodes: int = 0
     rack_oversubscription: float = 1.0
+    # per-layer times of a GPU calibration at the layouts' exact slab shapes
+    # (hpcdl.studies.spatial.perfmodel.gpu_table.Measured): replaces the fits above for conv, pool,
+    # deconv, dense and the optimizer, and adds the halo pack/unpack and the overlap's edge corrections
+    measured: object | None = None
 
     def fault_time(self, nbytes: float, busy: bool = False) -> float:
         c0, k = (self.busy.get("fault") if busy and self.busy else None) or self.fault
@@ -232,9 +236,10 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
             ci, di, hi, wi = L["in"]
             frac = _local(d, pd) / d * _local(h, ph) / h
             fl = flops(L) * b * frac
+            m = machine.measured if f * c == 1 else None
             if kind == "conv":
                 fl /= f * c
-                t_layer = machine.layer_time(L, fl, busy)
+                t_layer = m.layer(L, pd, ph, b) if m else machine.layer_time(L, fl, busy)
                 conv_params += n_params(L)
                 first_conv_params = n_params(L) if first_conv_params is None else first_conv_params
                 act_elems += 2 * numel(L["out"]) * frac / f  # pre- and post-activation kept for backward
@@ -243,7 +248,7 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
                 cols = L["cin"] / c * L["kernel"] ** 3 * numel(L["out"][1:]) * frac
                 workspace = max(workspace, cols) if machine.im2col else 0.0
             else:
-                t_layer = machine.layer_time(L, fl, busy)
+                t_layer = m.layer(L, pd, ph, b) if m else machine.layer_time(L, fl, busy)
                 act_elems += numel(L["out"]) * frac
             t["compute"] += t_layer
             halo = (L["kernel"] - 1) // 2 if kind == "conv" else max(L["kernel"] - L["stride"], 0)
@@ -253,7 +258,16 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
                 if parts > 1 and halo > 0:
                     t_halo += 2 * t_exchange(halo * plane * b * BYTES, parts, a_s, b_s, machine)
                     t_latency += 2 * t_exchange(1e-9, parts, a_s, b_s, machine)
-            t["halo"] += t_halo
+            t_copy = 0.0
+            if m and halo > 0:
+                # packing a side's planes into a send buffer and unpacking the neighbour's, forward and
+                # backward, per neighbour of a middle rank: GPU work, never hidden behind the compute
+                for axis, one in m.halo(L, pd, ph, b).items():
+                    t_copy += 2 * (2 if (pd if axis == "d" else ph) > 2 else 1) * one
+            t["halo"] += t_halo + t_copy
+            if m and machine.overlap and kind == "conv" and pd > 1 and ph == 1 and _local(d, pd) < d \
+                    and L["stride"] == 1 and 2 * L["pad"] == L["kernel"] - 1 and L["pad"] > 0:
+                t["compute"] += 2 * m.correction(L, b)  # the thin edge conv of each side (overlap.py)
             if machine.overlap and kind == "conv" and ph == 1 and t_halo > 0:
                 # the transfer runs while the output planes that read no halo plane compute; the
                 # per-exchange latency (wake-up, the neighbour's skew) is not hidden by it
@@ -270,7 +284,9 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
             # transposed conv (kernel = stride: no halo); the upsampled output is split like its input
             _, d, h, w = L["out"]
             frac = _local(d, pd) / d * _local(h, ph) / h
-            t["compute"] += machine.layer_time(L, flops(L) * b * frac / (f * c), busy)
+            m = machine.measured if f * c == 1 else None
+            t["compute"] += (m.layer(L, pd, ph, b) if m
+                             else machine.layer_time(L, flops(L) * b * frac / (f * c), busy))
             conv_params += n_params(L)
             act_elems += numel(L["out"]) * frac / f
             max_layer = max(max_layer, numel(L["out"]) * frac / f)
@@ -283,7 +299,8 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
             t["gather"] += t_allgather(numel(L["in"]) * b * BYTES, s, *ag)
             act_elems += numel(L["in"])
         elif kind == "dense":
-            t["compute"] += machine.layer_time(L, flops(L) * b, busy)
+            t["compute"] += machine.measured.layer(L, 1, 1, b) if machine.measured else machine.layer_time(
+                L, flops(L) * b, busy)
             act_elems += L["fout"] * 2
         total_params += n_params(L)
     t["halo"] -= hidden_halo
@@ -302,7 +319,8 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
         last = (t_allreduce((first_conv_params or 0) * BYTES / (f * c), p_s, *ar_s)
                 + t_allreduce((first_conv_params or 0) * BYTES / (f * c), p_d, *ar_d))
         t["allreduce"] = max(last, t["allreduce"] - 2.0 / 3.0 * t["compute"])
-    t["optimizer"] = machine.optimizer_time(total_params / (f * c), busy)
+    t["optimizer"] = (machine.measured.optimizer(total_params) if machine.measured and f * c == 1
+                      else machine.optimizer_time(total_params / (f * c), busy))
     frac_s = _local(spec[0]["in"][1], pd) / spec[0]["in"][1] * _local(spec[0]["in"][2], ph) / spec[0]["in"][2]
     t["compute"] += machine.fault_time(fresh_bytes(spec, b, frac_s, f, c), busy)
     if machine.cores:

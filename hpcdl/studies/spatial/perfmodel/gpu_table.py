@@ -1,0 +1,230 @@
+"""A GPU calibration as data (resources/calibration/<gpu>.csv + .provenance.json) and how the oracle reads it.
+
+A row per item of hpcdl.studies.spatial.perfmodel.slabs (its `id`), with the median forward + backward
+seconds over interleaved repeats and their spread. The oracle asks for the item a layer of a layout
+is; an item the table lacks is interpolated linearly in its local planes (d x h) between the nearest
+measured items of the same layer (same kind, key, batch, axis) below and above, and counted as
+interpolated; with no measured neighbour on one side it is refused (CalibrationGap), never extrapolated.
+
+From the calibrated GPU to another (the papers' V100), each time is scaled by one stated rule from
+datasheet figures (spatial.gpu_calibration.datasheets): an item whose arithmetic intensity (its FLOPs
+over the bytes it must move at least, slabs.layer_item) is at or above the calibrated GPU's ridge point
+(peak FLOP/s / memory bandwidth) uses a larger share of that GPU's peak FLOP/s than of its bandwidth
+(the same comparison made on the measured time's achieved rates), so its time scales with the ratio of
+the two GPUs' FP32 peaks; every other item (pools, halo copies, the optimizer) with the ratio of their
+memory bandwidths.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from hpcdl.common.layers import layer_key
+from hpcdl.studies.spatial.perfmodel import slabs
+
+COLUMNS = [
+    "id",
+    "kind",
+    "key",
+    "network",
+    "axis",
+    "d",
+    "h",
+    "w",
+    "batch",
+    "units",
+    "flops",
+    "bytes",
+    "fwd_median_s",
+    "bwd_median_s",
+    "median_s",
+    "p25_s",
+    "p75_s",
+    "min_s",
+    "max_s",
+    "repeats",
+]
+
+
+class CalibrationGap(ValueError):
+    """An item the calibration neither measured nor brackets with measured neighbours."""
+
+
+def slug(gpu_model: str) -> str:
+    """The calibration file's name for a GPU model ("NVIDIA H100 80GB HBM3" -> nvidia-h100-80gb-hbm3)."""
+    return re.sub(r"[^a-z0-9]+", "-", gpu_model.lower()).strip("-")
+
+
+def sidecar(path: Path) -> Path:
+    return path.with_suffix(".provenance.json")
+
+
+class GpuCalibration:
+    def __init__(self, rows: pd.DataFrame, meta: dict, path: Path | None = None):
+        missing = [c for c in ("id", "kind", "key", "median_s") if c not in rows]
+        if missing:
+            raise ValueError(f"{path or 'calibration'}: missing column(s) {missing}")
+        self.rows, self.meta, self.path = rows, meta, path
+        self.by_id = {r["id"]: r for r in rows.to_dict("records")}
+        self.gpu_model = meta.get("gpu_model", "")
+        if not self.gpu_model:
+            raise ValueError(f"{sidecar(path) if path else 'calibration'}: no gpu_model in the provenance")
+
+    @classmethod
+    def read(cls, path: str | Path) -> GpuCalibration:
+        path = Path(path)
+        side = sidecar(path)
+        if not side.exists():
+            raise FileNotFoundError(f"{path}: calibration without its provenance sidecar {side.name}")
+        return cls(pd.read_csv(path), json.loads(side.read_text()), path)
+
+    def seconds(self, item: dict) -> tuple[float, str]:
+        """(median seconds, "measured" | "interpolated") of a slabs item; CalibrationGap where neither."""
+        row = self.by_id.get(item["id"])
+        if row is not None:
+            return float(row["median_s"]), "measured"
+        kind = item["kind"]
+        if kind == "optimizer":
+            same = [r for r in self.by_id.values() if r["kind"] == "optimizer"]
+            x = float(item["units"])
+            pts = sorted((float(r["units"]), float(r["median_s"])) for r in same)
+            exact = [t for u, t in pts if u == x]
+            if exact:  # the same parameter count (the network's own): measured
+                return exact[0], "measured"
+        else:
+            same = [
+                r
+                for r in self.by_id.values()
+                if r["kind"] == kind
+                and r["key"] == item["key"]
+                and int(r["batch"]) == item["batch"]
+                and (kind != "halo" or r["axis"] == item["axis"])
+            ]
+            x = float(item["d"] * item["h"])
+            pts = sorted((float(r["d"] * r["h"]), float(r["median_s"])) for r in same)
+        lo = [p for p in pts if p[0] <= x]
+        hi = [p for p in pts if p[0] >= x]
+        if not lo or not hi:
+            have = ", ".join(f"{p[0]:g}" for p in pts) or "none"
+            raise CalibrationGap(
+                f"{self.path or 'calibration'}: {item['id']} is not measured and has no measured "
+                f"neighbour on both sides (measured sizes of this layer: {have}); "
+                "extrapolation refused: rerun the calibration with this layout"
+            )
+        (x0, y0), (x1, y1) = lo[-1], hi[0]
+        t = y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        return t, "interpolated"
+
+
+def datasheet(sheets: dict, gpu_model: str, key: str = "spatial.gpu_calibration.datasheets") -> dict:
+    name = slug(gpu_model)
+    if name not in sheets:
+        raise ValueError(
+            f"{key} has no entry {name!r} (the calibrated GPU {gpu_model!r}): add its FP32 peak "
+            "TFLOP/s, memory GB/s and GB from its datasheet, with the source"
+        )
+    return sheets[name]
+
+
+def bound(item: dict, sheet: dict) -> str:
+    """ "flops" where the item's arithmetic intensity reaches the GPU's ridge point, else "memory"."""
+    if item.get("flops", 0) <= 0 or item.get("bytes", 0) <= 0:
+        return "memory"
+    ridge = sheet["peak_tflops"] * 1e12 / (sheet["memory_gbs"] * 1e9)
+    return "flops" if item["flops"] / item["bytes"] >= ridge else "memory"
+
+
+MAPPINGS = ("roofline", "flops", "memory")
+
+
+def scale(item: dict, source: dict, target: dict, mode: str = "roofline") -> float:
+    """Factor from a time on the `source` GPU to the `target` GPU: the module's rule ("roofline"), or every
+    item by the FP32 peaks ("flops") or by the memory bandwidths ("memory"), the rule's two bounds."""
+    if mode not in MAPPINGS:
+        raise ValueError(f"spatial.gpu_calibration.mapping must be one of {MAPPINGS}, got {mode!r}")
+    if mode == "flops" or (mode == "roofline" and bound(item, source) == "flops"):
+        return source["peak_tflops"] / target["peak_tflops"]
+    return source["memory_gbs"] / target["memory_gbs"]
+
+
+class Measured:
+    """Compute times for the oracle (Machine.measured) from a calibration, on the calibrated GPU or mapped
+    to `target` (a datasheet dict; None: the calibrated GPU itself). Counts what it interpolated."""
+
+    def __init__(self, cal: GpuCalibration, source: dict, target: dict | None = None, mode: str = "roofline"):
+        self.cal, self.source, self.target, self.mode = cal, source, target, mode
+        self.interpolated: set[str] = set()
+        self.used: set[str] = set()
+
+    def _t(self, item: dict) -> float:
+        t, how = self.cal.seconds(item)
+        self.used.add(item["id"])
+        if how == "interpolated":
+            self.interpolated.add(item["id"])
+        return t * (scale(item, self.source, self.target, self.mode) if self.target else 1.0)
+
+    def layer(self, L: dict, pd: int, ph: int, batch: int) -> float:
+        return self._t(slabs.layer_item(L, pd, ph, batch))
+
+    def halo(self, L: dict, pd: int, ph: int, batch: int) -> dict:
+        """Seconds of one side's pack + unpack per split axis ({"d": s, "h": s})."""
+        return {it["axis"]: self._t(it) for it in slabs.halo_items(L, pd, ph, batch)}
+
+    def correction(self, L: dict, batch: int) -> float:
+        return self._t(slabs.correction_item(L, batch))
+
+    def optimizer(self, n_params: float) -> float:
+        n = int(n_params)
+        return self._t(
+            {
+                "id": f"optimizer|?|n{n}",
+                "kind": "optimizer",
+                "key": "",
+                "units": n,
+                "batch": 1,
+                "flops": 0.0,
+                "bytes": 16 * 4 * n,
+            }
+        )
+
+
+def find(directory: str | Path, use: str) -> GpuCalibration | None:
+    """The calibration spatial.gpu_calibration.use names in `directory`: "none" -> None; "auto" -> the
+    only <gpu>.csv there (None if there is none; a clear error if several); else <use>.csv."""
+    directory = Path(directory)
+    if use == "none":
+        return None
+    if use == "auto":
+        found = sorted(p for p in directory.glob("*.csv")) if directory.is_dir() else []
+        if not found:
+            return None
+        if len(found) > 1:
+            raise ValueError(
+                f"spatial.gpu_calibration.use is auto but {directory} holds several calibrations "
+                f"({', '.join(p.stem for p in found)}): name one"
+            )
+        return GpuCalibration.read(found[0])
+    path = directory / f"{use}.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"spatial.gpu_calibration.use: {path} does not exist")
+    return GpuCalibration.read(path)
+
+
+__all__ = [
+    "COLUMNS",
+    "MAPPINGS",
+    "CalibrationGap",
+    "GpuCalibration",
+    "Measured",
+    "bound",
+    "datasheet",
+    "find",
+    "layer_key",
+    "scale",
+    "sidecar",
+    "slug",
+]
