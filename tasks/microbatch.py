@@ -4,13 +4,14 @@
     python -m hpcdl compss command microbatch --config FILE    # prints the runcompss command line
 
 Each network runs on microbatch.device, resolved once here: on CUDA the candidates are cuDNN's modes
-that PyTorch exposes and each task holds one GPU. A task benchmarks every candidate algorithm per kernel and micro-batch size of one network's conv
-layers, plans with the DP per kernel and the ILP over the network, executes every distinct plan and
-the framework's default as whole networks in interleaved rounds, and checks exactness. Writes
-raw/bench.csv, plans.csv, budget.csv, execution.csv, network_rounds.csv, exactness.csv and
-planning.csv. A failing network becomes a row with status=failed and its error in every table; the
-rest runs. Every network's record is kept in
-<results>/microbatch/points/ as it finishes (hpcdl.platform.points): a rerun runs only what is not finished.
+that PyTorch exposes and each task holds one GPU. A task benchmarks every candidate algorithm per
+kernel and micro-batch size of one network's conv layers, plans with the DP per kernel and the ILP
+over the network, executes every distinct plan and the framework's default as whole networks in
+interleaved rounds, and checks exactness. Writes raw/bench.csv, plans.csv, budget.csv,
+execution.csv, network_rounds.csv, exactness.csv and planning.csv. A failing network becomes a row
+with status=failed and its error in every table; the rest runs. Every network's record is kept in
+<results>/microbatch/points/ as it finishes (hpcdl.platform.points): a rerun runs only what is not
+finished.
 """
 
 from __future__ import annotations

@@ -58,7 +58,8 @@ def stage_inputs(results: str, spec: StudySpec, config: dict, stage: str) -> lis
     and claims stages read those and the tables (a claim may need a raw column the tables left out)."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
-    files = [study_config_path(results, spec.name), *raw_files(results, spec, config), *spec.stage_files(config)]
+    files = [study_config_path(results, spec.name), *raw_files(results, spec, config),
+             *spec.stage_files(config)]
     return files if stage in ("tables", "about") else files + table_files(results, spec)
 
 

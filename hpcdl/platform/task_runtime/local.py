@@ -5,12 +5,17 @@ starts only when its argument futures are resolved and enough cores are free for
 `computing_units`; a task asking for more units than the machine has runs alone.
 
 GPUs, as COMPSs's worker binds them: a task whose constraint lists a GPU processor
-(`processors=[..., {"processorType": "GPU", "computingUnits": g}]`, hpcdl.platform.task_runtime.gpus)
-waits for g GPUs of the pool to be free and runs with CUDA_VISIBLE_DEVICES set to those ids, which
-no other running task holds. A task asking for more GPUs than the pool has runs, as with cores, with
-the whole pool (the rank runtime then refuses more ranks than GPUs unless the study shares them:
-hpcdl.platform.device); with an empty pool it is an error at submission. A task without GPUs keeps
-the environment it was started with, as under COMPSs.
+(`processors=[..., {"processorType": "GPU", "computingUnits": g}]`,
+hpcdl.platform.task_runtime.gpus) waits for g GPUs of the pool to be free and runs with
+CUDA_VISIBLE_DEVICES set to those ids, which no other running task holds. CUDA reads that variable
+once per process, so GPU tasks run in a worker of their own per set of ids; the worker is kept for
+the next task given the same ids (its torch import, CUDA context and data already loaded: an HPO
+chunk of a few seconds would otherwise pay as much again to start) and replaced when a task needs
+ids overlapping its own, so no two workers hold one GPU. After each task the worker returns its
+cached GPU memory to the driver. A task asking for more GPUs than the pool has runs, as with cores,
+with the whole pool (the rank runtime then refuses more ranks than GPUs unless the study shares
+them: hpcdl.platform.device); with an empty pool it is an error at submission. A task without GPUs
+keeps the environment it was started with, as under COMPSs.
 """
 
 from __future__ import annotations
@@ -133,7 +138,23 @@ def _run_in_worker(module: str, qualname: str, args, kwargs, units: int, gpu_ids
     for part in qualname.split("."):
         obj = getattr(obj, part)
     fn = getattr(obj, "__wrapped__", obj)
-    return fn(*args, **kwargs)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        if gpu_ids is not None:
+            _release_gpu_memory()
+
+
+def _release_gpu_memory():
+    """The worker outlives its task: give the allocator's cached blocks back, so what the next
+    process on this GPU (a rank, a task with other ids) measures and can allocate is not ours."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        import gc
+
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def _worker_init():
@@ -159,7 +180,10 @@ class LocalBackend:
         # GPU ids handed out (gpus.gpu_pool), read when the first GPU task is submitted
         self.gpu_pool: list[str] | None = list(gpus) if gpus is not None else None
         self.free_gpus: list[str] = list(self.gpu_pool or [])
-        self._spent: list[ProcessPoolExecutor] = []  # GPU tasks' one-task executors, to shut down
+        # GPU tasks' workers, one per set of ids (kept for the next task with those ids), and the
+        # replaced ones still to shut down
+        self._gpu_workers: dict[tuple[str, ...], ProcessPoolExecutor] = {}
+        self._spent: list[ProcessPoolExecutor] = []
         self._pool: ProcessPoolExecutor | None = None
         self._pending: list[_Job] = []
         self._running = 0
@@ -242,22 +266,31 @@ class LocalBackend:
         ids, executor = None, self._pool
         if job.gpus:
             ids, self.free_gpus = self.free_gpus[:gpus], self.free_gpus[gpus:]
-            # A process of its own: CUDA reads CUDA_VISIBLE_DEVICES once, when a process first
-            # initialises it, so a reused worker would keep its previous task's GPUs. (One executor
-            # per task: max_tasks_per_child can deadlock on Python 3.11, cpython gh-115634.)
-            executor = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                           initializer=_worker_init)
+            executor = self._gpu_worker(tuple(ids))
         pf: Future = executor.submit(_run_in_worker, module, qualname, args, kwargs, job.units, ids)
-        pf.add_done_callback(lambda f, job=job, need=need, ids=ids, ex=executor:
-                             self._on_done(job, need, f, ids, ex))
+        pf.add_done_callback(lambda f, job=job, need=need, ids=ids: self._on_done(job, need, f, ids))
 
-    def _on_done(self, job: _Job, need: int, pf: Future, ids: list[str] | None = None,
-                 executor: ProcessPoolExecutor | None = None):
+    def _gpu_worker(self, ids: tuple[str, ...]) -> ProcessPoolExecutor:
+        """The worker for a task holding `ids` (all free, so every worker holding one of them is idle).
+
+        CUDA reads CUDA_VISIBLE_DEVICES once, when a process first initialises it: a worker serves
+        exactly one set of ids. One that shares a GPU with `ids` is shut down first, so no two
+        workers keep a context on one GPU. (Workers are replaced by hand: max_tasks_per_child can
+        deadlock on Python 3.11, cpython gh-115634.)
+        """
+        if ids in self._gpu_workers:
+            return self._gpu_workers[ids]
+        for held in [k for k in self._gpu_workers if set(k) & set(ids)]:
+            self._spent.append(self._gpu_workers.pop(held))
+        self._gpu_workers[ids] = ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
+        return self._gpu_workers[ids]
+
+    def _on_done(self, job: _Job, need: int, pf: Future, ids: list[str] | None = None):
         with self._cond:
             self.free += need
             if ids is not None:
                 self.free_gpus = sorted(self.free_gpus + ids, key=self.gpu_pool.index)
-                self._spent.append(executor)
             self._running -= 1
             exc = pf.exception()
             if exc is None:
@@ -318,7 +351,8 @@ class LocalBackend:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         with self._cond:
-            spent, self._spent = self._spent, []
+            spent, self._spent = self._spent + list(self._gpu_workers.values()), []
+            self._gpu_workers = {}
         for executor in spent:
             executor.shutdown(wait=True)
 
