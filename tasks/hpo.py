@@ -5,6 +5,11 @@
 
 Re-running continues the studies in the journal (results/hpo/journal/): finished trials are kept,
 trials in flight when a previous driver died are marked FAIL and replaced.
+
+Device: hpo.device is resolved once, here; on cuda every task holds one GPU ($HPCDL_HPO_GPUS, the
+GPU processor of its constraint), trains on it with the data loaded to it once per task, and every
+trial row names its device and GPU. A grid on w workers then needs w GPUs: on the local backend a
+worker count above the GPU pool is refused before anything runs (sweep.check_gpu_workers).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import sys
 import pandas as pd
 
 from hpcdl.common.fashion_mnist import load_split
+from hpcdl.platform.config import ConfigError
+from hpcdl.platform.device import study_device
 from hpcdl.platform.points import StudyRun
 from hpcdl.platform.results import write_table
 from hpcdl.platform.task_runtime import (
@@ -27,27 +34,31 @@ from hpcdl.platform.task_runtime import (
     task,
 )
 from hpcdl.platform.task_runtime.app import start_app
+from hpcdl.platform.task_runtime.gpus import POOL_ENV, gpu_pool
 from hpcdl.platform.task_runtime.units import units_var
 from hpcdl.studies.hpo import compute, driver, records, storage
-from hpcdl.studies.hpo.sweep import plan_studies
+from hpcdl.studies.hpo.sweep import check_gpu_workers, plan_studies
 
 
 @on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_HPO_UNITS")
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_HPO_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_HPO_GPUS"}])
 @task(returns=1)
 def train_chunk(params, state, data, epochs, seed, fail):
     return compute.run_chunk(params, state, data, epochs, seed, fail)
 
 
 @on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_HPO_UNITS")
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_HPO_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_HPO_GPUS"}])
 @task(returns=1)
 def test_accuracy(params, state, data):
     return compute.evaluate_test(params, state, data)
 
 
 @on_failure(management="FAIL")  # stated: the binding's default would be RETRY
-@constraint(computing_units="$HPCDL_HPO_UNITS")
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_HPO_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_HPO_GPUS"}])
 @task(returns=1)
 def warm_up(data):
     return compute.warm_up(data)
@@ -63,10 +74,10 @@ def _test_best(study, best_path, data) -> None:
         study.set_user_attr("test", {"trial": best["trial"], "acc": acc})
 
 
-def _run_studies(hpo: dict, store, data, units: int, out) -> list:
+def _run_studies(plans, hpo: dict, store, data, units: int, out) -> list:
     studies = []
     cores = None
-    for plan in plan_studies(hpo, BACKEND):
+    for plan in plans:
         if plan.workers * units != cores:
             cores = plan.workers * units
             set_local_cores(cores)  # no-op under COMPSs
@@ -79,18 +90,34 @@ def _run_studies(hpo: dict, store, data, units: int, out) -> list:
     return studies
 
 
+def _refuse(exc: Exception) -> None:
+    print(f"error: {exc}", file=sys.stderr)
+    raise SystemExit(2) from None
+
+
 def main(argv=None) -> None:
     cfg = start_app("hpo", argv, __doc__.splitlines()[0])
     hpo = cfg["hpo"]
+    units = int(os.environ[units_var("hpo")])  # start_app resolved it (a "$VAR" setting included)
+    device = study_device(cfg, "hpo")  # start_app has refused cuda without a GPU
+    plans = plan_studies(hpo, BACKEND, device, units)
+    try:
+        if BACKEND == "local" and device == "cuda":  # under COMPSs its own GPU resources bound the workers
+            check_gpu_workers(hpo, device, gpu_pool(), POOL_ENV)
+    except ConfigError as exc:
+        _refuse(exc)
     run = StudyRun(cfg, "hpo")  # trials resume through the Optuna journal, not the point store
     out, started = run.dir, run.started
     load_split(cfg["data"]["fashion_mnist_dir"], "test")  # fail early, with how-to-get, if data is missing
-    units = int(os.environ[units_var("hpo")])  # start_app resolved it (a "$VAR" setting included)
     data = compute.DataSpec(cfg["data"]["fashion_mnist_dir"], hpo["data"]["val_fraction"], hpo["seed"],
-                          hpo["data"]["train_limit"], hpo["data"]["test_limit"])
+                            hpo["data"]["train_limit"], hpo["data"]["test_limit"], device)
     store = storage.study_storage(cfg)
-    print(f"[hpo] storage {storage.describe_storage(cfg)}", file=sys.stderr, flush=True)
-    studies = _run_studies(hpo, store, data, units, out)
+    try:
+        storage.check_device(store, plans)
+    except storage.DeviceMismatch as exc:
+        _refuse(exc)
+    print(f"[hpo] storage {storage.describe_storage(cfg)}; device {device}", file=sys.stderr, flush=True)
+    studies = _run_studies(plans, hpo, store, data, units, out)
     set_local_cores(None)  # back to every core for whoever runs tasks after us in this process
     raw = out / "raw"
     write_table(pd.DataFrame([r for s in studies for r in records.trial_rows(s)]),

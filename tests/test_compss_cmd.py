@@ -186,9 +186,13 @@ def _compss_cfg(test_config, tmp_path):
     return validate_config(cfg)
 
 
+# studies whose tasks hold GPUs on CUDA (StudySpec.task_gpus > 0): their commands set HPCDL_<STUDY>_GPUS
+GPU_STUDIES = ("checkpoint", "hetmem", "hpo", "microbatch", "offload", "shuffle", "spatial")
+
+
 def test_every_rule_command_sets_its_task_units_where_compss_reads_them(test_config, tmp_path):
     """test.yaml: checkpoint and hpo say "1"; shuffle's largest M is 2; spatial's largest run 2 ranks x 1.
-    shuffle's and spatial's tasks can hold GPUs: their commands set the GPUs too (device auto: 0 for
+    GPU_STUDIES' tasks can hold GPUs: their commands set the GPUs too (device auto: 0 for
     enqueue_compss without --gpus_per_node; the rule's shell asks where it runs)."""
     cfg = _compss_cfg(test_config, tmp_path)
     expected = {"checkpoint": "1", "hpo": "1", "shuffle": "2", "spatial": "2"}
@@ -197,10 +201,10 @@ def test_every_rule_command_sets_its_task_units_where_compss_reads_them(test_con
         run = shlex.split(cmd.removeprefix("(").removesuffix(")").split(" && ")[1])
         var = f"HPCDL_{study.upper()}"
         gpus = [f"{var}_GPUS=$(python -m hpcdl compss gpus {study} --config {os.path.abspath('c.json')})"]
-        gpus = gpus if study in ("shuffle", "spatial") else []
+        gpus = gpus if study in GPU_STUDIES else []
         assert run[:len(gpus) + 2] == [f"{var}_UNITS={units}", *gpus, "runcompss"], (study, run[:3])
         enq = compss.enqueue_compss_command(study, "/c.json", cfg)
-        gpus = [f"{var}_GPUS=0"] if study in ("shuffle", "spatial") else []
+        gpus = [f"{var}_GPUS=0"] if study in GPU_STUDIES else []
         assert enq[:len(gpus) + 3] == ["env", f"{var}_UNITS={units}", *gpus, "enqueue_compss"]
 
 

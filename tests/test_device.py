@@ -194,6 +194,8 @@ def test_run_rule_asks_slurm_for_one_gpu_per_rank(test_config):
     assert wiring.run_gpus(spatial, cfg, environ={"HPCDL_SLURM_GPU_PARTITION": "gpu"}) == largest
     if NO_GPU:
         assert wiring.run_gpus(spatial, cfg, environ={}) == 0
+    cfg["hpo"]["device"], cfg["hpo"]["workers"], cfg["hpo"]["grid"]["workers"] = "cuda", 3, [1, 2]
+    assert wiring.run_gpus(spec("hpo"), cfg, environ={}) == 3  # concurrent trials, a GPU each
     cfg["malleable"]["device"] = "cuda"   # no CUDA path: never asks for GPUs
     assert wiring.run_gpus(spec("malleable"), cfg, environ={"HPCDL_SLURM_GPU_PARTITION": "gpu"}) == 0
 

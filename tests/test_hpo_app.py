@@ -45,8 +45,9 @@ def _hpo(test_config, **changes):
 
 @pytest.mark.slow
 def test_app_end_to_end_with_a_failing_trial(repo, tmp_path, write_config, test_config):
-    # One worker count for the grid and the searches: one process pool for the whole run.
-    hpo = _hpo(test_config, grid={"workers": [2]}, fail_trials=[1])
+    # One worker count for the grid and the searches: one process pool for the whole run. On the CPU
+    # also on a GPU machine: on cuda a 2-worker grid needs two GPUs (tests/test_hpo_device.py).
+    hpo = _hpo(test_config, grid={"workers": [2]}, fail_trials=[1], device="cpu")
     config = write_config(studies=["hpo"], hpo=hpo)
     run = _app(repo, config)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -61,6 +62,10 @@ def test_app_end_to_end_with_a_failing_trial(repo, tmp_path, write_config, test_
     ok = trials[trials["state"] != "FAIL"]
     assert ok["state"].isin(["COMPLETE", "PRUNED"]).all() and len(ok) == 4 - 1 + 2 * (3 - 1)
     assert (trials.loc[trials["state"] == "COMPLETE", "val_acc"].between(0.0, 1.0)).all()
+    # every row says where it ran; no worker names a GPU
+    assert (ok["device"] == "cpu").all() and not ok["worker"].str.contains("gpu").any()
+    studies = pd.read_csv(out / "raw" / "studies.csv")
+    assert (studies["device"] == "cpu").all() and (studies["cores_per_worker"] == 1).all()
     inter = pd.read_csv(out / "raw" / "intermediate.csv")
     assert len(inter) == ok["epochs_trained"].sum()
     # The journal opens with optuna.load_study (what optuna-dashboard does).
@@ -80,6 +85,11 @@ def test_app_end_to_end_with_a_failing_trial(repo, tmp_path, write_config, test_
         assert r.returncode == 0, r.stderr[-3000:]
     for table in ("trials", "intermediate", "best_so_far", "grid_scaling", "best_config", "pruning"):
         assert (out / "tables" / f"{table}.csv").exists()
+    scaling = pd.read_csv(out / "tables" / "grid_scaling.csv")
+    assert list(scaling[["device", "workers", "cores_per_worker"]].itertuples(index=False, name=None)) == [
+        ("cpu", 2, 1)]
+    assert scaling["trials_per_min"].iloc[0] == pytest.approx(
+        scaling["n_trials"].iloc[0] / scaling["elapsed_s"].iloc[0] * 60)
     best = pd.read_csv(out / "tables" / "best_config.csv")
     assert best["overall_best"].sum() == 1 and best["test_acc"].between(0.0, 1.0).all()
     for fig in (

@@ -38,6 +38,9 @@ class StudySpec:
     # cfg -> GPUs each task holds when the study's device resolves to cuda (0: its tasks use none).
     # A multi-rank task holds one GPU per rank (hpcdl.platform.device: one rank per GPU).
     task_gpus: Callable[[dict], int] = field(default=lambda cfg: 0)
+    # cfg -> GPUs its run job needs at once on CUDA, where GPU tasks run side by side (the HPO
+    # study's concurrent trials); None: one GPU task at a time, task_gpus
+    job_gpus: Callable[[dict], int] | None = None
     # cfg -> threads of the run rule; None: every core Snakemake has
     run_threads: Callable[[dict], int | None] = field(default=lambda cfg: None)
     # cfg -> files besides the raw tables that the task app writes and a later stage reads

@@ -100,7 +100,7 @@ GPU_PARTITION_VAR = "HPCDL_SLURM_GPU_PARTITION"
 
 
 def run_gpus(spec: StudySpec, config: dict, environ=None) -> int:
-    """GPUs the study's run rule asks the cluster for: its tasks' GPUs (StudySpec.task_gpus) where
+    """GPUs the study's run rule asks the cluster for: its tasks' GPUs (StudySpec.job_gpus, else task_gpus) where
     its device is `cuda`, or `auto` on a workflow host that sees a GPU (hpcdl.platform.device.
     host_has_gpu) or with a GPU partition named ($HPCDL_SLURM_GPU_PARTITION: the jobs run where
     GPUs are, although the host that submits them may have none); 0 for `cpu`."""
@@ -112,7 +112,7 @@ def run_gpus(spec: StudySpec, config: dict, environ=None) -> int:
         return 0
     if want == "auto" and not (environ.get(GPU_PARTITION_VAR) or host_has_gpu()):
         return 0
-    return int(spec.task_gpus(config))
+    return int(spec.job_gpus(config) if spec.job_gpus else spec.task_gpus(config))
 
 
 def run_resources(spec: StudySpec, config: dict, environ=None) -> dict:

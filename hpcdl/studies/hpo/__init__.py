@@ -26,7 +26,8 @@ def _run_threads(cfg: dict) -> int:
 def _setting(cfg: dict) -> str:
     b = cfg["hpo"]
     return (f"{b['n_trials']}-trial searches ({b['sampler']} sampler, {b['pruner']} pruner, models "
-            f"{'/'.join(b['space']['model'])}), a grid on {b['grid']['workers']} workers, "
+            f"{'/'.join(b['space']['model'])}), a grid on {b['grid']['workers']} "
+            f"{'GPUs' if b.get('device') == 'cuda' else 'workers'}, "
             f"{b['data']['train_limit'] or 'all'} training images")
 
 
@@ -38,6 +39,12 @@ SPEC = StudySpec(
     figures=("best_so_far", "grid_scaling", "optuna_param_importances", "optuna_parallel_coordinate",
              "optuna_intermediate_values"),
     task_units=_task_units,
+    # On cuda every trial task (and the warm-up and test tasks) holds one GPU of its own; a grid on
+    # w workers is then a grid on w GPUs (sweep.check_gpu_workers).
+    devices=("cpu", "cuda"),
+    task_gpus=lambda cfg: 1,
+    # concurrent trials hold a GPU each: the run job needs the most workers any study or the grid uses
+    job_gpus=lambda cfg: max([cfg["hpo"]["workers"], *cfg["hpo"]["grid"]["workers"]]),
     # The journal (results/hpo/journal/) is no declared output, so Snakemake never deletes it and a
     # rerun after a crash continues the studies.
     run_resources=lambda cfg: {"mem_mb": 4000, "runtime": 60},

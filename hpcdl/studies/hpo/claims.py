@@ -11,6 +11,7 @@ import pandas as pd
 from hpcdl.platform.claims import claim, not_measured
 from hpcdl.platform.results import read_table
 from hpcdl.studies.hpo.sweep import grid_size, pruning_baseline
+from hpcdl.studies.hpo.tables import grid_device
 
 CLAIMS = ("hpo.grid_speedup", "hpo.best_test_acc", "hpo.pruning")
 
@@ -28,22 +29,28 @@ def judge(cfg: dict, study_dir: Path) -> list[dict]:
 
 
 def _claim_speedup(hpo: dict, scaling: pd.DataFrame) -> dict:
+    """On cuda a worker is a GPU (one trial task each): the statement counts GPUs. The efficiency
+    line holds as it is there: the grid's trials are as independent on GPUs as on cores."""
     cid = "hpo.grid_speedup"
     efficiency = hpo["claims"]["min_speedup_efficiency"]
     workers = sorted(set(hpo["grid"]["workers"]))
     n_grid = grid_size(hpo["grid"])
+    cuda = grid_device(scaling) == "cuda"
+    on = dict(device="cuda") if cuda else {}
+    counts = "GPU counts (one trial per GPU)" if cuda else "worker counts"
     if len(workers) < 2:
-        return not_measured(cid, f"the {n_grid}-point grid is timed on two worker counts",
-                            f"hpo.grid.workers is {workers}: the speedup needs two worker counts",
-                            threshold_efficiency=efficiency)
+        return not_measured(cid, f"the {n_grid}-point grid is timed on two {counts}",
+                            f"hpo.grid.workers is {workers}: the speedup needs two {counts}",
+                            threshold_efficiency=efficiency, **on)
     lo, hi = workers[0], workers[-1]
     need = efficiency * hi / lo
-    statement = f"{hi} workers finish the {n_grid}-point grid >= {need:.2f}x faster than {lo}"
+    statement = (f"{hi} GPUs (one trial each) finish the {n_grid}-point grid >= {need:.2f}x faster than {lo}"
+                 if cuda else f"{hi} workers finish the {n_grid}-point grid >= {need:.2f}x faster than {lo}")
     rows = {w: scaling[scaling["workers"] == w] for w in (lo, hi)}
     missing = [f"grid-{w}w is not in grid_scaling.csv" if r.empty else
                f"grid-{w}w finished {int(r['n_trials'].iloc[0])}/{n_grid} trials"
                for w, r in rows.items() if r.empty or int(r["n_trials"].iloc[0]) < n_grid]
-    evidence = dict(required=round(need, 3), lo_workers=lo, hi_workers=hi,
+    evidence = dict(required=round(need, 3), lo_workers=lo, hi_workers=hi, **on,
                     **{col: _by_workers(scaling, col) for col in ("elapsed_s", "busy_workers",
                                                                   "mean_trial_train_s") if col in scaling})
     if missing:

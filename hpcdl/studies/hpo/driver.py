@@ -141,7 +141,7 @@ def run_study(plan: StudyPlan, hpo: dict, storage, data, submit: Submit, wait: W
             continue
         for rec in res["records"]:
             rec = {**rec, "worker": res["worker"], "chunk_start": res["start_time"],
-                   "chunk_end": res["end_time"]}
+                   "chunk_end": res["end_time"], "device": res.get("device", "cpu")}
             fl.epochs.append(rec)
             fl.trial.report(rec["val_acc"], rec["epoch"])
         fl.trial.set_user_attr("epochs", fl.epochs)

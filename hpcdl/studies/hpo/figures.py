@@ -11,6 +11,7 @@ import pandas as pd
 from hpcdl.platform.results import mark_no_data, read_table, save_figure
 from hpcdl.platform.stages import pyplot
 from hpcdl.studies.hpo.sweep import pruning_baseline
+from hpcdl.studies.hpo.tables import grid_device, worker_label
 
 
 def _placeholder(path: Path, title: str, why: str) -> None:
@@ -42,29 +43,42 @@ def _plot_best_so_far(df: pd.DataFrame, path: Path) -> None:
 
 
 def _plot_scaling(df: pd.DataFrame, path: Path) -> None:
+    fig = scaling_figure(df)
+    save_figure(fig, path)
+    pyplot().close(fig)
+
+
+def scaling_figure(df: pd.DataFrame):
+    """Elapsed time and speedup against the workers; on cuda a worker is a GPU (worker_label)."""
     plt = pyplot()
+    cuda = grid_device(df) == "cuda"
+    unit = "GPU" if cuda else "worker"
+    xlabel = worker_label(df)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.8))
     a1.plot(df["workers"], df["elapsed_s"], "o-")
-    a1.set_xlabel("concurrent workers")
+    if "trials_per_min" in df:  # the throughput a device comparison reads
+        for w, t, tpm in zip(df["workers"], df["elapsed_s"], df["trials_per_min"], strict=True):
+            a1.annotate(f"{tpm:.1f} trials/min", (w, t), textcoords="offset points", xytext=(4, 4),
+                        fontsize=7)
+    a1.set_xlabel(xlabel)
     a1.set_ylabel("elapsed time for the grid (s)")
-    a1.set_title(f"{int(df['n_trials'].iloc[0])}-point grid")
+    a1.set_title(f"{int(df['n_trials'].iloc[0])}-point grid" + (" on GPUs" if cuda else ""))
     a1.set_ylim(bottom=0)
     a2.plot(df["workers"], df["speedup"], "o-", label="measured speedup")
     w = df["workers"].to_numpy(dtype=float)
     # Busy workers isolate the concurrency from the trials' own speed (see grid_scaling).
     a2.plot(w, df["busy_workers"] / df["busy_workers"].iloc[0], "s:",
-            label="busy-worker ratio (Σ train time ÷ wall)")
+            label=f"busy-{unit} ratio (Σ train time ÷ wall)")
     a2.plot(w, w / w[0], "k--", label="ideal")
-    a2.set_xlabel("concurrent workers")
-    a2.set_ylabel(f"ratio over {int(w[0])} worker(s) (x)")
+    a2.set_xlabel(xlabel)
+    a2.set_ylabel(f"ratio over {int(w[0])} {unit}(s) (x)")
     a2.set_title("Grid speedup")
     a2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize=8)  # inside, it hid the lines
     for a in (a1, a2):
         a.set_xticks(df["workers"])
         a.grid(alpha=0.3)
     fig.tight_layout()
-    save_figure(fig, path)
-    plt.close(fig)
+    return fig
 
 
 OPTUNA_FIGURES = ("optuna_param_importances", "optuna_parallel_coordinate", "optuna_intermediate_values")

@@ -44,7 +44,10 @@ def trial_rows(study: optuna.Study) -> list[dict]:
             "end_s": None if end is None or origin is None else end - origin,
             "duration_s": None if start is None or end is None else end - start,
             "train_time_s": sum(e["epoch_time_s"] for e in epochs),
-            "worker": ";".join(workers), "fail_reason": t.user_attrs.get("fail_reason", ""),
+            "worker": ";".join(workers),  # on cuda each names the GPU its task held
+            # where it trained, as its chunks reported it (the plan's device for a trial with none)
+            "device": ";".join(sorted({e.get("device", "cpu") for e in epochs})) or plan.get("device", "cpu"),
+            "fail_reason": t.user_attrs.get("fail_reason", ""),
             "interrupted": bool(t.user_attrs.get("interrupted", False)),
             "replaces": t.user_attrs.get("replaces"), "driver_pid": t.user_attrs.get("session_pid"),
         })
@@ -75,6 +78,8 @@ def study_row(study: optuna.Study) -> dict:
     return {
         "study": study.study_name, "kind": plan.get("kind"), "sampler": plan.get("sampler"),
         "pruner": plan.get("pruner"), "workers": plan.get("workers"),
+        # a worker is a GPU on cuda (one per trial task), a set of cores on the CPU
+        "device": plan.get("device", "cpu"), "cores_per_worker": plan.get("units"),
         "n_trials_planned": plan.get("n_trials"),
         "n_finished": len(done), "n_complete": len(complete),
         "n_pruned": sum(t.state == TrialState.PRUNED for t in trials),

@@ -43,6 +43,24 @@ def describe_storage(cfg: dict) -> str:
     return url.split("@")[-1] if url else str(journal_path(cfg))  # never print a password
 
 
+class DeviceMismatch(ValueError):
+    """The journal holds a study run on another device than the one this run resolves to."""
+
+
+def check_device(storage, plans, key: str = "hpo.device") -> None:
+    """Refuse to continue a study whose trials ran on another device (possible under `auto`, whose
+    journal name is the same on a GPU host and a CPU one): its timings would mix two machines."""
+    wanted = {p.name: p.device for p in plans}
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        stored = summary.user_attrs.get("plan", {}).get("device", "cpu")
+        name = summary.study_name
+        if name in wanted and stored != wanted[name]:
+            raise DeviceMismatch(
+                f"{key} resolves to {wanted[name]} here, but study {name!r} in the journal ran on {stored}: "
+                f"a rerun continues the journal's studies, and their timings would mix devices; set {key}: "
+                f"{stored}, or use another results_dir (or delete the journal) to start afresh")
+
+
 def recover_interrupted(study: optuna.Study) -> list[int]:
     """Mark trials left RUNNING by a dead driver as FAIL and queue a trial with the same params.
 

@@ -5,6 +5,12 @@
 - <s> for each sampler in hpo.compare_samplers (plus hpo.sampler): the model-based search
   without pruning; curves for the best-so-far figure and the pruning baseline.
 - <sampler>-<pruner>: the configured sampler with the configured pruner on the same budget.
+
+On CUDA every trial task holds a GPU of its own, so a grid on w workers is a grid on w GPUs:
+`check_gpu_workers` refuses, before anything runs, a worker count larger than the GPUs the local
+backend can hand out (its pool, task_runtime.gpus.gpu_pool), rather than time w "workers" that
+queue for fewer GPUs. Under COMPSs the runtime's own GPU resources bound the concurrency (the
+app cannot see them); grid_scaling's busy_workers then shows the concurrency actually reached.
 """
 
 from __future__ import annotations
@@ -23,14 +29,17 @@ class StudyPlan:
     workers: int  # concurrent trials (local cores = workers x computing_units)
     max_in_flight: int  # trials submitted before the driver waits on the oldest
     chunk_epochs: int  # epochs per task; pruning decisions happen between chunks
+    device: str = "cpu"  # where every trial trains (hpo.device, resolved): on cuda one GPU per worker
+    units: int = 1  # cores each trial task holds (hpo.computing_units, resolved)
 
 
 def grid_size(grid: dict) -> int:
     return math.prod(len(grid[k]) for k in ("optimizer", "batch_size", "epochs"))
 
 
-def plan_studies(hpo: dict, backend: str = "local") -> list[StudyPlan]:
+def plan_studies(hpo: dict, backend: str = "local", device: str = "cpu", units: int = 1) -> list[StudyPlan]:
     plans: list[StudyPlan] = []
+    on = {"device": device, "units": int(units)}
     grid = hpo["grid"]
     n_grid = grid_size(grid)
     max_grid_epochs = max(grid["epochs"])
@@ -38,7 +47,8 @@ def plan_studies(hpo: dict, backend: str = "local") -> list[StudyPlan]:
         # Locally the backend's core count enforces w workers, so submit the whole grid at once
         # (PDML'19: one task per point). Under COMPSs the resources are fixed: cap in-flight tasks at w.
         in_flight = n_grid if backend == "local" else w
-        plans.append(StudyPlan(f"grid-{w}w", "grid", "grid", "none", n_grid, w, in_flight, max_grid_epochs))
+        plans.append(StudyPlan(f"grid-{w}w", "grid", "grid", "none", n_grid, w, in_flight, max_grid_epochs,
+                               **on))
     search_workers = int(hpo["workers"])
     in_flight = max(int(hpo["max_in_flight"]), search_workers)
     baselines = list(dict.fromkeys([*hpo["compare_samplers"], hpo["sampler"]]))
@@ -47,14 +57,32 @@ def plan_studies(hpo: dict, backend: str = "local") -> list[StudyPlan]:
         if s == "grid":
             continue  # the grid baseline is the grid-<w>w study above
         plans.append(StudyPlan(s, "search", s, "none", int(hpo["n_trials"]), search_workers, in_flight,
-                               max_epochs))
+                               max_epochs, **on))
     if hpo["pruner"] != "none":
         s = hpo["sampler"]
         kind = "grid" if s == "grid" else "search"
         n = n_grid if s == "grid" else int(hpo["n_trials"])
         plans.append(StudyPlan(f"{s}-{hpo['pruner']}", kind, s, hpo["pruner"], n, search_workers, in_flight,
-                               int(hpo["chunk_epochs"])))
+                               int(hpo["chunk_epochs"]), **on))
     return plans
+
+
+def check_gpu_workers(hpo: dict, device: str, pool: list[str], pool_env: str) -> None:
+    """On CUDA with the local backend's GPU pool `pool` (set by `pool_env`, else the visible GPUs):
+    every grid worker count must have a GPU per worker; a ConfigError naming hpo.grid.workers and the
+    pool otherwise. Nothing to check on the CPU."""
+    from hpcdl.platform.config import ConfigError
+
+    if device != "cuda":
+        return
+    workers = list(hpo["grid"]["workers"])
+    if any(w > len(pool) for w in workers):
+        fits = [w for w in workers if w <= len(pool)]
+        raise ConfigError(
+            "hpo.grid.workers", workers,
+            f"worker counts <= {len(pool)}: on cuda each concurrent trial holds a GPU of its own and the "
+            f"local GPU pool has {len(pool)} ({','.join(pool) or 'none'}; {pool_env} or the visible GPUs), "
+            f"so a grid on w workers needs w GPUs (e.g. hpo.grid.workers: {fits or [1]}; or hpo.device: cpu)")
 
 
 def pruning_baseline(hpo: dict) -> tuple[str, str] | None:

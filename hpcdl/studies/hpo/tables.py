@@ -30,16 +30,21 @@ def grid_scaling(studies: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """Elapsed time of the grid per worker count, and the speedup split into its two factors:
     busy_workers (sum of the trials' training time / wall time: how well the workers are kept
     busy) and the trials' own mean training time (the same 27 trials can train at a different
-    speed when another process shares the machine): speedup = busy ratio x train-time ratio."""
+    speed when another process shares the machine): speedup = busy ratio x train-time ratio.
+
+    `device` says what a worker is: on cuda one GPU per concurrent trial, on the CPU
+    `cores_per_worker` cores (raw tables from before the column default to the CPU)."""
     g = studies[studies["kind"].eq("grid") & studies["pruner"].eq("none")].sort_values("workers")
-    cols = ["study", "workers", "n_trials", "elapsed_s", "trials_per_min", "speedup", "efficiency",
-            "train_time_s", "mean_trial_train_s", "busy_workers", "sessions"]
+    cols = ["study", "device", "workers", "cores_per_worker", "n_trials", "elapsed_s", "trials_per_min",
+            "speedup", "efficiency", "train_time_s", "mean_trial_train_s", "busy_workers", "sessions"]
     if g.empty:
         return pd.DataFrame(columns=cols)
     train = trials.groupby("study")["train_time_s"].sum(min_count=1)
     base = g.iloc[0]
     out = pd.DataFrame({
-        "study": g["study"], "workers": g["workers"], "n_trials": g["n_finished"],
+        "study": g["study"], "device": g["device"] if "device" in g else "cpu", "workers": g["workers"],
+        "cores_per_worker": g["cores_per_worker"] if "cores_per_worker" in g else np.nan,
+        "n_trials": g["n_finished"],
         "elapsed_s": g["elapsed_s"],
         "trials_per_min": g["n_finished"] / g["elapsed_s"] * 60.0,
         "speedup": base["elapsed_s"] / g["elapsed_s"],
@@ -49,6 +54,26 @@ def grid_scaling(studies: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     out["mean_trial_train_s"] = out["train_time_s"] / out["n_trials"]
     out["busy_workers"] = out["train_time_s"] / out["elapsed_s"]
     return out[cols].reset_index(drop=True)
+
+
+def grid_device(scaling: pd.DataFrame) -> str:
+    """The device the grid ran on, from grid_scaling's rows ("cpu" for none or an older table)."""
+    if "device" not in scaling or scaling["device"].dropna().empty:
+        return "cpu"
+    devices = set(scaling["device"].dropna().astype(str))
+    return "cuda" if devices == {"cuda"} else "cpu" if devices == {"cpu"} else "/".join(sorted(devices))
+
+
+def worker_label(scaling: pd.DataFrame) -> str:
+    """The grid's worker axis: GPUs on cuda (one trial task each), else concurrent workers and the
+    cores each holds."""
+    if grid_device(scaling) == "cuda":
+        return "GPUs (one trial each)"
+    cores = scaling["cores_per_worker"].dropna().unique() if "cores_per_worker" in scaling else []
+    if len(cores) != 1:
+        return "concurrent workers"
+    n = int(cores[0])
+    return f"concurrent workers ({n} core{'s' if n != 1 else ''} each)"
 
 
 def best_config(studies: pd.DataFrame) -> pd.DataFrame:
