@@ -101,9 +101,9 @@ GPU_PARTITION_VAR = "HPCDL_SLURM_GPU_PARTITION"
 
 def run_gpus(spec: StudySpec, config: dict, environ=None) -> int:
     """GPUs the study's run rule asks the cluster for: its tasks' GPUs at once (StudySpec.job_gpus,
-    else task_gpus) where its device is `cuda`, or `auto` on a workflow host that sees a GPU (hpcdl.platform.device.
-    host_has_gpu) or with a GPU partition named ($HPCDL_SLURM_GPU_PARTITION: the jobs run where
-    GPUs are, although the host that submits them may have none); 0 for `cpu`."""
+    else task_gpus) where its device is `cuda`, or `auto` on a workflow host that sees a GPU
+    (hpcdl.platform.device.host_has_gpu) or with a GPU partition named ($HPCDL_SLURM_GPU_PARTITION:
+    the jobs run where GPUs are, although the host that submits them may have none); 0 for `cpu`."""
     from hpcdl.platform.device import host_has_gpu, requested
 
     environ = os.environ if environ is None else environ
