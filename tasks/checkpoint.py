@@ -5,7 +5,9 @@
 
 Writes raw/io.csv (save/load cost per format, mode, size, ranks), raw/resume.csv
 (bit-identical resume per format) and raw/overhead.csv (throughput vs checkpoint
-interval). A failing point becomes a row with status=failed and its error; the rest runs.
+interval). checkpoint.device is resolved here, once: on cuda the state lives on the GPU, each task
+holds GPUs (HPCDL_CHECKPOINT_GPUS: the largest DCP launch's ranks, one each), and every point and
+row names the device. A failing point becomes a row with status=failed and its error; the rest runs.
 Every point's record is kept in <results>/checkpoint/points/ as it finishes (hpcdl.platform.points): a
 rerun after a kill runs only the points not finished yet.
 """
@@ -18,6 +20,7 @@ import time
 
 import pandas as pd
 
+from hpcdl.platform.device import study_device
 from hpcdl.platform.points import StudyRun, failed_row
 from hpcdl.platform.results import write_table
 from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
@@ -26,28 +29,32 @@ from hpcdl.studies.checkpoint import compute, sweep
 
 
 @on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_CHECKPOINT_UNITS")
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_CHECKPOINT_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_CHECKPOINT_GPUS"}])
 @task(returns=1)
 def io_point(point: dict, slot) -> list:
     return slot.run(compute.run_point, **point)
 
 
 @on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_CHECKPOINT_UNITS")
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_CHECKPOINT_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_CHECKPOINT_GPUS"}])
 @task(returns=1)
 def ranks_point(point: dict, slot) -> list:
     return slot.run(compute.ranks_point, **point)
 
 
 @on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="1")
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "1"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_CHECKPOINT_GPUS"}])
 @task(returns=1)
 def resume_point(point: dict, slot) -> dict:
     return slot.run(compute.resume_check, **point)
 
 
 @on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_CHECKPOINT_UNITS")
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_CHECKPOINT_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_CHECKPOINT_GPUS"}])
 @task(returns=1)
 def overhead_point(point: dict, slot) -> dict:
     return slot.run(compute.overhead_run, **point)
@@ -72,15 +79,17 @@ def _submit_io(p: dict, slot):
 
 def main(argv=None) -> None:
     cfg = start_app("checkpoint", argv, __doc__.splitlines()[0])
+    # resolved once, here (start_app has refused `cuda` without a GPU); every point carries it
+    device = study_device(cfg, "checkpoint")
     run = StudyRun(cfg, "checkpoint")
     scratch = sweep.scratch_path(cfg)
     scratch.mkdir(parents=True, exist_ok=True)
 
-    io_pts = sweep.io_points(cfg)
-    res_pts = sweep.resume_points(cfg)
-    ovh_pts = sweep.overhead_points(cfg)
+    io_pts = sweep.io_points(cfg, device)
+    res_pts = sweep.resume_points(cfg, device)
+    ovh_pts = sweep.overhead_points(cfg, device)
     print(f"[checkpoint] {len(io_pts)} I/O points, {len(res_pts)} resume checks, "
-          f"{len(ovh_pts)} overhead runs; scratch {scratch}", file=sys.stderr, flush=True)
+          f"{len(ovh_pts)} overhead runs on {device}; scratch {scratch}", file=sys.stderr, flush=True)
     # A point's key covers its whole dict: sweep.py puts in it everything the measurement reads.
     batches = [run.submit("io", io_pts, _submit_io),
                run.submit("resume", res_pts, lambda p, slot: resume_point(p, slot)),
@@ -90,13 +99,14 @@ def main(argv=None) -> None:
 
     raw = run.dir / "raw"
     io_rows = _rows(io_out, lambda p: {
-        "format": p.get("fmt", "dcp"), "mode": p.get("mode", "sync"), "process_group": p["kind"] == "ranks",
+        "device": device, "format": p.get("fmt", "dcp"), "mode": p.get("mode", "sync"),
+        "process_group": p["kind"] == "ranks",
         "ranks": p.get("ranks", 1),
         "n_params": p["n_params"]})
     res_rows = _rows(res_out, lambda p: {
-        "format": p["fmt"], "steps_total": p["steps_total"], "stop_at": p["stop_at"]})
+        "device": device, "format": p["fmt"], "steps_total": p["steps_total"], "stop_at": p["stop_at"]})
     ovh_rows = _rows(ovh_out, lambda p: {
-        "mode": p["mode"], "interval_steps": p["interval"],
+        "device": device, "mode": p["mode"], "interval_steps": p["interval"],
         "format": p["fmt"], "steps": p["steps"]})
     write_table(pd.DataFrame(io_rows), raw / "io.csv", cfg, run.started)
     write_table(pd.DataFrame(res_rows), raw / "resume.csv", cfg, run.started)

@@ -130,12 +130,24 @@ def test_task_app_end_to_end_with_a_failing_point(tmp_path, write_config, test_c
     assert (small["status"] == "ok").all() and len(small) == 5 * 2 + 1
     assert small["roundtrip_ok"].all()
     assert set(small.loc[small["process_group"], "ranks"]) == {2}
+    # resolved once by the app (auto: no GPU here) and named by every row, failed ones included
+    assert set(io["device"]) == {"cpu"}
+    assert set(small.loc[small["process_group"], "placement"]) == {"cpu (gloo)"}
+    assert set(small.loc[~small["process_group"] & (small["mode"] == "sync"), "ceiling"]) == \
+        {"storage (write+fsync)"}
     assert not (out.parent / "checkpoint" / "scratch").exists()  # scratch removed
 
     failures = pd.read_csv(out / "tables" / "failures.csv")
     assert len(failures) == 11 and (failures["kind"] == "io").all()
     resume = pd.read_csv(out / "tables" / "resume.csv")
     assert sorted(resume["format"]) == sorted(FORMATS) and resume["bit_identical"].all()
+    assert set(resume["device"]) == {"cpu"} and set(resume["resumed_on"]) == {"cpu"}
+    cost = pd.read_csv(out / "tables" / "io_cost.csv")
+    assert set(cost["device"]) == {"cpu"}
+    async_rows = cost[cost["mode"] == "async"]
+    assert (async_rows["snapshot_s"] <= async_rows["blocking_s"]).all()
+    assert (async_rows["persist_s"] > 0).all()
+    assert (async_rows["blocking_over_sync"] > 0).all()
     ovh = pd.read_csv(out / "tables" / "overhead.csv")
     assert set(ovh["mode"]) == {"sync", "async"} and (ovh["status"] == "ok").all()
     assert len(ovh) == 2 * len(block["overhead"]["intervals"])
@@ -147,6 +159,9 @@ def test_task_app_end_to_end_with_a_failing_point(tmp_path, write_config, test_c
     by_id = {c["id"]: c for c in claims["claims"]}
     assert set(by_id) == {"async_blocking", "bandwidth_vs_ceiling", "resume_bit_identical", "roundtrip"}
     assert by_id["resume_bit_identical"]["passed"]
+    for cid in ("async_blocking", "bandwidth_vs_ceiling"):  # thresholds set for the CPU say where they hold
+        assert by_id[cid]["statement"].endswith("on the CPU"), by_id[cid]["statement"]
+    assert {c["measured"]["device"] for c in by_id.values()} == {"cpu"}
     # the largest size failed everywhere: claims about it are present, not measured, and say why
     for cid in ("async_blocking", "bandwidth_vs_ceiling", "roundtrip"):
         c = by_id[cid]

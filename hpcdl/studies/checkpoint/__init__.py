@@ -11,6 +11,10 @@
     training     training-state checkpoints: bit-identical resume, overhead vs interval, Young/Daly
     sweep        the sweep points of a validated config; checks: config checks beyond the schema
     tables       raw/ -> tables/; figures: tables/ -> figures/; claims: tables/ -> claims
+
+On CUDA (checkpoint.device) the state lives on the GPU: the synchronous save includes the
+device-to-host copy, the asynchronous one blocks for a snapshot into pinned host memory, DCP runs
+from GPU ranks over NCCL, resume lands on the GPU, and the ceiling adds the D2H copy ceiling.
 """
 
 from hpcdl.platform.study import StudySpec
@@ -20,6 +24,13 @@ def _task_units(cfg: dict) -> int | str:
     """Cores each timed task reserves: the configured setting (an int, or "$VAR")."""
     value = cfg["checkpoint"]["computing_units"]
     return int(value) if str(value).isdigit() else value
+
+
+def _task_gpus(cfg: dict) -> int:
+    """GPUs each task holds on cuda: one for a single-process point, one per rank for the largest DCP
+    launch. Every task holds the same count (one variable per study), as every timed task already
+    holds all the cores: no two timed points overlap."""
+    return max([1, *cfg["checkpoint"]["dcp_ranks"]])
 
 
 def _run_resources(cfg: dict) -> dict:
@@ -44,6 +55,8 @@ SPEC = StudySpec(
     tables=("io_cost", "resume", "overhead", "young_daly", "failures"),
     figures=("save_load_time", "bandwidth", "blocking", "overhead", "bytes_on_disk", "dcp_ranks"),
     task_units=_task_units,
+    task_gpus=_task_gpus,
+    devices=("cpu", "cuda"),
     run_resources=_run_resources,
     question=("What does saving and restoring deep-learning training state cost in each format, and how much "
               "of it does asynchronous (CheckFreq-style) checkpointing hide from training?"),

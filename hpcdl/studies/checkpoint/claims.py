@@ -5,7 +5,13 @@ Bandwidth vs ceiling: each sync repeat's write bandwidth is divided by the ceili
 same save (compute.py), and a format's ratio is the median over its repeats (tables.py). The ceiling
 is an upper bound by construction; a format whose median ratio exceeds 1 by more than the ceiling's
 own measured noise (the median disagreement of the two probes around a save) shows the probe did not
-measure the storage's limit, so the claim is not measured, naming that defect, never passed."""
+measure the storage's limit, so the claim is not measured, naming that defect, never passed.
+
+Devices: the thresholds (checkpoint.claims) were set for the CPU, so the two claims with one say the
+device they were measured on. On the GPU they mean the CUDA path's version of themselves: the async
+stall is the snapshot into pinned host memory against a sync save that includes its device-to-host
+copy, and the ceiling is the D2H copy ceiling (pinned memcpy of the same bytes) plus the storage
+ceiling (instruments.CEILINGS), so the bandwidth claim stays a ratio of like with like."""
 
 from __future__ import annotations
 
@@ -17,8 +23,9 @@ import pandas as pd
 from hpcdl.platform.claims import claim, every, not_measured
 from hpcdl.platform.results import read_table
 from hpcdl.platform.stages import FAILURE_COLUMNS, failed_because, ok_rows, read_or_empty, why_point_missing
+from hpcdl.studies.checkpoint.instruments import CEILINGS
 from hpcdl.studies.checkpoint.sweep import sweep_sizes
-from hpcdl.studies.checkpoint.tables import MiB, single_process
+from hpcdl.studies.checkpoint.tables import DEVICE_NAMES, MiB, run_device, single_process
 
 CLAIMS = ("async_blocking", "bandwidth_vs_ceiling", "resume_bit_identical", "roundtrip")
 
@@ -31,8 +38,16 @@ def judge(cfg: dict, study_dir: Path) -> list[dict]:
     fails = read_or_empty(tables / "failures.csv", columns=FAILURE_COLUMNS)
     largest = max(sweep_sizes(**block["sizes"]))
     one = single_process(io)
-    return [_claim_async(one, block, largest, fails), _claim_bandwidth(one, block, largest, fails),
-            _claim_resume(resume, block["formats"]), _claim_roundtrip(io, block, fails)]
+    device = run_device(io, study_dir)
+    return [_claim_async(one, block, largest, fails, device),
+            _claim_bandwidth(one, block, largest, fails, device),
+            _claim_resume(resume, block["formats"], device), _claim_roundtrip(io, block, fails, device)]
+
+
+def _on(device: str) -> str:
+    """Where a claim with a CPU-set threshold was measured, as its statement says it."""
+    name = DEVICE_NAMES.get(device, device)
+    return f"on {name}" + ("" if device == "cpu" else "; the threshold was set for the CPU")
 
 
 def _at(df: pd.DataFrame, fmt: str, mode: str, n: int) -> pd.Series | None:
@@ -42,13 +57,17 @@ def _at(df: pd.DataFrame, fmt: str, mode: str, n: int) -> pd.Series | None:
     return d.iloc[0] if len(d) else None
 
 
-def _claim_async(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame) -> dict:
+def _claim_async(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame, device: str = "cpu") -> dict:
     limit = block["claims"]["async_max_ratio"]
-    statement = (f"async blocking time <= {limit:.0%} of sync save time at the largest size "
-                 f"({n} parameters), for every configured format")
+    if device == "cuda":
+        what = ("async blocking time (the snapshot of GPU-resident state into pinned host memory) <= "
+                f"{limit:.0%} of sync save time (device-to-host copy, write, fsync, commit)")
+    else:
+        what = f"async blocking time <= {limit:.0%} of sync save time"
+    statement = f"{what} at the largest size ({n} parameters), for every configured format, {_on(device)}"
     if not {"sync", "async"} <= set(block["modes"]):
         return not_measured("async_blocking", statement, f"checkpoint.modes is {block['modes']}, "
-                            "the claim compares sync with async", threshold=limit)
+                            "the claim compares sync with async", threshold=limit, device=device)
     holds, missing, ratios = {}, {}, {}
     for f in block["formats"]:
         rows = {m: _at(one, f, m, n) for m in ("sync", "async")}
@@ -60,18 +79,25 @@ def _claim_async(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame) ->
         ratios[f] = round(float(rows["async"]["blocking_s"] / rows["sync"]["blocking_s"]), 4)
         holds[f] = ratios[f] <= limit
     return every("async_blocking", statement, holds, missing, n_params=int(n), state_mib=float(n * 4 / MiB),
-                 async_over_sync=ratios, threshold=limit)
+                 async_over_sync=ratios, threshold=limit, device=device)
 
 
-def _claim_bandwidth(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame) -> dict:
+def _claim_bandwidth(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame,
+                     device: str = "cpu") -> dict:
     cid = "bandwidth_vs_ceiling"
     line = block["claims"]["bandwidth_min_ratio"]
-    statement = (f"the best format's write bandwidth is within {1 - line:.0%} of the storage ceiling "
-                 "probed around each of its saves (median of the paired ratios), at the largest size "
-                 f"({n} parameters)")
+    if device == "cuda":
+        what = ("the best format's write bandwidth from GPU memory to durable bytes is within "
+                f"{1 - line:.0%} of the D2H + storage ceiling (the same bytes copied from the GPU into "
+                "pinned host memory, then written sequentially and fsync'd)")
+    else:
+        what = f"the best format's write bandwidth is within {1 - line:.0%} of the storage ceiling"
+    statement = (f"{what} probed around each of its saves (median of the paired ratios), at the largest size "
+                 f"({n} parameters), {_on(device)}")
+    ceiling = CEILINGS.get(device, device)
     if "sync" not in block["modes"]:
         return not_measured(cid, statement, f"checkpoint.modes is {block['modes']}: no sync saves",
-                            threshold=line)
+                            threshold=line, device=device)
     ratios, spreads, missing = {}, {}, {}
     for f in block["formats"]:
         r = _at(one, f, "sync", n)
@@ -85,10 +111,11 @@ def _claim_bandwidth(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame
     # the ceiling's noise: how much its two probes around a save disagree (median over the formats)
     noise = round(float(np.median(list(spreads.values()))), 4) if spreads else 0.0
     evidence = dict(n_params=int(n), best_format=best, best_bw_over_ceiling=ratios.get(best),
-                    bw_over_ceiling=ratios, ceiling_noise=noise, missing=missing, threshold=line)
+                    bw_over_ceiling=ratios, ceiling_noise=noise, missing=missing, threshold=line,
+                    device=device, ceiling=ceiling)
     above = {f: v for f, v in ratios.items() if v > 1 + noise}
     if above:
-        return not_measured(cid, statement, "the storage ceiling is defective: " + ", ".join(
+        return not_measured(cid, statement, f"the {ceiling} ceiling is defective: " + ", ".join(
             f"{f} writes at {v:.2f}x of it" for f, v in above.items())
             + f" (median paired ratio above 1 + its measured noise {noise:.3f}), so it is no ceiling",
             **evidence)
@@ -99,9 +126,13 @@ def _claim_bandwidth(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame
     return claim(cid, statement, False, **evidence)
 
 
-def _claim_resume(resume: pd.DataFrame, formats: list[str]) -> dict:
-    statement = ("stop at step k, load in a fresh process, continue to N: bit-identical to uninterrupted, "
-                 "every configured format")
+def _claim_resume(resume: pd.DataFrame, formats: list[str], device: str = "cpu") -> dict:
+    if device == "cuda":
+        statement = ("training on the GPU, stop at step k, load in a fresh process onto the GPU, continue to "
+                     "N: bit-identical to uninterrupted GPU training, every configured format")
+    else:
+        statement = ("stop at step k, load in a fresh process, continue to N: bit-identical to "
+                     "uninterrupted, every configured format")
     holds, missing = {}, {}
     for f in formats:
         rows = resume[resume["format"] == f] if "format" in resume else resume.iloc[0:0]
@@ -113,10 +144,10 @@ def _claim_resume(resume: pd.DataFrame, formats: list[str]) -> dict:
         else:
             holds[f] = bool((ok["bit_identical"].astype(str).str.lower() == "true").all())
     return every("resume_bit_identical", statement, holds, missing, required="bit-identical parameters, "
-                 "optimizer state and RNG streams after resuming")
+                 "optimizer state and RNG streams after resuming", device=device)
 
 
-def _claim_roundtrip(io: pd.DataFrame, block: dict, fails: pd.DataFrame) -> dict:
+def _claim_roundtrip(io: pd.DataFrame, block: dict, fails: pd.DataFrame, device: str = "cpu") -> dict:
     statement = ("every checkpoint written in the sweep (format, mode, ranks, size) loads back verified "
                  "and equal")
     sizes = sweep_sizes(**block["sizes"])
@@ -132,4 +163,4 @@ def _claim_roundtrip(io: pd.DataFrame, block: dict, fails: pd.DataFrame) -> dict
         else:
             holds[key] = bool(d["roundtrip_ok"].astype(str).str.lower().eq("true").all())
     return every("roundtrip", statement, holds, missing, points=len(expected), required="verified and equal",
-                 not_equal=[k for k, v in holds.items() if not v])
+                 not_equal=[k for k, v in holds.items() if not v], device=device)

@@ -7,9 +7,17 @@ bracketed by two storage-ceiling probes of the same byte count, written right be
 after it: the repeat's ceiling is their combined bandwidth, so a format's bandwidth is divided by
 the ceiling of its own moment (paired per repeat), and the two probes' disagreement measures how
 noisy the ceiling is. Async points probe no ceiling (nothing compares async bandwidth with it),
-which pays for the second sync probe. The other task bodies' functions live in their own modules
-and are exposed here: `ranks_point` (DCP from N ranks, distributed.py), `resume_check` and
-`overhead_run` (training-state checkpoints, training.py).
+which pays for the second sync probe.
+
+On `device="cuda"` the state lives on the GPU: a sync save's time includes its device-to-host copy
+(`d2h_s`), an async save blocks for the snapshot into pinned host memory only (`snapshot_s`; the
+background serialisation + fsync + commit is `persist_s`), each probe of the ceiling is the D2H
+ceiling of the same bytes plus the storage ceiling (instruments.CEILINGS, the `ceiling` column),
+and `load_s` includes copying the loaded state back onto the GPU.
+
+The other task bodies' functions live in their own modules and are exposed here: `ranks_point`
+(DCP from N ranks, distributed.py), `resume_check` and `overhead_run` (training-state
+checkpoints, training.py).
 """
 
 from __future__ import annotations
@@ -24,8 +32,11 @@ import torch
 from hpcdl.studies.checkpoint import integrity, saver
 from hpcdl.studies.checkpoint.distributed import run_point as ranks_point
 from hpcdl.studies.checkpoint.instruments import (
+    CEILINGS,
     PeakRSS,
     check_scratch_budget,
+    d2h_ceiling,
+    on_device,
     storage_ceiling,
     synthetic_state,
 )
@@ -35,9 +46,10 @@ from hpcdl.studies.checkpoint.training import overhead_run, resume_check
 __all__ = ["overhead_run", "ranks_point", "resume_check", "run_point"]
 
 
-def _warm_up(root: Path, fmt: str) -> None:
-    """One untimed tiny save + load: the format's first call in a process pays imports and set-up."""
-    t = saver.save({"w": torch.zeros(16)}, root, "warm-up", fmt)
+def _warm_up(root: Path, fmt: str, device: str = "cpu") -> None:
+    """One untimed tiny save + load: the format's first call in a process pays imports and set-up
+    (on cuda also the first device-to-host copy)."""
+    t = saver.save(on_device({"w": torch.zeros(16)}, device), root, "warm-up", fmt)
     saver.load(t.path)
     shutil.rmtree(t.path)
 
@@ -54,33 +66,52 @@ def ceiling_pair(nbytes: int, before_s: float, after_s: float, write_bw: float) 
 
 def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: int = 1,
               seed: int = 0, cold_load: bool = True, rss_interval_s: float = 0.002,
-              scratch_limit_mb: float | None = None) -> list[dict]:
-    """Measure one (format, mode, size) point; one record per repeat. Scratch is removed after."""
+              scratch_limit_mb: float | None = None, device: str = "cpu") -> list[dict]:
+    """Measure one (format, mode, size) point with the state on `device`; one record per repeat.
+    Scratch is removed after."""
     if mode not in ("sync", "async"):
         raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
+    if device not in CEILINGS:
+        raise ValueError(f"device must be a resolved device, cpu or cuda; got {device!r}")
+    cuda = device == "cuda"
+    nan = float("nan")
     root = Path(scratch_dir) / f"{fmt}-{mode}-{n_params}-{os.getpid()}"
     root.mkdir(parents=True, exist_ok=True)
     try:
-        flat = synthetic_state(n_params, seed)
+        flat = on_device(synthetic_state(n_params, seed), device)
         nbytes = tensor_bytes(flat)
         # The checkpoint and the probe after it coexist briefly.
         check_scratch_budget(root, 2 * nbytes + (1 << 20),
                              None if scratch_limit_mb is None else int(scratch_limit_mb * 2**20))
-        _warm_up(root, fmt)
+        _warm_up(root, fmt, device)
         ckpt = saver.AsyncCheckpointer(root, fmt) if mode == "async" else None
         if ckpt is not None:
             ckpt.prepare(flat)
+        # the D2H ceiling's pinned buffers, allocated once per point (outside every timing)
+        pinned = saver.Snapshot() if cuda and ckpt is None else None
+        if pinned is not None:
+            pinned.prepare(flat)
+
+        def probe(after: bool) -> tuple[float, float]:
+            """(storage ceiling s, D2H ceiling s: 0 for state in host memory) of the state's bytes;
+            the storage probe is the one next to the save."""
+            d2h = d2h_ceiling(flat, pinned) if pinned is not None and not after else 0.0
+            storage = storage_ceiling(root, nbytes)
+            if pinned is not None and after:
+                d2h = d2h_ceiling(flat, pinned)
+            return storage, d2h
+
         rows = []
         for rep in range(repeats):
             name = f"rep-{rep:03d}"
-            before_s = storage_ceiling(root, nbytes) if ckpt is None else float("nan")
+            st_before, d2h_before = probe(after=False) if ckpt is None else (nan, nan)
             with PeakRSS(rss_interval_s) as save_mem:
                 if ckpt is None:
                     timing = saver.save(flat, root, name, fmt)
                 else:
                     ckpt.save(flat, name)
                     timing = ckpt.wait()
-            after_s = storage_ceiling(root, nbytes) if ckpt is None else float("nan")
+            st_after, d2h_after = probe(after=True) if ckpt is None else (nan, nan)
             if cold_load:
                 integrity.evict_from_page_cache(timing.path)
             t0 = time.perf_counter()
@@ -88,19 +119,27 @@ def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: 
                 manifest = integrity.verify(timing.path)
                 t1 = time.perf_counter()
                 back = saver.read(timing.path, manifest)
+                if cuda:  # restored where the state lives
+                    back = on_device(back, device)
             load_s = time.perf_counter() - t0
             ok = back.keys() == flat.keys() and all(torch.equal(back[k], flat[k]) for k in flat)
             del back
             shutil.rmtree(timing.path)
             integrity.fsync_dir(root)  # the deletion's journal commit must not land in the next timing
             rows.append({
-                "format": fmt, "mode": mode, "process_group": False, "ranks": 1, "n_params": n_params,
-                "repeat": rep,
+                "device": device, "format": fmt, "mode": mode, "process_group": False, "ranks": 1,
+                "n_params": n_params, "repeat": rep,
                 "state_bytes": nbytes, "file_bytes": timing.file_bytes,
                 "blocking_s": timing.blocking_s, "durable_s": timing.durable_s,
                 "commit_s": timing.commit_s, "load_s": load_s, "verify_s": t1 - t0,
+                "d2h_s": timing.d2h_s, "snapshot_s": timing.snapshot_s, "persist_s": timing.persist_s,
                 "write_bw_bytes_per_s": timing.file_bytes / timing.durable_s,
-                **ceiling_pair(nbytes, before_s, after_s, timing.file_bytes / timing.durable_s),
+                # the ceiling of each moment: D2H (on cuda) then storage, the two as a save does them
+                **ceiling_pair(nbytes, st_before + d2h_before, st_after + d2h_after,
+                               timing.file_bytes / timing.durable_s),
+                "ceiling": CEILINGS[device] if ckpt is None else "",
+                "storage_ceiling_s": (st_before + st_after) / 2,
+                "d2h_ceiling_s": (d2h_before + d2h_after) / 2 if pinned is not None else nan,
                 "save_peak_extra_rss_bytes": save_mem.peak_extra_bytes,
                 "load_peak_extra_rss_bytes": load_mem.peak_extra_bytes,
                 "roundtrip_ok": bool(ok), "cold_load": bool(cold_load),

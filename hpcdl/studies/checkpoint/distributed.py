@@ -1,11 +1,15 @@
-"""DCP save/load from N real torch.distributed ranks (gloo on CPU).
+"""DCP save/load from N real torch.distributed ranks: gloo ranks on the CPU, or GPU ranks over NCCL.
 
-The state is sharded like an FSDP model: every tensor is a DTensor split along dim 0
-over a 1-D CPU device mesh, so each rank writes only its shard into one shared
-checkpoint directory. Rank 0 stages the directory, all ranks write and fsync their
-files through DCP, then rank 0 seals it (manifest + rename) as in the 1-rank path.
-The storage ceiling is the same byte count written concurrently by the same ranks
-(each its share, sequential + fsync). `rank_point` runs on every rank via
+The state is sharded like an FSDP model: every tensor is a DTensor split along dim 0 over a 1-D
+device mesh of the ranks' device ("cpu", or "cuda" with each rank's shards on its own GPU: the
+rank runtime gives each rank its GPU and the NCCL group, hpcdl.platform.rank_runtime.placement),
+so each rank writes only its shard into one shared checkpoint directory. Rank 0 stages the
+directory, all ranks write and fsync their files through DCP (from the GPU, DCP copies each shard
+to host memory as it writes: the copy is part of the save), then rank 0 seals it (manifest +
+rename) as in the 1-rank path; a load reads the shards back onto the ranks' device.
+The ceiling is the same byte count written concurrently by the same ranks (each its share,
+sequential + fsync), on the GPU preceded by each rank's D2H ceiling (its shards copied into pinned
+host memory), instruments.CEILINGS. `rank_point` runs on every rank via
 `hpcdl.platform.rank_runtime.launch.run_ranks`; `run_point` launches it and merges the ranks.
 """
 
@@ -19,10 +23,12 @@ import torch
 
 from hpcdl.studies.checkpoint import integrity
 from hpcdl.studies.checkpoint.instruments import (
+    CEILINGS,
     LAYER_PARAMS,
     LAYER_WIDTH,
     PeakRSS,
     check_scratch_budget,
+    d2h_ceiling,
     storage_ceiling,
 )
 
@@ -33,8 +39,9 @@ def sharded_rows(n_params: int, world: int) -> int:
     return rows - rows % world
 
 
-def sharded_state(n_params: int, seed: int, rank: int, world: int, mesh) -> dict:
-    """DTensors of (rows, 1024) fp32 layers, dim 0 split evenly over `world` ranks."""
+def sharded_state(n_params: int, seed: int, rank: int, world: int, mesh, device: str = "cpu") -> dict:
+    """DTensors of (rows, 1024) fp32 layers, dim 0 split evenly over `world` ranks, each rank's shards
+    on `device` (generated on the CPU: the same values on every device)."""
     from torch.distributed.tensor import DTensor, Shard
 
     rows_total = sharded_rows(n_params, world)
@@ -43,7 +50,7 @@ def sharded_state(n_params: int, seed: int, rank: int, world: int, mesh) -> dict
     while left > 0:
         rows = min(left, per_layer)
         g = torch.Generator().manual_seed(seed * 7919 + i * 131 + rank)
-        local = torch.randn(rows // world, LAYER_WIDTH, generator=g)
+        local = torch.randn(rows // world, LAYER_WIDTH, generator=g).to(device)
         out[f"layers.{i}.weight"] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
         left -= rows
         i += 1
@@ -56,15 +63,30 @@ def _local_bytes(state: dict) -> int:
 
 def rank_point(n_params: int, scratch_dir: str, repeats: int = 1, seed: int = 0,
                cold_load: bool = True, rss_interval_s: float = 0.002) -> list[dict]:
-    """Per-rank timings of `repeats` DCP save/load rounds (called on every rank)."""
+    """Per-rank timings of `repeats` DCP save/load rounds (called on every rank), on the device the
+    rank runtime placed the rank on."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
 
+    from hpcdl.platform.rank_runtime.placement import current
+    from hpcdl.studies.checkpoint.saver import Snapshot
+
+    place = current()
+    cuda = place.device == "cuda"
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,))
-    st = sharded_state(n_params, seed, rank, world, mesh)
+    mesh = init_device_mesh("cuda" if cuda else "cpu", (world,))
+    st = sharded_state(n_params, seed, rank, world, mesh, place.compute)
     local_bytes = _local_bytes(st)
+    pinned = Snapshot() if cuda else None  # the D2H ceiling's buffers, allocated outside the timings
+    if pinned is not None:
+        pinned.prepare(_locals(st))
+        torch.cuda.synchronize()
+
+    def sync() -> None:  # clocks read after GPU work read its end
+        if cuda:
+            torch.cuda.synchronize()
+
     root = Path(scratch_dir) / f"dcp-ranks{world}-{n_params}"
     if rank == 0:
         shutil.rmtree(root, ignore_errors=True)
@@ -74,9 +96,11 @@ def rank_point(n_params: int, scratch_dir: str, repeats: int = 1, seed: int = 0,
     try:
         for rep in range(repeats):
             dist.barrier()
-            ceiling_s = storage_ceiling(root / f"ceiling-{rank}", local_bytes)
+            d2h_s = d2h_ceiling(_locals(st), pinned) if pinned is not None else 0.0
+            storage_s = storage_ceiling(root / f"ceiling-{rank}", local_bytes)
             dist.barrier()
-            ceiling_all_s = _max_over_ranks(ceiling_s)
+            ceiling_all_s = _max_over_ranks(d2h_s + storage_s, place.comm)
+            d2h_all_s = _max_over_ranks(d2h_s, place.comm) if cuda else float("nan")
 
             name = f"rep-{rep:03d}"
             tmp_holder = [str(integrity.new_tmp_dir(root, name)) if rank == 0 else None]
@@ -106,6 +130,7 @@ def rank_point(n_params: int, scratch_dir: str, repeats: int = 1, seed: int = 0,
                 verify_s = time.perf_counter() - t1
                 back = {k: _empty_like_dtensor(v) for k, v in st.items()}
                 dcp.load(back, storage_reader=dcp.FileSystemReader(str(path)))
+                sync()
                 dist.barrier()
             load_s = time.perf_counter() - t1
             ok = all(torch.equal(back[k].to_local(), st[k].to_local()) for k in st)
@@ -113,7 +138,8 @@ def rank_point(n_params: int, scratch_dir: str, repeats: int = 1, seed: int = 0,
             if rank == 0:
                 shutil.rmtree(path)
                 integrity.fsync_dir(root)
-            rows.append({"repeat": rep, "rank": rank, "local_bytes": local_bytes,
+            rows.append({"repeat": rep, "rank": rank, "local_bytes": local_bytes, "placement": place.label,
+                         "d2h_ceiling_s": d2h_all_s,
                          "file_bytes": file_bytes if rank == 0 else None,
                          "durable_local_s": durable_local, "durable_s": durable_s, "commit_s": commit_s,
                          "verify_s": verify_s, "load_s": load_s, "ceiling_s": ceiling_all_s,
@@ -132,18 +158,27 @@ def _empty_like_dtensor(t):
     return DTensor.from_local(torch.empty_like(t.to_local()), t.device_mesh, t.placements, run_check=False)
 
 
-def _max_over_ranks(x: float) -> float:
+def _locals(state: dict) -> dict:
+    return {k: t.to_local() for k, t in state.items()}
+
+
+def _max_over_ranks(x: float, comm: str = "cpu") -> float:
+    """The largest `x` of all ranks, through the default group on its collectives' device `comm`
+    (a CUDA tensor over NCCL, a CPU tensor over gloo)."""
     import torch.distributed as dist
 
-    t = torch.tensor([x], dtype=torch.float64)
+    t = torch.tensor([x], dtype=torch.float64, device=comm)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
 
 
 def run_point(ranks: int, n_params: int, scratch_dir: str, *, repeats: int = 1, seed: int = 0,
               cold_load: bool = True, rss_interval_s: float = 0.002,
-              scratch_limit_mb: float | None = None, timeout_s: float = 600.0) -> list[dict]:
-    """Launch `ranks` ranks for one DCP point; one record per repeat (times = slowest rank)."""
+              scratch_limit_mb: float | None = None, timeout_s: float = 600.0,
+              device: str = "cpu", gpu_sharing: bool = False) -> list[dict]:
+    """Launch `ranks` ranks on `device` for one DCP point; one record per repeat (times = slowest
+    rank). On cuda one rank per GPU over NCCL; ranks sharing a GPU (gpu_sharing) talk over gloo
+    and their rows say so (`placement`)."""
     from hpcdl.platform.rank_runtime.launch import run_ranks
 
     Path(scratch_dir).mkdir(parents=True, exist_ok=True)
@@ -156,20 +191,23 @@ def run_point(ranks: int, n_params: int, scratch_dir: str, *, repeats: int = 1, 
                           "rss_interval_s": rss_interval_s},
                          # glibc defaults: the peak-RSS columns must mean what they mean for the
                          # formats saved outside ranks
-                         timeout_s=timeout_s, threads_per_rank=1, keep_heap=False)
+                         timeout_s=timeout_s, threads_per_rank=1, keep_heap=False,
+                         device=device, gpu_sharing=gpu_sharing)
     rows = []
     for rep in range(repeats):
         rr = [r[rep] for r in per_rank]
         nbytes = sum(r["local_bytes"] for r in rr)
         durable = max(r["durable_s"] for r in rr)
         rows.append({
+            "device": device, "placement": " / ".join(sorted({r["placement"] for r in rr})),
             "format": "dcp", "mode": "sync", "process_group": True, "ranks": ranks, "n_params": nbytes // 4,
             "repeat": rep, "state_bytes": nbytes, "file_bytes": rr[0]["file_bytes"],
             "blocking_s": max(r["commit_s"] for r in rr),
             "durable_s": durable, "commit_s": max(r["commit_s"] for r in rr),
             "load_s": max(r["load_s"] for r in rr), "verify_s": max(r["verify_s"] for r in rr),
             "write_bw_bytes_per_s": rr[0]["file_bytes"] / durable, "ceiling_s": rr[0]["ceiling_s"],
-            "ceiling_bw_bytes_per_s": nbytes / rr[0]["ceiling_s"],
+            "ceiling_bw_bytes_per_s": nbytes / rr[0]["ceiling_s"], "ceiling": CEILINGS[device],
+            "d2h_ceiling_s": rr[0]["d2h_ceiling_s"],
             "save_peak_extra_rss_bytes": sum(r["save_peak_extra_rss_bytes"] for r in rr),
             "load_peak_extra_rss_bytes": sum(r["load_peak_extra_rss_bytes"] for r in rr),
             "roundtrip_ok": all(r["roundtrip_ok"] for r in rr), "cold_load": bool(cold_load)})

@@ -1,5 +1,7 @@
 """Figures stage of the checkpoint-cost study: tables/ -> figures/ (save/load time, bandwidth vs the
-storage ceiling, sync vs async blocking, overhead vs interval, bytes on disk, DCP by ranks)."""
+ceiling, sync vs async blocking, overhead vs interval, bytes on disk, DCP by ranks). Each figure says
+the device its run was measured on where that changes what a line means: on the GPU a save starts
+from GPU memory, and the ceiling is the D2H copy ceiling plus the storage ceiling."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import pandas as pd
 
 from hpcdl.platform.results import mark_no_data, read_table, save_figure
 from hpcdl.platform.stages import pyplot, read_or_empty
-from hpcdl.studies.checkpoint.tables import MiB, single_process
+from hpcdl.studies.checkpoint.instruments import CEILINGS
+from hpcdl.studies.checkpoint.tables import MiB, run_device, single_process
 
 FORMAT_ORDER = ["torch", "safetensors", "dcp", "hdf5", "npz"]
 
@@ -33,6 +36,13 @@ def _size_axis(ax) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
+def _ranks_label(device: str, placement: str) -> str:
+    """How a DCP launch's ranks talked: gloo on the CPU, NCCL between GPUs, gloo on a shared GPU."""
+    if device != "cuda":
+        return "gloo"
+    return "shared-GPU gloo" if "shared" in placement else "NCCL GPU"
+
+
 def draw(cfg: dict, study_dir: Path) -> None:
     plt = pyplot()
     study_dir = Path(study_dir)
@@ -41,11 +51,16 @@ def draw(cfg: dict, study_dir: Path) -> None:
     one = single_process(io)
     sync = one[one["mode"] == "sync"] if not one.empty else one
     col = _colors()
+    device = run_device(io, study_dir)
+    gpu = device == "cuda"
+    on = {"cpu": " (CPU)", "cuda": " (GPU, CUDA)"}.get(device, f" ({device})")
 
     # 1. save and load time vs size (log-log), synchronous, one process
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for ax, column, title in ((axes[0], "commit_s", "save (to committed, fsync'd)"),
-                              (axes[1], "load_s", "load (verified)")):
+    for ax, column, title in ((axes[0], "commit_s", "save (D2H copy + write, to committed, fsync'd)" if gpu
+                               else "save (to committed, fsync'd)"),
+                              (axes[1], "load_s", "load (verified, back onto the GPU)" if gpu
+                               else "load (verified)")):
         for f in _formats(sync):
             d = sync[sync["format"] == f].sort_values("state_bytes")
             ax.plot(d["state_bytes"] / MiB, d[column], "o-", color=col[f], label=f)
@@ -65,12 +80,15 @@ def draw(cfg: dict, study_dir: Path) -> None:
         ax.plot(d["state_bytes"] / MiB, d["write_bw_bytes_per_s"] / MiB, "o-", color=col[f], label=f)
     if not sync.empty:
         ceil = sync.groupby("state_bytes")["ceiling_bw_bytes_per_s"].median()
-        ax.plot(ceil.index / MiB, ceil.values / MiB, "k--", lw=2, label="storage ceiling (write+fsync)")
+        ax.plot(ceil.index / MiB, ceil.values / MiB, "k--", lw=2,
+                label=f"ceiling: {CEILINGS.get(device, 'storage (write+fsync)')}")
     else:
         mark_no_data(ax, "no successful sync points in this run")
     _size_axis(ax)
-    ax.set(xlabel="model state (MiB, fp32)", ylabel="write bandwidth to durable bytes (MiB/s)",
-           title="Checkpoint write bandwidth vs storage ceiling")
+    ax.set(xlabel="model state (MiB, fp32)",
+           ylabel=("GPU memory to durable bytes" if gpu else "write bandwidth to durable bytes") + " (MiB/s)",
+           title=("Checkpoint bandwidth vs D2H + storage ceiling" if gpu
+                  else "Checkpoint write bandwidth vs storage ceiling") + on)
     ax.set_ylim(bottom=0)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -86,8 +104,9 @@ def draw(cfg: dict, study_dir: Path) -> None:
     if one.empty:
         mark_no_data(ax, "no successful I/O points in this run")
     _size_axis(ax)
-    ax.set(yscale="log", xlabel="model state (MiB, fp32)",
-           ylabel="training stall per checkpoint (s)", title="Blocking time: sync (solid) vs async (dashed)")
+    ax.set(yscale="log", xlabel="model state (MiB, fp32)", ylabel="training stall per checkpoint (s)",
+           title=("Blocking: sync (solid) vs pinned snapshot (dashed)" if gpu
+                  else "Blocking time: sync (solid) vs async (dashed)") + on)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     save_figure(fig, figs / "blocking.png")
@@ -128,14 +147,16 @@ def draw(cfg: dict, study_dir: Path) -> None:
     groups = sorted(set(zip(dcp["process_group"], dcp["ranks"], strict=True))) if not dcp.empty else []
     for i, (pg, r) in enumerate(groups):
         d = dcp[(dcp["process_group"] == pg) & (dcp["ranks"] == r)].sort_values("state_bytes")
-        label = f"{r} gloo rank(s), sharded DTensor" if pg else "1 process, no process group"
+        placement = str(d["placement"].fillna("").iloc[0]) if "placement" in d else ""
+        label = (f"{r} {_ranks_label(device, placement)} rank(s), sharded DTensor" if pg
+                 else "1 process, no process group")
         ax.plot(d["state_bytes"] / MiB, d["commit_s"], "o-", color=f"C{i}", label=f"save, {label}")
         ax.plot(d["state_bytes"] / MiB, d["load_s"], "s:", color=f"C{i}", label=f"load, {label}")
     if dcp.empty:
         mark_no_data(ax, "no successful DCP points in this run")
     _size_axis(ax)
     ax.set(yscale="log", xlabel="model state (MiB, fp32, all ranks)", ylabel="time (s)",
-           title="DCP save/load by number of gloo ranks")
+           title=f"DCP save/load by number of {'GPU ranks' if gpu else 'gloo ranks'}{on}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     save_figure(fig, figs / "dcp_ranks.png")

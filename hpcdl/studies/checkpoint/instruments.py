@@ -1,10 +1,16 @@
-"""What every I/O point measures with, in one process or on N ranks: a synthetic fp32 model state,
-the storage ceiling and the peak extra RAM, and the scratch budget a point must fit in.
+"""What every I/O point measures with, in one process or on N ranks: a synthetic fp32 model state
+(in host memory, or on the GPU), the bandwidth ceiling and the peak extra RAM, and the scratch budget
+a point must fit in.
 
 The storage ceiling is the same byte count written sequentially in 8 MiB chunks and fsync'd into
-the same directory, like `dd bs=8M conv=fsync`. Peak extra RAM is the peak process RSS above the
-RSS just before the operation, sampled with psutil every `rss_interval_s` by a background thread
-(a spike shorter than the interval can be missed; tracemalloc cannot see torch's allocations).
+the same directory, like `dd bs=8M conv=fsync`. State on the GPU must first reach host memory, so
+there the ceiling is the D2H copy ceiling (the same tensors copied into preallocated pinned host
+memory, `d2h_ceiling`) followed by the storage ceiling: the fastest any save could move those bytes
+from GPU memory to durable storage, one after the other as a synchronous save does (`CEILINGS`).
+
+Peak extra RAM is the peak process RSS above the RSS just before the operation, sampled with
+psutil every `rss_interval_s` by a background thread (a spike shorter than the interval can be
+missed; tracemalloc cannot see torch's allocations).
 Freed heap is returned to the OS before each baseline (glibc `malloc_trim`) so reuse of memory an
 earlier repeat freed does not hide growth.
 """
@@ -25,6 +31,9 @@ from hpcdl.studies.checkpoint import integrity
 
 LAYER_WIDTH = 1024
 LAYER_PARAMS = 1 << 22  # 16 MiB fp32 per tensor: many tensors, as in a real state_dict
+# Which ceiling a save's bandwidth is divided by, on each device (the tables' `ceiling` column).
+CEILINGS = {"cpu": "storage (write+fsync)",
+            "cuda": "D2H pinned memcpy + storage (write+fsync)"}
 
 
 class PeakRSS:
@@ -80,6 +89,30 @@ def synthetic_state(n_params: int, seed: int = 0) -> dict[str, torch.Tensor]:
         left -= n
         i += 1
     return out
+
+
+def on_device(flat: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
+    """`flat` where the study's state lives: as is on the CPU, copied to the GPU on cuda (the
+    values are generated on the CPU either way, so both devices hold the same state)."""
+    if device == "cpu":
+        return flat
+    if device != "cuda":
+        raise ValueError(f"device must be a resolved device, cpu or cuda; got {device!r}")
+    out = {k: t.to("cuda") for k, t in flat.items()}
+    torch.cuda.synchronize()
+    return out
+
+
+def d2h_ceiling(flat: dict[str, torch.Tensor], snapshot) -> float:
+    """Seconds to copy the GPU tensors of `flat` into `snapshot`'s pinned host buffers
+    (saver.Snapshot, prepared): the device-to-host copy ceiling of the same bytes."""
+    from hpcdl.studies.checkpoint.saver import on_gpu
+
+    if not on_gpu(flat):
+        raise ValueError("d2h_ceiling needs state on the GPU")
+    torch.cuda.synchronize()
+    snapshot.take(flat)
+    return snapshot.copy_s
 
 
 def storage_ceiling(directory: Path, nbytes: int, chunk: int = 8 << 20) -> float:

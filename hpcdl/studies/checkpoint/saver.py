@@ -1,11 +1,15 @@
 """Save and load checkpoints: synchronous, and asynchronous in CheckFreq's two phases.
 
-Synchronous: write + fsync + manifest + rename while training waits.
-Asynchronous: phase 1 (blocking) copies the state into preallocated CPU buffers;
-phase 2 persists that snapshot in a background thread through the same commit path.
-DCP uses its own `async_save` (it stages to CPU itself, with its staging buffers
-cached across saves) and the commit runs once its future completes. A new save first
-waits for the previous persist, as CheckFreq does, and that wait counts as blocking.
+Synchronous: write + fsync + manifest + rename while training waits. State on the GPU is first
+copied to host memory (fresh pageable memory, as `torch.save` of CUDA tensors does), inside the
+timed save: on CUDA the device-to-host copy is part of what a synchronous save costs.
+Asynchronous: phase 1 (blocking) copies the state into preallocated host buffers, pinned where
+the state is on the GPU (a D2H DMA into page-locked memory, bracketed by CUDA events and waited
+for, so training may overwrite the weights as soon as it returns); phase 2 persists that snapshot
+in a background thread through the same commit path. DCP uses its own `async_save` (it stages to
+host memory itself, pinned on the GPU, with its staging buffers cached across saves) and the commit
+runs once its future completes. A new save first waits for the previous persist, as CheckFreq
+does, and that wait counts as blocking. Which path applies follows the device of the tensors given.
 """
 
 from __future__ import annotations
@@ -20,22 +24,55 @@ import torch
 
 from hpcdl.studies.checkpoint import formats, integrity
 
+NAN = float("nan")
+
 
 @dataclass
 class SaveTiming:
-    """Seconds from the save call to: return (training resumes), durable payload, committed checkpoint."""
+    """Seconds from the save call to: return (training resumes), durable payload, committed checkpoint.
+
+    d2h_s: a sync save's copy of GPU state to host memory (nan: the state was in host memory);
+    snapshot_s: an async save's snapshot phase alone, without waiting for the previous persist;
+    persist_s: an async save's background phase, from its start to the committed checkpoint
+    (serialisation, fsync, manifest, rename). nan where the phase does not exist.
+    """
 
     path: Path
     file_bytes: int
     blocking_s: float
     durable_s: float
     commit_s: float
+    d2h_s: float = NAN
+    snapshot_s: float = NAN
+    persist_s: float = NAN
+
+
+def on_gpu(flat: dict) -> bool:
+    return any(t.is_cuda for t in flat.values())
+
+
+def settle(flat: dict) -> None:
+    """Wait for queued GPU work (the training step's kernels) before a save's clock starts: the
+    save must see the step's result, and its timing must not include the step."""
+    if on_gpu(flat):
+        torch.cuda.synchronize()
+
+
+def host_copy(flat: dict) -> dict:
+    """`flat` in host memory: GPU tensors copied synchronously into fresh pageable memory."""
+    return {k: t.to("cpu") if t.is_cuda else t for k, t in flat.items()}
 
 
 def save(flat: dict, root: Path, name: str, fmt: str) -> SaveTiming:
-    """Synchronous, crash-safe save of a flat tensor dict as checkpoint `root/name`."""
+    """Synchronous, crash-safe save of a flat tensor dict as checkpoint `root/name` (GPU tensors are
+    copied to host memory first, inside the timing)."""
     writer = formats.get(fmt)
+    settle(flat)
     t0 = time.perf_counter()
+    d2h_s = NAN
+    if on_gpu(flat):
+        flat = host_copy(flat)  # .to("cpu") returns once the copy is done
+        d2h_s = time.perf_counter() - t0
     tmp = integrity.new_tmp_dir(Path(root), name)
     try:
         writer.write(flat, tmp)
@@ -43,7 +80,8 @@ def save(flat: dict, root: Path, name: str, fmt: str) -> SaveTiming:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return SaveTiming(c.path, c.file_bytes, c.committed_at - t0, c.durable_at - t0, c.committed_at - t0)
+    return SaveTiming(c.path, c.file_bytes, c.committed_at - t0, c.durable_at - t0, c.committed_at - t0,
+                      d2h_s=d2h_s)
 
 
 def load(path: Path) -> dict:
@@ -57,21 +95,43 @@ def read(path: Path, manifest: dict) -> dict:
 
 
 class Snapshot:
-    """Preallocated CPU buffers the state is copied into (CheckFreq's snapshot phase)."""
+    """Preallocated host buffers the state is copied into (CheckFreq's snapshot phase): plain CPU
+    memory for CPU state, pinned (page-locked) memory for GPU state, so the copy is a DMA."""
 
     def __init__(self) -> None:
         self.buffers: dict[str, torch.Tensor] = {}
+        self.pinned = False
+        self.copy_s = NAN      # wall seconds of the last take(), the copy waited for
+        self.gpu_copy_s = NAN  # the same copy on the GPU's clock (CUDA events); nan for CPU state
 
     def prepare(self, flat: dict) -> None:
         """Allocate and first-touch the buffers so a snapshot is a pure copy."""
-        if {k: (t.shape, t.dtype) for k, t in flat.items()} != \
+        pinned = on_gpu(flat)
+        if pinned != self.pinned or {k: (t.shape, t.dtype) for k, t in flat.items()} != \
                 {k: (b.shape, b.dtype) for k, b in self.buffers.items()}:
-            self.buffers = {k: torch.zeros_like(t, device="cpu") for k, t in flat.items()}
+            self.buffers = {}  # release the old buffers before allocating the new ones
+            self.buffers = {k: torch.zeros(t.shape, dtype=t.dtype, pin_memory=pinned)
+                            for k, t in flat.items()}
+            self.pinned = pinned
 
     def take(self, flat: dict) -> dict:
         self.prepare(flat)
+        t0 = time.perf_counter()
+        if not self.pinned:
+            for k, t in flat.items():
+                self.buffers[k].copy_(t)
+            self.copy_s = time.perf_counter() - t0
+            return self.buffers
+        # Asynchronous copies on the current stream into page-locked memory, then wait for the last:
+        # the snapshot is complete (and the GPU state free to change) once `end` has completed.
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         for k, t in flat.items():
-            self.buffers[k].copy_(t)
+            self.buffers[k].copy_(t, non_blocking=True)
+        end.record()
+        end.synchronize()
+        self.copy_s = time.perf_counter() - t0
+        self.gpu_copy_s = start.elapsed_time(end) / 1000.0
         return self.buffers
 
 
@@ -89,27 +149,30 @@ class AsyncCheckpointer:
     def prepare(self, flat: dict) -> None:
         """Allocate the snapshot buffers up front (CheckFreq does this once at start-up)."""
         if self.fmt == "dcp":
-            self._stager().stage(flat)
+            self._stager(flat).stage(flat)
         else:
             self._snapshot.prepare(flat)
 
     def save(self, flat: dict, name: str) -> float:
         """Start a save; returns the blocking seconds (including waiting for the previous persist)."""
+        settle(flat)
         t0 = time.perf_counter()
         self._join()
         if isinstance(self._result, BaseException):
             raise self._result
         tmp = integrity.new_tmp_dir(self.root, name)
         final = self.root / name
+        t_snap = time.perf_counter()
         if self.fmt == "dcp":
-            future = self._dcp_async_save(flat, tmp)
+            future = self._dcp_async_save(flat, tmp)  # stages synchronously: the snapshot phase
             target, args = self._finish_dcp, (future, tmp, final)
         else:
             snap = self._snapshot.take(flat)
             target, args = self._persist, (snap, tmp, final)
-        blocking = time.perf_counter() - t0
+        done = time.perf_counter()
+        blocking, snapshot = done - t0, done - t_snap
         self._result = None
-        self._thread = threading.Thread(target=self._guard, args=(target, args, tmp, t0, blocking),
+        self._thread = threading.Thread(target=self._guard, args=(target, args, tmp, t0, done, snapshot),
                                         daemon=True)
         self._thread.start()
         return blocking
@@ -125,11 +188,13 @@ class AsyncCheckpointer:
             self._thread.join()
             self._thread = None
 
-    def _guard(self, target, args, tmp: Path, t0: float, blocking: float) -> None:
+    def _guard(self, target, args, tmp: Path, t0: float, returned: float, snapshot: float) -> None:
         try:
             c = target(*args)
-            self._result = SaveTiming(c.path, c.file_bytes, blocking, c.durable_at - t0,
-                                      c.committed_at - t0)
+            # the persist phase runs from the snapshot's end (DCP's writer starts there, not here)
+            self._result = SaveTiming(c.path, c.file_bytes, returned - t0, c.durable_at - t0,
+                                      c.committed_at - t0, snapshot_s=snapshot,
+                                      persist_s=c.committed_at - returned)
         except BaseException as e:  # surfaced by the next save() or wait()
             shutil.rmtree(tmp, ignore_errors=True)
             self._result = e
@@ -143,17 +208,19 @@ class AsyncCheckpointer:
 
         with formats.quiet_dcp():
             return dcp.async_save(flat, storage_writer=dcp.FileSystemWriter(str(tmp)),
-                                  async_stager=self._stager(), no_dist=formats.dcp_no_dist())
+                                  async_stager=self._stager(flat), no_dist=formats.dcp_no_dist())
 
-    def _stager(self):
+    def _stager(self, flat: dict):
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         if self._dcp_stager is None:
-            # Plain (unpinned, CPU-only) staging whose buffers DCP caches across saves:
-            # its counterpart of CheckFreq's preallocated snapshot.
+            # Staging whose buffers DCP caches across saves: its counterpart of CheckFreq's
+            # preallocated snapshot. Synchronous (staging is the blocking phase); plain CPU memory for
+            # CPU state, pinned memory and stream-synchronised non-blocking copies for GPU state.
+            gpu = on_gpu(flat)
             self._dcp_stager = DefaultStager(StagingOptions(
-                use_pinned_memory=False, use_shared_memory=False, use_async_staging=False,
-                use_non_blocking_copy=False))
+                use_pinned_memory=gpu, use_shared_memory=False, use_async_staging=False,
+                use_non_blocking_copy=gpu))
         return self._dcp_stager
 
     def _finish_dcp(self, future, tmp: Path, final: Path) -> integrity.Commit:

@@ -6,6 +6,8 @@ npz, DCP) cannot hold that as is, so `flatten` lifts every tensor/array leaf to 
 path key and encodes the remaining skeleton as tagged JSON stored in one uint8
 tensor. `unflatten` inverts it exactly (key types, tuples, array dtypes preserved),
 which is what makes a bit-identical resume possible from every format.
+Tensors are copied to host memory unless `keep_device` (a checkpointer that copies GPU state to
+host memory itself, timed, as saver.py does).
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ import torch
 SKELETON_KEY = "__skeleton__"
 
 
-def flatten(state) -> dict[str, torch.Tensor]:
-    """Flat {path: tensor} with the non-tensor skeleton under SKELETON_KEY."""
+def flatten(state, keep_device: bool = False) -> dict[str, torch.Tensor]:
+    """Flat {path: tensor} with the non-tensor skeleton under SKELETON_KEY; tensors in host memory,
+    or left on their device with `keep_device`."""
     tensors: dict[str, torch.Tensor] = {}
 
     def enc(obj, path: str):
         if path in tensors:
             raise ValueError(f"two state entries map to the same key {path!r}")
         if isinstance(obj, torch.Tensor):
-            tensors[path] = obj.detach().cpu().contiguous()
+            t = obj.detach()
+            tensors[path] = (t if keep_device else t.cpu()).contiguous()
             return {"t": path}
         if isinstance(obj, np.ndarray):
             tensors[path] = torch.from_numpy(np.ascontiguousarray(obj).astype(np.int64)

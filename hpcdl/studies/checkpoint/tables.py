@@ -1,8 +1,9 @@
 """Tables stage of the checkpoint-cost study: raw/ -> tables/ (docs/architecture.md, "Stages").
 
-io_cost.csv (median per format, mode, ranks, size), resume.csv, overhead.csv (throughput and
+io_cost.csv (median per device, format, mode, ranks, size), resume.csv, overhead.csv (throughput and
 overhead vs interval), young_daly.csv (optimal interval per mode and MTBF) and failures.csv (every
-failed point, any kind).
+failed point, any kind). Every table names the device its rows were measured on (`device`); raw
+tables from before the study had a CUDA path were all measured on the CPU and read as such.
 """
 
 from __future__ import annotations
@@ -12,14 +13,37 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform.results import read_table, write_table
+from hpcdl.platform.results import read_table, run_sidecars, write_table
 from hpcdl.platform.stages import failures_table, ok_rows
+from hpcdl.studies.checkpoint.instruments import CEILINGS
 from hpcdl.studies.checkpoint.training import young_daly_interval_s
 
 MiB = 2**20
 MEDIAN_COLS = ["state_bytes", "file_bytes", "blocking_s", "durable_s", "commit_s", "load_s", "verify_s",
                "write_bw_bytes_per_s", "ceiling_s", "ceiling_bw_bytes_per_s", "bw_over_ceiling",
                "ceiling_spread", "save_peak_extra_rss_bytes", "load_peak_extra_rss_bytes"]
+# the phases (saver.SaveTiming) and the ceiling's parts, absent from raw tables older than them
+PHASE_COLS = ["d2h_s", "snapshot_s", "persist_s", "storage_ceiling_s", "d2h_ceiling_s"]
+KEYS = ["device", "format", "mode", "process_group", "ranks", "n_params"]
+DEVICE_NAMES = {"cpu": "the CPU", "cuda": "the GPU (CUDA)"}
+
+
+def with_device(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with its `device` column; rows from before the CUDA path (no column) were on the CPU."""
+    if "device" in df:
+        return df
+    return df.assign(device="cpu") if not df.empty else df.assign(device=pd.Series(dtype=str))
+
+
+def run_device(df: pd.DataFrame, study_dir: Path | None = None) -> str:
+    """The device one run's table was measured on: its rows' `device`, else the run's provenance
+    (a run whose points all failed), else the CPU (tables from before the CUDA path)."""
+    if "device" in df and df["device"].notna().any():
+        return " / ".join(sorted(set(df["device"].dropna().astype(str))))
+    for rec in run_sidecars(study_dir) if study_dir is not None else []:
+        if rec.get("device") in DEVICE_NAMES:
+            return rec["device"]
+    return "cpu"
 
 
 def io_cost(raw: pd.DataFrame) -> pd.DataFrame:
@@ -30,22 +54,38 @@ def io_cost(raw: pd.DataFrame) -> pd.DataFrame:
     and times, so the storage's drift between points cancels. `ceiling_spread` is the median
     disagreement of a repeat's two probes (the ceiling's own noise). Rows without a per-repeat
     ratio (DCP ranks points: one probe before the save) get write bandwidth / that repeat's probe.
+    `ceiling` names the ceiling of the row's device (instruments.CEILINGS). An async row's
+    `blocking_over_sync` is its blocking time over the sync save of the same device, format and size.
     """
-    ok = ok_rows(raw)
-    keys = ["format", "mode", "process_group", "ranks", "n_params"]
+    ok = with_device(ok_rows(raw))
+    keys = KEYS
     if ok.empty:
-        return pd.DataFrame(columns=[*keys, "repeats", *MEDIAN_COLS, "roundtrip_ok"])
+        return pd.DataFrame(columns=[*keys, "repeats", *MEDIAN_COLS, *PHASE_COLS, "ceiling", "placement",
+                                     "sync_blocking_s", "blocking_over_sync", "roundtrip_ok"])
     ok["roundtrip_ok"] = ok["roundtrip_ok"].astype(str).str.lower() == "true"
-    for col in ("bw_over_ceiling", "ceiling_spread"):
+    for col in ("bw_over_ceiling", "ceiling_spread", *PHASE_COLS):
         if col not in ok:
             ok[col] = float("nan")
+    for col in ("ceiling", "placement"):
+        ok[col] = ok[col].fillna("").astype(str) if col in ok else ""
+    # a sync row from before the `ceiling` column was divided by the CPU's storage ceiling
+    ok.loc[(ok["ceiling"] == "") & (ok["mode"] == "sync") & (ok["device"] == "cpu"), "ceiling"] = \
+        CEILINGS["cpu"]
     ok["bw_over_ceiling"] = ok["bw_over_ceiling"].fillna(ok["write_bw_bytes_per_s"]
                                                          / ok["ceiling_bw_bytes_per_s"])
     g = ok.groupby(keys, sort=True)
-    out = g[MEDIAN_COLS].median()
+    out = g[MEDIAN_COLS + PHASE_COLS].median()
+    out["ceiling"] = g["ceiling"].first()
+    out["placement"] = g["placement"].first()
     out["repeats"] = g.size()
     out["roundtrip_ok"] = g["roundtrip_ok"].all()
-    return out.reset_index()
+    out = out.reset_index()
+    sync = out[out["mode"] == "sync"].set_index([k for k in keys if k != "mode"])["blocking_s"]
+    paired = out.set_index([k for k in keys if k != "mode"]).index
+    out["sync_blocking_s"] = [sync.get(i, float("nan")) if m == "async" else float("nan")
+                              for i, m in zip(paired, out["mode"], strict=True)]
+    out["blocking_over_sync"] = out["blocking_s"] / out["sync_blocking_s"]
+    return out
 
 
 def overhead_table(raw: pd.DataFrame) -> pd.DataFrame:
@@ -54,7 +94,7 @@ def overhead_table(raw: pd.DataFrame) -> pd.DataFrame:
     ok = ok_rows(raw)
     if ok.empty:
         return pd.DataFrame()
-    out = ok.copy()
+    out = with_device(ok.copy())
     out["interval_s"] = out["interval_steps"] / out["baseline_steps_per_s"]
     return out.sort_values(["mode", "interval_steps"]).reset_index(drop=True)
 
@@ -70,7 +110,8 @@ def young_daly_table(overhead: pd.DataFrame, mtbf_s: list[float]) -> pd.DataFram
         base = float(last["baseline_steps_per_s"])
         for m in mtbf_s:
             t_opt = young_daly_interval_s(m, cost)
-            rows.append({"mode": mode, "mtbf_s": m, "cost_s": cost, "interval_s": t_opt,
+            rows.append({"device": run_device(d), "mode": mode, "mtbf_s": m, "cost_s": cost,
+                         "interval_s": t_opt,
                          "interval_steps": t_opt * base,
                          "expected_waste_frac": (cost / t_opt + t_opt / (2 * m)) if t_opt > 0 else 0.0})
     return pd.DataFrame(rows)
@@ -89,7 +130,7 @@ def write(cfg: dict, study_dir: Path) -> None:
     raws = _raws(study_dir)
     tables = study_dir / "tables"
     write_table(io_cost(raws["io"]), tables / "io_cost.csv", cfg, started)
-    write_table(raws["resume"], tables / "resume.csv", cfg, started)
+    write_table(with_device(raws["resume"]), tables / "resume.csv", cfg, started)
     ovh = overhead_table(raws["overhead"])
     write_table(ovh, tables / "overhead.csv", cfg, started)
     write_table(young_daly_table(ovh, cfg["checkpoint"]["overhead"]["mtbf_s"]), tables / "young_daly.csv",
