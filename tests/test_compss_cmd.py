@@ -18,8 +18,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def cfg_for(tmp_path, runtime="compss", **compss_block):
+    """A checkpoint block on the CPU (its tasks can hold GPUs: the GPU commands are tested below)."""
     cfg = {"results_dir": str(tmp_path / "results"), "studies": ["checkpoint"],
-           "checkpoint": {"runtime": runtime, "computing_units": "2"}}
+           "checkpoint": {"runtime": runtime, "computing_units": "2", "dcp_ranks": [1, 2], "device": "cpu"}}
     if compss_block:
         cfg["compss"] = compss_block
     return cfg
@@ -57,7 +58,8 @@ def test_compss_task_app_writes_xml_then_runs(tmp_path, monkeypatch):
     assert xml_part == (f"python -m hpcdl compss xml --out {rdir} --working-dir {rdir}/worker "
                         '--cpus "${SLURM_CPUS_PER_TASK:-$(nproc)}"')
     run = shlex.split(run_part)
-    assert run[:2] == ["HPCDL_CHECKPOINT_UNITS=2", "runcompss"]  # set where COMPSs reads it
+    # set where COMPSs reads them
+    assert run[:3] == ["HPCDL_CHECKPOINT_UNITS=2", "HPCDL_CHECKPOINT_GPUS=0", "runcompss"]
     # the config path handed to COMPSs is absolute (its master may not start in our cwd)
     assert run[-2:] == ["--config", str(tmp_path / "results/checkpoint/config.json")]
     assert f"{REPO}/tasks/checkpoint.py" in run
@@ -97,7 +99,7 @@ def test_enqueue_compss_command_exact(tmp_path):
     rdir = tmp_path / "results" / "checkpoint" / "compss" / "checkpoint_run"
     argv = compss.enqueue_compss_command("checkpoint", "/abs/c.json", cfg)
     assert argv == [
-        "env", "HPCDL_CHECKPOINT_UNITS=2",
+        "env", "HPCDL_CHECKPOINT_UNITS=2", "HPCDL_CHECKPOINT_GPUS=0",
         "enqueue_compss", "--lang=python", "--num_nodes=2", "--exec_time=30", "--cpus_per_node=16",
         "--worker_in_master_cpus=16", "--job_name=hpcdl_checkpoint",
         f"--master_working_dir={rdir}/master", f"--worker_working_dir={rdir}/worker",
@@ -156,12 +158,12 @@ def test_runtime_cpus_expand_in_a_shell(tmp_path):
 
 def test_enqueue_cli_prints_the_command_with_an_absolute_config(tmp_path):
     cfg_file = tmp_path / "c.yaml"
-    cfg_file.write_text(f"results_dir: {tmp_path / 'results'}\nstudies: [checkpoint]\ncheckpoint: {{}}\n")
+    cfg_file.write_text(f"results_dir: {tmp_path / 'results'}\nstudies: [checkpoint]\ncheckpoint: {{device: cpu}}\n")
     out = subprocess.run([sys.executable, "-m", "hpcdl", "compss", "enqueue", "checkpoint",
                           "--config", "c.yaml"], cwd=tmp_path, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     argv = shlex.split(out.stdout)
-    assert argv[:3] == ["env", "HPCDL_CHECKPOINT_UNITS=2", "enqueue_compss"]  # schema default "2"
+    assert argv[:4] == ["env", "HPCDL_CHECKPOINT_UNITS=2", "HPCDL_CHECKPOINT_GPUS=0", "enqueue_compss"]  # "2": default
     assert argv[-2:] == ["--config", str(cfg_file)]
 
 
@@ -239,11 +241,11 @@ def test_enqueue_resolves_a_var_setting_now_or_names_it(test_config, tmp_path, m
 def test_command_cli_prints_the_rule_command(tmp_path):
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(f"results_dir: {tmp_path / 'results'}\nstudies: [checkpoint]\n"
-                        "checkpoint: {runtime: compss, computing_units: '3'}\n")
+                        "checkpoint: {runtime: compss, computing_units: '3', device: cpu}\n")
     out = subprocess.run([sys.executable, "-m", "hpcdl", "compss", "command", "checkpoint",
                           "--config", "c.yaml"], cwd=tmp_path, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert "HPCDL_CHECKPOINT_UNITS=3 runcompss --lang=python" in out.stdout
+    assert "HPCDL_CHECKPOINT_UNITS=3 HPCDL_CHECKPOINT_GPUS=0 runcompss --lang=python" in out.stdout
     assert out.stdout.rstrip().endswith(f"--config {cfg_file})")
 
 
