@@ -158,12 +158,14 @@ def test_runtime_cpus_expand_in_a_shell(tmp_path):
 
 def test_enqueue_cli_prints_the_command_with_an_absolute_config(tmp_path):
     cfg_file = tmp_path / "c.yaml"
-    cfg_file.write_text(f"results_dir: {tmp_path / 'results'}\nstudies: [checkpoint]\ncheckpoint: {{device: cpu}}\n")
+    cfg_file.write_text(f"results_dir: {tmp_path / 'results'}\nstudies: [checkpoint]\n"
+                        "checkpoint: {device: cpu}\n")
     out = subprocess.run([sys.executable, "-m", "hpcdl", "compss", "enqueue", "checkpoint",
                           "--config", "c.yaml"], cwd=tmp_path, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     argv = shlex.split(out.stdout)
-    assert argv[:4] == ["env", "HPCDL_CHECKPOINT_UNITS=2", "HPCDL_CHECKPOINT_GPUS=0", "enqueue_compss"]  # "2": default
+    # "2": the schema's default
+    assert argv[:4] == ["env", "HPCDL_CHECKPOINT_UNITS=2", "HPCDL_CHECKPOINT_GPUS=0", "enqueue_compss"]
     assert argv[-2:] == ["--config", str(cfg_file)]
 
 
