@@ -206,7 +206,9 @@ def test_cuda_without_a_gpu_is_refused_naming_the_key(test_config):
         apply_gpus("spatial", _cfg(test_config, device="cuda"), "local")
 
 
-@pytest.mark.parametrize("study", ["spatial", "shuffle", "microbatch", "offload", "hetmem"])
+# every study with a CUDA path
+@pytest.mark.parametrize("study", ["spatial", "shuffle", "microbatch", "offload", "hetmem", "checkpoint",
+                                   "hpo"])
 def test_task_app_with_device_cuda_and_no_gpu_exits_2_and_writes_nothing(study, write_config, tmp_path):
     import torch
 

@@ -290,7 +290,7 @@ def _param_shapes(spec: list[dict]) -> list[tuple[int, ...]]:
     return shapes
 
 
-def _optimizer_fn(shapes: list[tuple[int, ...]], device="cpu"):
+def optimizer_step_fn(shapes: list[tuple[int, ...]], device="cpu"):
     """zero_grad + Adam step over parameters of the model's own shapes (per-tensor costs included)."""
     params = [torch.nn.Parameter(torch.randn(s, device=device)) for s in shapes]
     for p in params:
@@ -333,7 +333,7 @@ def compute_timings(specs: list[tuple[list[dict], int]], fractions: list[float],
     shape_sets = [_param_shapes(spec) for spec, _ in specs]
     shape_sets.append([s for shapes in shape_sets for s in shapes] * 2)  # a larger model
     for shapes in shape_sets:
-        fn, n = _optimizer_fn(shapes, device)
+        fn, n = optimizer_step_fn(shapes, device)
         rows.append({"kind": "optimizer", "units": n, "concurrent": concurrent,
                      "time_s": _best(fn, repeats, together, device)})
     return rows

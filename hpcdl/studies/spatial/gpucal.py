@@ -32,6 +32,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from hpcdl.studies.spatial.calibration import optimizer_step_fn
 from hpcdl.studies.spatial.perfmodel import slabs
 from hpcdl.studies.spatial.perfmodel.gpu_table import COLUMNS, sidecar, slug
 
@@ -127,19 +128,6 @@ def _halo_fn(it: dict, dev):
     return fn
 
 
-def _optimizer_fn(it: dict, dev):
-    params = [torch.nn.Parameter(torch.randn(s, device=dev)) for s in it["shapes"]]
-    for p in params:
-        p.grad = torch.randn(p.shape, device=dev)
-    opt = torch.optim.Adam(params, lr=1e-3)
-
-    def fn():
-        opt.zero_grad(set_to_none=False)
-        opt.step()
-
-    return fn
-
-
 class _Step:
     """A whole one-GPU training step on a slab: the network's layers at the layout's local shapes (one
     pass: slabs.consistent), the dense head on the gathered features, loss, backward, Adam."""
@@ -187,7 +175,7 @@ def _builder(it: dict, dev):
     if kind == "halo":
         return _halo_fn(it, dev), False
     if kind == "optimizer":
-        return _optimizer_fn(it, dev), False
+        return optimizer_step_fn(it["shapes"], dev)[0], False
     return _Step(it, dev), False
 
 
