@@ -3,12 +3,18 @@
     python -m tasks.hetmem --config configs/default.yaml          # local backend
     python -m hpcdl compss command hetmem --config FILE    # prints the runcompss command line
 
-A task compiles the kernels, traces its app under valgrind lackey, simulates the two-tier
-reference (simulated: this machine has one memory tier), validates the differential estimator
-and runs the placement policies. Writes raw/traces.csv (one row per app: tracing cost, footprint,
-simulated bounds), raw/validation.csv (app x sampling period x placement: estimate vs simulated
-reference) and raw/policies.csv (app x capacity x policy). A failing app becomes a failed row with
-its error; the others run. Every app's record is kept in <results>/hetmem/points/ as it finishes.
+Every app runs on hetmem.device, resolved here once (hpcdl.platform.device.study_device).
+On the CPU a task compiles the kernels, traces its app under valgrind lackey, simulates the two-tier
+reference (simulated: a CPU node has one memory tier), validates the differential estimator and runs
+the placement policies (hpcdl.studies.hetmem.compute). On CUDA a task holds one GPU and measures its
+app's placements on it instead: objects in GPU memory or in pinned host memory mapped into the GPU,
+the estimate and the policies at object granularity (hpcdl.studies.hetmem.gpu; no lackey, no
+simulation: the hardware is the reference). Writes raw/traces.csv (one row per app: tracing cost or
+the GPU's measurement cost, footprint, the bounds), raw/validation.csv (app x sampling period x
+placement: estimate vs reference) and raw/policies.csv (app x capacity x policy); every row names its
+`device` and its `reference` ("simulated" or "hardware: GPU HBM vs mapped pinned host"). A failing
+app becomes a failed row with its error; the others run. Every app's record is kept in
+<results>/hetmem/points/ as it finishes.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import time
 
 import pandas as pd
 
+from hpcdl.platform.device import study_device
 from hpcdl.platform.points import StudyRun, failed_row
 from hpcdl.platform.results import write_table
 from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
@@ -26,21 +33,37 @@ from hpcdl.studies.hetmem import compute, sweep
 
 
 @on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_HETMEM_UNITS")
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_HETMEM_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_HETMEM_GPUS"}])
 @task(returns=1)
 def app_point(point: dict, block: dict, work_dir: str, slot) -> dict:
+    if point.get("device") == "cuda":
+        from hpcdl.studies.hetmem import gpu
+
+        return slot.run(gpu.run_app, point["name"], block, block["seed"])
     return slot.run(
         compute.run_app, point["name"], point["size"], point["iters"], block, work_dir, block["seed"]
     )
 
 
+def device_label(device: str, trace: dict | None) -> str:
+    """The rows' `device`: "cpu", or "cuda (<model of the GPU the task ran on>)" ("cuda" for a failed
+    task: on a cluster the GPU it got is the worker's, unknown here)."""
+    if device == "cpu":
+        return "cpu"
+    return f"cuda ({trace['gpu']})" if trace and trace.get("gpu") else "cuda"
+
+
 def main(argv=None) -> None:
     cfg = start_app("hetmem", argv, __doc__.splitlines()[0])
     study = StudyRun(cfg, "hetmem")
-    block = sweep.compute_block(cfg)
+    # resolved once, here (start_app has refused `cuda` without a GPU); on cuda each task holds a GPU
+    device = study_device(cfg, "hetmem")
+    block = sweep.compute_block(cfg, device)
     work_dir = str(study.dir / "traces")
-    apps = sweep.app_points(cfg)
-    print(f"[hetmem] {len(apps)} app(s): {', '.join(a['name'] for a in apps)}", file=sys.stderr, flush=True)
+    apps = sweep.app_points(cfg, device)
+    print(f"[hetmem] {len(apps)} app(s) on {device}: {', '.join(a['name'] for a in apps)}", file=sys.stderr,
+          flush=True)
     # The key covers the app and every setting its task computes from, not where its files go.
     batch = study.submit(
         "app",
@@ -52,17 +75,18 @@ def main(argv=None) -> None:
     traces, validation, policies = [], [], []
     for o in outcomes:
         if not o.ok:
-            traces.append(
-                failed_row(
-                    {"app": o.point["name"], "size": o.point["size"], "iters": o.point["iters"]}, o.error
-                )
-            )
+            gpu = block.get("gpu", {})
+            what = ({"app": o.point["name"], "size": o.point["size"], "iters": o.point["iters"]}
+                    if device == "cpu" else
+                    {"app": o.point["name"], "scale": gpu["scale"], "repeats": gpu["repeats"]})
+            traces.append({**failed_row(what, o.error), "device": device_label(device, None)})
             last = o.error.strip().splitlines()[-1] if o.error.strip() else ""
             print(f"[hetmem] app {o.point['name']} FAILED: {last}", file=sys.stderr, flush=True)
             continue
-        traces.append({**o.result["trace"], "status": "ok", "error": ""})
-        validation.extend(o.result["validation"])
-        policies.extend(o.result["policies"])
+        label = device_label(device, o.result["trace"])
+        traces.append({**o.result["trace"], "device": label, "status": "ok", "error": ""})
+        validation.extend({**r, "device": label} for r in o.result["validation"])
+        policies.extend({**r, "device": label} for r in o.result["policies"])
     raw = study.dir / "raw"
     write_table(pd.DataFrame(traces), raw / "traces.csv", cfg, study.started)
     write_table(

@@ -290,21 +290,3 @@ def test_speed_table_compares_one_estimate_with_the_apps_native_run():
     assert row["speedup"] == pytest.approx(200) and row["speedup_compute"] == pytest.approx(5)
     assert row["speedup_vs_simulated"] == pytest.approx(4e4)  # kept for context only
     assert list(speed_table(val.iloc[0:0], 10, traces).columns) == SPEED_COLUMNS
-
-
-# ------------------------------------------------------------------------------ the GPU probe's CPU side
-def test_gpu_probe_without_cuda_says_so_and_its_kernels_run_on_cpu_tensors(tmp_path, capsys):
-    import torch
-
-    from hpcdl.studies.hetmem import gpu_probe
-
-    if torch.cuda.is_available():
-        pytest.skip("CUDA present: the probe itself is the GPU command")
-    assert gpu_probe.main(["--out", str(tmp_path), "--device", "auto"]) == 0
-    assert "no CUDA device" in capsys.readouterr().err and not any(tmp_path.iterdir())
-    for name, build in gpu_probe.APPS.items():
-        objs, step, moved = build(0.001)
-        assert set(moved) == set(objs) and all(v > 0 for v in moved.values()), name
-        before = {k: v.clone() for k, v in objs.items()}
-        step(objs)
-        assert any(not torch.equal(before[k], objs[k]) for k in objs), f"{name} changed no object"

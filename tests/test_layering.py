@@ -94,9 +94,8 @@ def test_importing_a_study_loads_no_task_backend():
     (backend detection, the local pool, the PyCOMPSs binding) is loaded."""
     modules = [f"hpcdl.studies.{s}" + ("" if f.stem == "__init__" else f".{f.stem}")
                for s in STUDIES for f in sorted((HPCDL / "studies" / s).glob("*.py"))
-               # gpu_probe: CUDA-only side entry (folded in by the GPU-tasks issue); _preload: a
-               # forkserver preamble that ties the importing process to its parent
-               if f.stem != "gpu_probe" and (f.stem == "__init__" or not f.stem.startswith("_"))]
+               # _preload: a forkserver preamble that ties the importing process to its parent
+               if f.stem == "__init__" or not f.stem.startswith("_")]
     code = ("import importlib, json, sys\n"
             f"for m in {modules!r}: importlib.import_module(m)\n"
             "print(json.dumps(sorted(n for n in sys.modules if n.startswith(('hpcdl.platform.task_runtime', "

@@ -7,11 +7,12 @@ placement agent on top (after Denoyelle, Gerofi et al., ISC 2022).
     reference    the SIMULATED reference: pycachesim hierarchy + two memory tiers with a timing model
     estimator    differential tracing from the sampled traces of the all-fast and all-slow runs
     agent        gymnasium placement env, greedy / random baselines, stable-baselines3 PPO
-    compute      what the task app's task body runs: one application end to end
+    compute      what the task app's task body runs on the CPU: one application end to end
+    gpu          the CUDA path: the apps in torch, objects in GPU memory or mapped pinned host memory,
+                 measured on that hardware; the estimate and the agent at object granularity
     sweep        the points of a validated config (one per app) and the settings they compute from
     checks       config checks beyond the schema
     tables       raw/ -> tables/; figures: tables/ -> figures/; claims: tables/ -> claims
-    gpu_probe    real GPU-memory vs pinned-host placements where CUDA exists (lead's GPU command)
 """
 
 from hpcdl.platform.study import StudySpec
@@ -24,17 +25,29 @@ def _task_units(cfg: dict) -> int | str:
 
 def _setting(cfg: dict) -> str:
     b = cfg["hetmem"]
-    return (f"kernels {'/'.join(a['name'] for a in b['apps'])}, LLC misses sampled 1 in {b['sample_every']}, "
-            f"tiers {b['tiers']['fast']['name']} / {b['tiers']['slow']['name']} of a simulated reference")
+    cpu = (f"kernels {'/'.join(a['name'] for a in b['apps'])}, LLC misses sampled 1 in {b['sample_every']}, "
+           f"tiers {b['tiers']['fast']['name']} / {b['tiers']['slow']['name']} of a simulated reference")
+    gpu = (f"kernels {'/'.join(a['name'] for a in b['apps'])} in torch at scale {b['gpu']['scale']:g}, tiers "
+           "GPU memory / pinned host memory mapped into the GPU, measured (hardware)")
+    device = b.get("device", "auto")
+    if device != "auto":
+        return cpu if device == "cpu" else gpu
+    # under auto the device resolves where the task runs: both readings, each named
+    return f"on the CPU: {cpu}; on a GPU: {gpu}"
 
 
 SPEC = StudySpec(
     name="hetmem",
-    title="Heterogeneous memory (differential-tracing estimator, placement agent; simulated tiers)",
+    title="Heterogeneous memory (differential-tracing estimator, placement agent; simulated tiers on the "
+          "CPU, GPU memory vs mapped host memory on a GPU)",
     raw_tables=("traces", "validation", "policies"),
     tables=("tracing", "validation", "errors", "speed", "policies"),
     figures=("parity", "error_vs_sampling", "runtime_vs_fraction", "estimate_vs_reference_time"),
     task_units=_task_units,
+    # the CUDA path (gpu.py) measures real placements where the device resolves to cuda; each app's
+    # task then holds one GPU, whose memory is the fast tier
+    devices=("cpu", "cuda"),
+    task_gpus=lambda cfg: 1,
     run_resources=lambda cfg: {"mem_mb": 3000, "runtime": 30},
     question=("Can two traced runs (all data in fast memory, all in slow) estimate an application's runtime "
               "under any placement of its data over two memory tiers, accurately and far faster than "

@@ -18,6 +18,9 @@ is often the stop action.
 
 from __future__ import annotations
 
+import time
+import zlib
+
 import numpy as np
 
 from hpcdl.studies.hetmem.estimator import DifferentialEstimator
@@ -194,3 +197,29 @@ def rollout(model, env, capacity: float, episodes: int, seed: int) -> np.ndarray
                 best, best_rt = env.chosen.copy(), env.runtime
     env.fixed_capacity = None
     return best
+
+
+def derived_seed(base: int, *parts) -> int:
+    """A seed of its own for each named random part of a run (an app's PPO, its random policy, ...)."""
+    return (base * 1_000_003 + zlib.crc32("/".join(map(str, parts)).encode())) % 2**32
+
+
+def choose_placements(layout: Layout, ranges: list[Range], est: DifferentialEstimator, ag: dict,
+                      seed: int, app: str) -> tuple[list[tuple[float, dict[str, np.ndarray]]], float]:
+    """Greedy, random and PPO (trained once, on the estimator) at every capacity of `ag` (the block's
+    agent settings): ([(capacity, {policy: ranges chosen for fast memory})], PPO's training seconds)."""
+    env = make_env(layout, ranges, est, ag["capacities"], ag["bins"], ag["migration_cost"],
+                   ag["invalid_penalty"], ag["max_steps"])
+    t0 = time.perf_counter()
+    model = train_ppo(env, ag["timesteps"], derived_seed(seed, app, "ppo"))
+    train_s = time.perf_counter() - t0
+    rng = np.random.default_rng(derived_seed(seed, app, "random-policy"))
+    out = []
+    for cap in ag["capacities"]:
+        cap_pages = int(cap * layout.n_pages)
+        out.append((cap, {
+            "greedy": greedy(layout, ranges, est, cap_pages),
+            "random": random_policy(ranges, cap_pages, rng),
+            "ppo": rollout(model, env, cap, ag["rollouts"], derived_seed(seed, app, "rollout")),
+        }))
+    return out, train_s

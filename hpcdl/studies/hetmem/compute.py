@@ -9,21 +9,17 @@ from __future__ import annotations
 
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 
 from hpcdl.studies.hetmem import agent, reference
+from hpcdl.studies.hetmem.agent import derived_seed
 from hpcdl.studies.hetmem.estimator import DifferentialEstimator, sample_misses
 from hpcdl.studies.hetmem.layout import Layout, describe, range_pages_for
 from hpcdl.studies.hetmem.trace import trace_app
 
 SIMULATED = "simulated"  # the reference's label in every row (this machine has no second memory tier)
-
-
-def _seed(base: int, *parts) -> int:
-    return (base * 1_000_003 + zlib.crc32("/".join(map(str, parts)).encode())) % 2**32
 
 
 def validation_placements(
@@ -51,7 +47,7 @@ def build_estimator(profile, t_fast, t_slow, every: int, seed: int) -> Different
             profile.n_windows,
             profile.seq.shape[1],
             every,
-            np.random.default_rng(_seed(seed, every, run)),
+            np.random.default_rng(derived_seed(seed, every, run)),
         )
         for run in ("fast", "slow")
     ]
@@ -92,7 +88,7 @@ def run_app(app: str, size: int, iters: int, block: dict, work_dir: str, seed: i
         ranges,
         block["validation"]["fractions"],
         block["validation"]["repeats"],
-        np.random.default_rng(_seed(seed, app, "val")),
+        np.random.default_rng(derived_seed(seed, app, "val")),
     )
     masks = np.stack([m for _, _, m in placements])
     ref, _ = reference.reference_runs(profile, model, masks)
@@ -100,7 +96,7 @@ def run_app(app: str, size: int, iters: int, block: dict, work_dir: str, seed: i
 
     validation = []
     for every in sorted({block["sample_every"], *block["sample_sweep"]}):
-        est = build_estimator(profile, t_fast, t_slow, every, _seed(seed, app))
+        est = build_estimator(profile, t_fast, t_slow, every, derived_seed(seed, app))
         estimates = est.estimate(masks)
         one_est_s = _time_estimates(est, list(masks))
         for (name, kind, m), e, r in zip(placements, estimates, ref, strict=True):
@@ -142,30 +138,11 @@ def run_app(app: str, size: int, iters: int, block: dict, work_dir: str, seed: i
 
 def _policies(app, layout, ranges, profile, model, t_fast, t_slow, block, seed, log) -> list[dict]:
     ag = block["agent"]
-    est = build_estimator(profile, t_fast, t_slow, block["sample_every"], _seed(seed, app))
-    env = agent.make_env(
-        layout,
-        ranges,
-        est,
-        ag["capacities"],
-        ag["bins"],
-        ag["migration_cost"],
-        ag["invalid_penalty"],
-        ag["max_steps"],
-    )
-    t0 = time.perf_counter()
-    model_rl = agent.train_ppo(env, ag["timesteps"], _seed(seed, app, "ppo"))
-    train_s = time.perf_counter() - t0
+    est = build_estimator(profile, t_fast, t_slow, block["sample_every"], derived_seed(seed, app))
+    chosen, train_s = agent.choose_placements(layout, ranges, est, ag, seed, app)
     log(f"PPO trained {ag['timesteps']} steps in {train_s:.1f} s")
-    rng = np.random.default_rng(_seed(seed, app, "random-policy"))
     rows = []
-    for cap in ag["capacities"]:
-        cap_pages = int(cap * layout.n_pages)
-        choices = {
-            "greedy": agent.greedy(layout, ranges, est, cap_pages),
-            "random": agent.random_policy(ranges, cap_pages, rng),
-            "ppo": agent.rollout(model_rl, env, cap, ag["rollouts"], _seed(seed, app, "rollout")),
-        }
+    for cap, choices in chosen:
         masks = np.stack([layout.ranges_mask(ranges, c) for c in choices.values()])
         est_rt = est.estimate(masks)
         ref_rt, _ = reference.reference_runs(profile, model, masks)

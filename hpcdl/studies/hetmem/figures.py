@@ -4,6 +4,9 @@ parity (estimate vs simulated reference), error_vs_sampling (mean |error| vs the
 runtime_vs_fraction (each policy's simulated runtime vs fast capacity, per app) and
 estimate_vs_reference_time (the cost of one estimate vs one native run of the app on this machine,
 and vs one simulated reference run). Every axis and title says where the reference is simulated.
+On a GPU (tables.on_hardware) the reference is the hardware and the axes say MEASURED; nothing is
+sampled there (shares are counted from the kernels), so error_vs_sampling shows each placement's
+|error| against its fast byte share instead, saying why.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import numpy as np
 
 from hpcdl.platform.results import mark_no_data, save_figure
 from hpcdl.platform.stages import pyplot, read_or_empty
+from hpcdl.studies.hetmem.gpu import SAMPLE_EVERY
+from hpcdl.studies.hetmem.tables import on_hardware
 
 
 def draw(cfg: dict, study_dir: Path) -> None:
@@ -23,8 +28,11 @@ def draw(cfg: dict, study_dir: Path) -> None:
     tables, figs = study_dir / "tables", study_dir / "figures"
     val, errs = read_or_empty(tables / "validation.csv"), read_or_empty(tables / "errors.csv")
     speed, pol = read_or_empty(tables / "speed.csv"), read_or_empty(tables / "policies.csv")
-    n = block["sample_every"]
-    tiers = f"{block['tiers']['fast']['name']} vs {block['tiers']['slow']['name']}"
+    hw = on_hardware(val) or on_hardware(read_or_empty(tables / "tracing.csv"))
+    n = SAMPLE_EVERY if hw else block["sample_every"]
+    tiers = ("GPU memory vs mapped pinned host" if hw
+             else f"{block['tiers']['fast']['name']} vs {block['tiers']['slow']['name']}")
+    ref = "MEASURED on the GPU" if hw else "SIMULATED two-tier"
 
     fig, ax = plt.subplots(figsize=(5.5, 5))
     v = val[val["sample_every"].eq(n)] if not val.empty else val
@@ -41,13 +49,16 @@ def draw(cfg: dict, study_dir: Path) -> None:
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.legend(fontsize=8)
-    ax.set_xlabel("reference runtime, SIMULATED two-tier (µs)")
-    ax.set_ylabel(f"differential-tracing estimate, N={n} (µs)")
-    ax.set_title(f"Estimate vs simulated reference ({tiers})", fontsize=10)
+    ax.set_xlabel(f"reference runtime, {ref} (µs)")
+    ax.set_ylabel("object-granularity estimate, bytes counted (µs)" if hw
+                  else f"differential-tracing estimate, N={n} (µs)")
+    ax.set_title(f"Estimate vs {'measured' if hw else 'simulated'} reference ({tiers})", fontsize=10)
     save_figure(fig, figs / "parity.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    if errs.empty:
+    if hw:
+        _error_vs_share(ax, v, block["error_ceiling"])
+    elif errs.empty:
         mark_no_data(ax, "no validation rows")
     else:
         for app, g in errs.groupby("app", sort=False):
@@ -63,9 +74,10 @@ def draw(cfg: dict, study_dir: Path) -> None:
         ax.axhline(100 * block["error_ceiling"], color="firebrick", ls=":", label="claim ceiling")
         ax.set_xscale("log")
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))  # inside, it hid a curve
-    ax.set_xlabel("sampling period N (1 in N LLC misses sampled)")
-    ax.set_ylabel("mean |error| vs simulated reference (%)")
-    ax.set_title("Estimator error vs sampling rate (reference simulated)", fontsize=10)
+    if not hw:  # the GPU's axes are _error_vs_share's
+        ax.set_xlabel("sampling period N (1 in N LLC misses sampled)")
+        ax.set_ylabel("mean |error| vs simulated reference (%)")
+        ax.set_title("Estimator error vs sampling rate (reference simulated)", fontsize=10)
     save_figure(fig, figs / "error_vs_sampling.png")
 
     apps = list(dict.fromkeys(pol["app"])) if not pol.empty else []
@@ -87,9 +99,10 @@ def draw(cfg: dict, study_dir: Path) -> None:
         )
         ax.set_title(app, fontsize=10)
         ax.set_xlabel("fast capacity (fraction of footprint)")
-    axes[0, 0].set_ylabel("simulated runtime / all-fast")
+    axes[0, 0].set_ylabel(f"{'measured' if hw else 'simulated'} runtime / all-fast")
     axes[0, 0].legend(fontsize=7)
-    fig.suptitle("Placement policies: simulated runtime vs fast-memory capacity", fontsize=10)
+    fig.suptitle(f"Placement policies: {'measured (GPU, whole objects)' if hw else 'simulated'} runtime vs "
+                 "fast-memory capacity", fontsize=10)
     fig.tight_layout()
     save_figure(fig, figs / "runtime_vs_fraction.png")
 
@@ -99,16 +112,37 @@ def draw(cfg: dict, study_dir: Path) -> None:
     else:
         x = np.arange(len(speed))
         bars = (
-            ("native_run_s", "one native run of the app (process wall, this machine; the claim uses it)"),
-            ("native_compute_s", "its compute phase alone"),
+            ("native_run_s", "one hardware run of a placement (place objects + one step; the claim uses it)"
+             if hw else "one native run of the app (process wall, this machine; the claim uses it)"),
+            ("native_compute_s", "its step alone" if hw else "its compute phase alone"),
             ("simulated_reference_s", "one simulated reference run (cache sim + timing)"),
-            ("estimate_s", "one estimate (differential tracing)"),
+            ("estimate_s",
+             "one estimate (object byte shares)" if hw else "one estimate (differential tracing)"),
         )
+        # nothing is simulated on the GPU: its bar is left out, not drawn as zero
+        bars = tuple(b for b in bars if speed[b[0]].notna().any())
         for i, (col, label) in enumerate(bars):
-            ax.bar(x + 0.2 * (i - 1.5), speed[col], 0.2, label=label)
+            ax.bar(x + 0.2 * (i - (len(bars) - 1) / 2), speed[col], 0.2, label=label)
         ax.set_xticks(x, speed["app"])
         ax.set_yscale("log")
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12))  # not over the bars
     ax.set_ylabel("wall time per placement (s, log)")
-    ax.set_title("Cost of one estimate vs one native run of the app", fontsize=10)
+    ax.set_title("Cost of one estimate vs one hardware run of a placement (GPU)" if hw
+                 else "Cost of one estimate vs one native run of the app", fontsize=10)
     save_figure(fig, figs / "estimate_vs_reference_time.png")
+
+
+def _error_vs_share(ax, v, ceiling: float) -> None:
+    """The GPU path's stand-in for error vs sampling period: nothing is sampled there, so each
+    placement's |error| against the share of the step's bytes in fast objects."""
+    if v.empty or "fast_byte_share" not in v:
+        mark_no_data(ax, "no validation rows (every app failed)")
+    else:
+        for app, g in v.groupby("app", sort=False):
+            ax.scatter(g["fast_byte_share"], 100 * g["error"].abs(), s=18, label=app)
+        ax.axhline(100 * ceiling, color="firebrick", ls=":", label="claim ceiling")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
+    ax.set_xlabel("share of the step's bytes in fast objects (s)")
+    ax.set_ylabel("|error| vs measured time (%)")
+    ax.set_title("GPU: no sampling (bytes counted from the kernels); estimator error per placement",
+                 fontsize=10)

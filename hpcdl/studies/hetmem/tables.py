@@ -5,8 +5,12 @@ with their error), validation.csv (app x sampling period x placement), policies.
 capacity x policy). tables/: tracing, validation, errors (mean/max |error| per app and period),
 speed (one estimate vs one real, native run of the app on this machine; the simulated reference's
 cost beside it), policies (with the gap to the all-fast bound).
-The placements' reference is a SIMULATION (column `reference` = "simulated"); every figure and claim
-says so. Only the speed table's comparison is against a real run (`reference` = "native run").
+On the CPU the placements' reference is a SIMULATION (column `reference` = "simulated"); every
+figure and claim says so, and only the speed table's comparison is against a real run (`reference` =
+"native run"). On a GPU (hetmem.gpu) the reference is the HARDWARE (`reference` = gpu.HARDWARE: each
+placement measured with its objects in GPU memory or in mapped pinned host memory) and the speed
+table compares one estimate with one hardware run of a placement (`reference` = "hardware run").
+Rows name their `device`; tables from before rows named it say "not recorded".
 """
 
 from __future__ import annotations
@@ -17,6 +21,26 @@ import pandas as pd
 
 from hpcdl.platform.results import read_table, write_table
 from hpcdl.platform.stages import read_or_empty, started_at
+from hpcdl.studies.hetmem.gpu import HARDWARE
+
+NOT_RECORDED = "not recorded"
+
+
+def on_hardware(table: pd.DataFrame) -> bool:
+    """Whether a table's rows come from the CUDA path: its reference is the hardware, or (a table of
+    failed apps only) its device is a GPU."""
+    if "reference" in table and table["reference"].eq(HARDWARE).any():
+        return True
+    return "device" in table and table["device"].astype(str).str.startswith("cuda").any()
+
+
+def with_device(table: pd.DataFrame) -> pd.DataFrame:
+    return table if "device" in table or table.empty else table.assign(device=NOT_RECORDED)
+
+
+def _one(table: pd.DataFrame, column: str, default: str) -> str:
+    values = list(dict.fromkeys(table[column].dropna().astype(str))) if column in table else []
+    return " / ".join(values) if values else default
 
 
 def tracing_table(traces: pd.DataFrame) -> pd.DataFrame:
@@ -30,7 +54,8 @@ def tracing_table(traces: pd.DataFrame) -> pd.DataFrame:
 def error_table(val: pd.DataFrame) -> pd.DataFrame:
     if val.empty:
         return pd.DataFrame(
-            columns=["app", "sample_every", "mean_abs_error", "max_abs_error", "placements", "reference"]
+            columns=["app", "sample_every", "mean_abs_error", "max_abs_error", "placements", "reference",
+                     "device"]
         )
     val = val.assign(abs_error=val["error"].abs())
     per_app = (
@@ -52,19 +77,24 @@ def error_table(val: pd.DataFrame) -> pd.DataFrame:
         .reset_index()
         .assign(app="all")
     )
-    return pd.concat([per_app, overall[per_app.columns]], ignore_index=True).assign(reference="simulated")
+    return pd.concat([per_app, overall[per_app.columns]], ignore_index=True).assign(
+        reference=_one(val, "reference", "simulated"), device=_one(val, "device", NOT_RECORDED))
 
 
 SPEED_COLUMNS = ["app", "estimate_s", "native_run_s", "native_compute_s", "speedup", "speedup_compute",
-                 "simulated_reference_s", "speedup_vs_simulated", "reference"]
+                 "simulated_reference_s", "speedup_vs_simulated", "reference", "device"]
 
 
 def speed_table(val: pd.DataFrame, every_n: int, traces: pd.DataFrame) -> pd.DataFrame:
-    """One estimate (at the study's N) against one real run of the app: the native kernel run once,
-    untraced, on this machine by the same task (traces' untraced_wall_s, the whole process;
-    untraced_compute_s, its compute phase). The simulated reference's cost is kept for context."""
+    """One estimate (at the study's N) against one real run of the app: on the CPU the native kernel
+    run once, untraced, on this machine by the same task (traces' untraced_wall_s, the whole process;
+    untraced_compute_s, its compute phase; the simulated reference's cost kept for context); on a GPU
+    one hardware run of a placement (traces' native_run_s: place the objects in their tiers and run
+    one step; native_compute_s: the step alone; nothing simulated)."""
     if val.empty:
         return pd.DataFrame(columns=SPEED_COLUMNS)
+    if on_hardware(val):
+        return _hardware_speed(val, traces)
     v = (
         val[val["sample_every"].eq(every_n)]
         .groupby("app", sort=False)
@@ -82,13 +112,30 @@ def speed_table(val: pd.DataFrame, every_n: int, traces: pd.DataFrame) -> pd.Dat
         speedup_compute=v["native_compute_s"] / v["estimate_s"],
         speedup_vs_simulated=v["simulated_reference_s"] / v["estimate_s"],
         reference="native run",
+        device=_one(val, "device", NOT_RECORDED),
+    )[SPEED_COLUMNS]
+
+
+def _hardware_speed(val: pd.DataFrame, traces: pd.DataFrame) -> pd.DataFrame:
+    v = val.groupby("app", sort=False).agg(estimate_s=("estimate_s", "first")).reset_index()
+    native = pd.DataFrame(columns=["app", "native_run_s", "native_compute_s"])
+    if "native_run_s" in traces:
+        native = traces[["app", "native_run_s", "native_compute_s"]]
+    v = v.merge(native, on="app", how="left")
+    return v.assign(
+        speedup=v["native_run_s"] / v["estimate_s"],
+        speedup_compute=v["native_compute_s"] / v["estimate_s"],
+        simulated_reference_s=float("nan"),  # nothing is simulated on the GPU path
+        speedup_vs_simulated=float("nan"),
+        reference="hardware run",
+        device=_one(val, "device", NOT_RECORDED),
     )[SPEED_COLUMNS]
 
 
 def policy_table(pol: pd.DataFrame) -> pd.DataFrame:
     if pol.empty:
         return pol
-    return pol.assign(
+    return with_device(pol).assign(
         gap_to_all_fast=pol["ref_runtime_s"] / pol["all_fast_runtime_s"] - 1.0,
         est_gap_to_all_fast=pol["est_runtime_s"] / pol["all_fast_runtime_s"] - 1.0,
     )
@@ -102,8 +149,8 @@ def write(cfg: dict, study_dir: Path) -> None:
     val, pol = read_or_empty(raw / "validation.csv"), read_or_empty(raw / "policies.csv")
     started = started_at(study_dir, "traces")
     tables = study_dir / "tables"
-    write_table(tracing_table(traces), tables / "tracing.csv", cfg, started)
-    write_table(val, tables / "validation.csv", cfg, started)
+    write_table(tracing_table(with_device(traces)), tables / "tracing.csv", cfg, started)
+    write_table(with_device(val), tables / "validation.csv", cfg, started)
     write_table(error_table(val), tables / "errors.csv", cfg, started)
     speed = speed_table(val, cfg["hetmem"]["sample_every"], traces)
     write_table(speed, tables / "speed.csv", cfg, started)
