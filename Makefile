@@ -86,12 +86,17 @@ bench: $(STAMP) data
 # and Fashion-MNIST). `make gpu` = gpu-calibrate, gpu-tests, gpu-studies (every study under
 # configs/gpu.yaml and its report), each also a target of its own that sets the machine up first, so
 # a device lent in 10-minute calls runs `make gpu-calibrate gpu-tests` in one and `make gpu-studies`
-# in the next. What must be committed afterwards lands in $(GPU_RECORDS)/; within a step a failure
+# in the next (split by GPU_STUDIES over two calls where eight studies do not fit one). What must be committed afterwards lands in $(GPU_RECORDS)/; within a step a failure
 # does not stop what follows (one call should show everything), and the step fails at its end.
 # `--resources gpu=<GPUs here>`: no two GPU studies share a GPU at once (Snakemake caps a rule that
 # asks for more, so one GPU runs them one after another).
 GPU_PY ?= python3
 GPU_RECORDS ?= gpu-records
+# a subset of configs/gpu.yaml's studies for gpu-studies (e.g. GPU_STUDIES="spatial shuffle"), where
+# all of them do not fit one call; empty: every study
+GPU_STUDIES ?=
+GPU_SELECT = $(if $(strip $(GPU_STUDIES)),--config 'studies=[$(subst $(eval) ,$(comma),$(strip $(GPU_STUDIES)))]')
+comma := ,
 GPU_CARRY ?= .gpu-carry
 GPU_ENV = PATH="$(abspath .gpu-bin):$$PATH" PYTHONPATH="$(abspath $(GPU_CARRY))/site:$(CURDIR)" MPLBACKEND=Agg
 
@@ -128,10 +133,10 @@ gpu-tests: gpu-setup
 
 gpu-studies: gpu-setup
 	rc=0; \
-	$(GPU_ENV) $(GPU_PY) -m snakemake --cores all --configfile configs/gpu.yaml --rerun-incomplete \
+	$(GPU_ENV) $(GPU_PY) -m snakemake --cores all --configfile configs/gpu.yaml $(GPU_SELECT) --rerun-incomplete \
 	  --resources gpu=$$(nvidia-smi -L | grep -c '^GPU') --keep-going --printshellcmds 2>&1 \
 	  | tee $(GPU_RECORDS)/workflow.log; rc=$$((rc | $${PIPESTATUS[0]})); \
-	$(GPU_ENV) $(GPU_PY) -m snakemake --cores 1 --configfile configs/gpu.yaml \
+	$(GPU_ENV) $(GPU_PY) -m snakemake --cores 1 --configfile configs/gpu.yaml $(GPU_SELECT) \
 	  --report $(GPU_RECORDS)/report.html >>$(GPU_RECORDS)/workflow.log 2>&1 || rc=1; \
 	for d in results-gpu/*/; do s=$$(basename $$d); mkdir -p $(GPU_RECORDS)/$$s; \
 	  cp $$d/claims.json $$d/tables/*.csv $$d/tables/*.provenance.json $(GPU_RECORDS)/$$s/ 2>/dev/null || true; done; \
