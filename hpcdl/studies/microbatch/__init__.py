@@ -9,6 +9,10 @@ ilp         one workspace budget shared by all kernels of a network (HiGHS via s
 execute     MicroBatchedConv2d: a drop-in Conv2d running its plan in forward and backward
 plan_timing the executed plans vs the default: whole networks' conv layers (every forward, then
             every backward) timed in interleaved rounds, executor overhead, output and gradient errors
+cudnn_engines  (CUDA, microbatch.cudnn.engines) cuDNN engine configurations listed with their workspace
+            and run by id through NVIDIA's cuDNN frontend, on PyTorch's tensors
+limits      the seed's workspace-limit planning on an engine table: the fastest undivided engine under
+            a limit (the baseline), the DP per kernel under it, the ILP under a network budget
 compute     one network point (what the task app runs): benchmark, plan, execute, check exactness
 heap        fixed glibc heap thresholds, so in-process timing comparisons allocate alike
 sweep       the network points of a validated config; checks: config checks beyond the schema

@@ -19,3 +19,7 @@ def check(cfg: dict) -> None:
                 block["image_size"],
                 f"a size every configured network builds at ({exc})",
             ) from None
+    if block.get("cudnn", {}).get("engines") and block.get("device") == "cpu":
+        # cuDNN's engines exist on CUDA only: a CPU run would silently ignore the setting
+        raise ConfigError("microbatch.cudnn.engines", True,
+                          "false with microbatch.device: cpu (cuDNN engines run on CUDA only)")
