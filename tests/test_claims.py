@@ -321,6 +321,7 @@ SPATIAL_CFG = {
         "claims": {"min_efficiency": 0.85, "max_oracle_error": 0.15, "loss_drop": 0.8},
         "extrapolate": {"grid": 512, "gpus": [4, 16]},
         "machine": {"peak_tflops": 7.8, "memory_gb": 16},
+        "gpu_calibration": {"tolerance": 0.10},
     }
 }
 RUNS = ["strong-d1x1x1", "strong-d1x2x1", "ceiling-d1x2x1", "train-d1x1x1"]
@@ -359,6 +360,11 @@ def _spatial() -> tuple[dict, dict]:
         ),
         "tables/extrapolation.csv": pd.DataFrame(ext),
         "raw/runs.csv": pd.DataFrame({"run": RUNS, "status": "ok", "error": ""}),
+        # whole one-GPU steps of a calibration run against the oracle's compute sum (#26)
+        "tables/compute_check.csv": pd.DataFrame(
+            {"network": ["cosmoflow", "unet3d"], "depth": [4, 32], "height": [2, 1],
+             "measured_step_s": [0.40, 0.20], "oracle_compute_s": [0.37, 0.21], "error": [-0.075, 0.05],
+             "gpu": "NVIDIA H100 80GB HBM3"}),
     }
     return copy.deepcopy(SPATIAL_CFG), tables
 
@@ -885,6 +891,12 @@ CASES = [
         lambda c, t: _spatial_failed(t, "train-d1x1x1"),
         ["oracle_error", "train-d1x1x1 failed"],
     ),
+    ("spatial", "compute_term", "passed", None, None),
+    ("spatial", "compute_term", "failed",
+     lambda c, t: _set(t, "tables/compute_check.csv", lambda d: d["network"] == "unet3d", "error", 0.15), None),
+    ("spatial", "compute_term", "not_measured",
+     lambda c, t: t.__setitem__("tables/compute_check.csv", t["tables/compute_check.csv"].iloc[0:0]),
+     ["no GPU calibration", "spatial-calibrate"]),
     # hetmem
     ("hetmem", "estimate_error_le_5pct", "passed", None, None),
     # stream's own mean |error| 8 % fails, though the mean over both apps' placements is 4.75 %
