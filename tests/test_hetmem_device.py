@@ -73,16 +73,11 @@ def test_gpu_settings_out_of_range_are_config_errors_naming_the_key(test_config,
         _cfg(test_config, gpu={key: bad})
 
 
-@TOOLS
-def test_on_the_cpu_the_app_runs_the_simulated_path_with_its_numbers_and_names_the_device(
-        tmp_path, test_config):
-    """The task app on `device: cpu` gives the rows compute.run_app gives (the CPU path, unchanged),
-    with a `device` column added."""
-    from hpcdl.studies.hetmem.compute import run_app
-
+def _app_tables(tmp_path, test_config, **block):
+    """Run the real task app on one small app (gups) with `block` over the test config's hetmem block:
+    the config, its raw/ directory, and the raw validation, policies and traces tables."""
     cfg = {**test_config, "studies": ["hetmem"], "results_dir": str(tmp_path / "r")}
-    cfg["hetmem"] = {**test_config["hetmem"], "device": "cpu",
-                     "apps": [{"name": "gups", "size": 10, "iters": 1}]}
+    cfg["hetmem"] = {**test_config["hetmem"], "apps": [{"name": "gups", "size": 10, "iters": 1}], **block}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "HPCDL_PROGRESS": "0", "PYTHONPATH": str(REPO)}
@@ -90,7 +85,17 @@ def test_on_the_cpu_the_app_runs_the_simulated_path_with_its_numbers_and_names_t
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     raw = tmp_path / "r" / "hetmem" / "raw"
-    val, pol, tr = (pd.read_csv(raw / f"{t}.csv") for t in ("validation", "policies", "traces"))
+    return (cfg, raw, *(pd.read_csv(raw / f"{t}.csv") for t in ("validation", "policies", "traces")))
+
+
+@TOOLS
+def test_on_the_cpu_the_app_runs_the_simulated_path_with_its_numbers_and_names_the_device(
+        tmp_path, test_config):
+    """The task app on `device: cpu` gives the rows compute.run_app gives (the CPU path, unchanged),
+    with a `device` column added."""
+    from hpcdl.studies.hetmem.compute import run_app
+
+    cfg, raw, val, pol, tr = _app_tables(tmp_path, test_config, device="cpu")
     for t in (val, pol, tr):
         assert set(t["device"]) == {"cpu"}
     assert set(val["reference"]) == set(pol["reference"]) == {"simulated"}
@@ -313,18 +318,8 @@ def test_one_app_end_to_end_on_the_gpu_measures_the_slow_tier_slower_and_every_p
 
 @pytest.mark.cuda
 def test_the_task_app_on_cuda_writes_hardware_rows_that_name_the_gpu(tmp_path, test_config):
-    cfg = {**test_config, "studies": ["hetmem"], "results_dir": str(tmp_path / "r")}
-    cfg["hetmem"] = {**test_config["hetmem"], "device": "cuda",
-                     "apps": [{"name": "gups", "size": 10, "iters": 1}],
-                     "gpu": {"scale": 0.01, "repeats": 2, "random_placements": 0}}
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "HPCDL_PROGRESS": "0", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "tasks.hetmem", "--config", str(path)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    raw = tmp_path / "r" / "hetmem" / "raw"
-    val, pol, tr = (pd.read_csv(raw / f"{t}.csv") for t in ("validation", "policies", "traces"))
+    _, raw, val, pol, tr = _app_tables(tmp_path, test_config, device="cuda",
+                                       gpu={"scale": 0.01, "repeats": 2, "random_placements": 0})
     assert list(tr["status"]) == ["ok"] and tr["device"].iloc[0].startswith("cuda (")
     assert set(val["reference"]) == set(pol["reference"]) == {gpu.HARDWARE}
     assert list(val["placement"]) == ["all_fast", "all_slow", "object:table", "object:ran"]

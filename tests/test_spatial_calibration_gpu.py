@@ -167,6 +167,12 @@ def test_assumptions_must_name_keys_the_predictions_read(test_config):
         _block(test_config, assumptions={"machine.overlap": [0.5, 1.0]})
 
 
+def _calibrate(*args: str) -> subprocess.CompletedProcess:
+    """`python -m hpcdl spatial-calibrate ARGS` from the repository root."""
+    return subprocess.run([sys.executable, "-m", "hpcdl", "spatial-calibrate", *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+
+
 def test_cpu_calibration_at_toy_size_feeds_the_oracle_and_the_compute_check(tmp_path, test_config):
     cfg = dict(test_config)
     cfg["spatial"] = {**cfg["spatial"], **TOY}
@@ -174,24 +180,7 @@ def test_cpu_calibration_at_toy_size_feeds_the_oracle_and_the_compute_check(tmp_
     path = tmp_path / "toy.yaml"
     path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "cal"
-    got = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hpcdl",
-            "spatial-calibrate",
-            "--config",
-            str(path),
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
+    got = _calibrate("--config", str(path), "--device", "cpu", "--out", str(out))
     assert got.returncode == 0, got.stderr
     csv = Path(got.stdout.strip().splitlines()[-1])
     meta = json.loads(gpu_table.sidecar(csv).read_text())
@@ -230,21 +219,7 @@ def test_compute_term_claim_is_not_measured_without_a_gpu_calibration(test_confi
 
 
 def test_plan_counts_items_and_a_budget(tmp_path):
-    got = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hpcdl",
-            "spatial-calibrate",
-            "--config",
-            str(REPO / "configs" / "paper.yaml"),
-            "--plan",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    got = _calibrate("--config", str(REPO / "configs" / "paper.yaml"), "--plan")
     assert got.returncode == 0, got.stderr
     plan = json.loads(got.stdout)
     assert plan["items"] > 500 and plan["by_kind"]["step"] == 3
