@@ -29,6 +29,7 @@ import pandas as pd
 BENCH_DIR = str(Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from hpcdl.platform.procenv import pythonpath  # noqa: E402
 from hpcdl.platform.rank_runtime.launch import run_ranks  # noqa: E402
 from hpcdl.studies.shuffle import data as shuffle_data  # noqa: E402
 from hpcdl.studies.shuffle.exchange_plan import exchange_count  # noqa: E402
@@ -61,8 +62,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.epochs < 2:
         ap.error("--epochs must be at least 2 (epoch 0 is left out of the steady-state times)")
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (BENCH_DIR, os.environ.get("PYTHONPATH", "")) if p)  # inherited by the ranks
+    os.environ["PYTHONPATH"] = pythonpath(BENCH_DIR)  # inherited by the ranks
     places = ("host", "device") if args.device == "cuda" else ("host",)
     rows = []
     for on in places:

@@ -28,6 +28,7 @@ BENCH_DIR = str(Path(__file__).resolve().parent)
 
 from hpcdl.common.layers import build_spec  # noqa: E402
 from hpcdl.platform.device import DEVICES, resolve  # noqa: E402
+from hpcdl.platform.procenv import pythonpath  # noqa: E402
 from hpcdl.platform.rank_runtime.launch import run_ranks  # noqa: E402
 from hpcdl.platform.results import available_cores  # noqa: E402
 from hpcdl.studies.spatial.data import ensure_dataset  # noqa: E402
@@ -48,8 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--csv", help="also write the table here")
     args = ap.parse_args(argv)
     placed = {"device": resolve(args.device, "--device"), "gpu_sharing": args.gpu_sharing}
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (BENCH_DIR, os.environ.get("PYTHONPATH", "")) if p)  # inherited by the ranks
+    os.environ["PYTHONPATH"] = pythonpath(BENCH_DIR)  # inherited by the ranks
     g = args.grid
     rows = []
 

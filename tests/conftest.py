@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpcdl.platform.procenv import pythonpath
+
 REPO = Path(__file__).resolve().parent.parent
 # The test-scale workflow run, once per session (tests/workflow_run.py).
 pytest_plugins = ["workflow_run"]
 os.environ.setdefault("MPLBACKEND", "Agg")
 # Ranks and task workers started by the tests import helper modules from tests/ (rank_probes, ...).
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
+os.environ["PYTHONPATH"] = pythonpath(REPO / "tests")
 
 
 def _cuda_visible() -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpcdl.platform.config import ConfigError
+from hpcdl.platform.procenv import child_env
 from hpcdl.platform.task_runtime import compss
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,7 +163,7 @@ def test_enqueue_cli_prints_the_command_with_an_absolute_config(tmp_path):
                         "checkpoint: {device: cpu}\n")
     out = subprocess.run([sys.executable, "-m", "hpcdl", "compss", "enqueue", "checkpoint",
                           "--config", "c.yaml"], cwd=tmp_path, capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+                         env=child_env(REPO))
     argv = shlex.split(out.stdout)
     # "2": the schema's default
     assert argv[:4] == ["env", "HPCDL_CHECKPOINT_UNITS=2", "HPCDL_CHECKPOINT_GPUS=0", "enqueue_compss"]
@@ -246,7 +247,7 @@ def test_command_cli_prints_the_rule_command(tmp_path):
                         "checkpoint: {runtime: compss, computing_units: '3', device: cpu}\n")
     out = subprocess.run([sys.executable, "-m", "hpcdl", "compss", "command", "checkpoint",
                           "--config", "c.yaml"], cwd=tmp_path, capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+                         env=child_env(REPO))
     assert "HPCDL_CHECKPOINT_UNITS=3 HPCDL_CHECKPOINT_GPUS=0 runcompss --lang=python" in out.stdout
     assert out.stdout.rstrip().endswith(f"--config {cfg_file})")
 
@@ -292,7 +293,7 @@ def test_auto_is_resolved_by_the_shell_that_runs_the_rule(test_config, tmp_path)
     (bindir / "runcompss").chmod(0o755)
     # the rule's environment: this interpreter's bin directory on PATH, a stand-in runcompss first
     path = f"{bindir}:{Path(sys.executable).parent}:/usr/bin:/bin"
-    env = {**os.environ, "PATH": path, "PYTHONPATH": str(REPO)}
+    env = child_env(REPO, PATH=path)
     out = subprocess.run(["bash", "-c", cmd], env=env, cwd=REPO, capture_output=True, text=True, check=True)
     from hpcdl.platform.task_runtime.gpus import task_gpus
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import yaml
 
 from hpcdl.platform.config import ConfigError, validate_config
 from hpcdl.platform.device import study_device
+from hpcdl.platform.procenv import child_env
 from hpcdl.studies.hetmem import claims, gpu, sweep, tables
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,7 +80,7 @@ def _app_tables(tmp_path, test_config, **block):
     cfg["hetmem"] = {**test_config["hetmem"], "apps": [{"name": "gups", "size": 10, "iters": 1}], **block}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "HPCDL_PROGRESS": "0", "PYTHONPATH": str(REPO)}
+    env = child_env(REPO, HPCDL_PROGRESS="0")
     proc = subprocess.run([sys.executable, "-m", "tasks.hetmem", "--config", str(path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -19,7 +19,8 @@ TARGET = re.compile(r"^(hpcdl(?:\.\w+)+):\w+$")
 # What compute code and shared code may use of the platform: no task runtime, no workflow-facing parts.
 PLATFORM_PURE = ("hpcdl.platform.config", "hpcdl.platform.results", "hpcdl.platform.claims",
                  "hpcdl.platform.intervals", "hpcdl.platform.points", "hpcdl.platform.stages",
-                 "hpcdl.platform.study", "hpcdl.platform.device", "hpcdl.platform.rank_runtime")
+                 "hpcdl.platform.study", "hpcdl.platform.device", "hpcdl.platform.rank_runtime",
+                 "hpcdl.platform.procenv")
 
 
 def imported(path: Path) -> set[str]:
@@ -82,9 +83,9 @@ def test_the_library_never_imports_the_workflow_or_pycompss_outside_the_task_run
 
 
 def test_the_rank_runtime_knows_nothing_of_tasks():
-    # it may place ranks by the device mechanism (pure: no tasks, no workflow)
+    # it may place ranks by the device mechanism and build their environment (pure: no tasks, no workflow)
     for file, names in imports_under(HPCDL / "platform" / "rank_runtime").items():
-        allowed = ("hpcdl.platform.rank_runtime", "hpcdl.platform.device")
+        allowed = ("hpcdl.platform.rank_runtime", "hpcdl.platform.device", "hpcdl.platform.procenv")
         bad = sorted(n for n in names if not _within(n, allowed))
         assert not bad, f"hpcdl/{file} imports {bad}"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpcdl.platform.config import ConfigError, validate_config
+from hpcdl.platform.procenv import child_env
 from hpcdl.studies.malleable import cgroups, compute, policies, response
 from hpcdl.studies.malleable.driver import Driver
 from hpcdl.studies.malleable.job import read_log
@@ -352,7 +353,7 @@ def test_read_only_cgroupfs_skips_quota_points_with_the_reason_and_runs_thread_o
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        env=child_env(Path(__file__).parent.parent),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

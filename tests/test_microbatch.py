@@ -18,6 +18,7 @@ import yaml
 from torch import nn
 
 from hpcdl.platform.config import ConfigError, load_config
+from hpcdl.platform.procenv import child_env
 from hpcdl.studies.microbatch import ilp
 from hpcdl.studies.microbatch.algorithms import ALGORITHMS, ALL_KERNELS, FUSED, KERNELS, KernelCall, verify
 from hpcdl.studies.microbatch.bench import benchmark_layer
@@ -376,7 +377,7 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
     }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "HPCDL_PROGRESS": "0", "PYTHONPATH": str(REPO)}
+    env = child_env(REPO, HPCDL_PROGRESS="0")
     proc = subprocess.run(
         [sys.executable, "-m", "tasks.microbatch", "--config", str(path)],
         cwd=REPO,

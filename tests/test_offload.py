@@ -4,7 +4,6 @@ budget, bytes moved, the capacity search, bad input and faults, and the task app
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -18,6 +17,7 @@ import yaml
 
 from hpcdl.platform.claims import write_claims
 from hpcdl.platform.config import ConfigError, validate_config
+from hpcdl.platform.procenv import child_env
 from hpcdl.studies.offload import claims as offload_claims
 from hpcdl.studies.offload import figures, tables
 from hpcdl.studies.offload.accounting import BudgetExceeded, TensorTooLarge
@@ -241,7 +241,7 @@ def test_full_or_read_only_slow_tier_names_the_path_and_leaves_nothing(tmp_path,
         capture_output=True,
         text=True,
         cwd=repo,
-        env={**os.environ, "PYTHONPATH": str(repo)},
+        env=child_env(repo),
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -269,7 +269,7 @@ def test_an_interrupted_run_leaves_no_stale_offload_files_after_the_next_run(tmp
         capture_output=True,
         text=True,
         cwd=repo,
-        env={**os.environ, "PYTHONPATH": str(repo)},
+        env=child_env(repo),
         timeout=120,
     )
     assert proc.returncode == -signal.SIGKILL
@@ -291,7 +291,7 @@ def test_task_app_end_to_end_tables_figures_claims(tmp_path, repo, test_config):
     cfg["offload"] = {**cfg["offload"], "model": {**cfg["offload"]["model"], "depths": [3]}}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "PYTHONPATH": str(repo), "HPCDL_PROGRESS": "0"}
+    env = child_env(repo, HPCDL_PROGRESS="0")
     run = subprocess.run(
         [sys.executable, "-m", "tasks.offload", "--config", str(path)],
         cwd=repo,

@@ -27,6 +27,7 @@ import yaml
 from raw_tables import assert_same_raw_tables
 
 from hpcdl.platform.config import STUDIES  # the registry's: a new study is checked here or fails below
+from hpcdl.platform.procenv import child_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,9 +76,9 @@ def test_every_registered_study_has_its_intended_tasks_and_units():
     assert not any(missing.values()), f"registered studies with no conformance entry: {missing}"
 
 
-def _env(**extra) -> dict:
+def _env(*pythonpath, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HPCDL_") or k == "HPCDL_PYCOMPSS_BINDING"}
-    return {**env, "HPCDL_PROGRESS": "0", "MPLBACKEND": "Agg", **extra}
+    return child_env(*pythonpath, base=env, **{"HPCDL_PROGRESS": "0", "MPLBACKEND": "Agg", **extra})
 
 
 def _conformance_config(tmp_path: Path, test_config: dict, name: str, runtime: str) -> Path:
@@ -179,7 +180,7 @@ def test_sequential_binding_writes_the_local_backends_tables(study, tmp_path, te
     _run_app(study, local_cfg, _env(HPCDL_RUNTIME="local"))
     # Sequential mode runs tasks in the main process: give torch the threads a local worker gets.
     units = str(CONFIGURED_UNITS[study]) if study in ("checkpoint", "hpo", "offload") else "1"
-    proc = _run_app(study, seq_cfg, _env(HPCDL_RUNTIME="pycompss", PYTHONPATH=f"{BINDING}:{REPO}",
+    proc = _run_app(study, seq_cfg, _env(BINDING, REPO, HPCDL_RUNTIME="pycompss",
                                          OMP_NUM_THREADS=units))
     assert f"[{study}] task backend pycompss-sequential" in proc.stderr
     local_raw, seq_raw = tmp_path / "L" / study / "raw", tmp_path / "S" / study / "raw"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from hpcdl.platform.procenv import child_env
 from hpcdl.platform.task_runtime.app import RuntimeSelectionError, check_backend
 from hpcdl.platform.task_runtime.backend import BackendInfo, detect
 from hpcdl.platform.task_runtime.units import UnitsError, apply_units, resolve
@@ -23,9 +24,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _no_binding_env(**extra) -> dict:
+    """This environment without HPCDL_ settings and without a PyCOMPSs binding on PYTHONPATH (carried
+    packages stay: the GPU image needs them)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HPCDL_")}
-    env.pop("PYTHONPATH", None)
-    return {**env, "HPCDL_PROGRESS": "0", **extra}
+    binding = [e for e in env.get("PYTHONPATH", "").split(os.pathsep)
+               if e and (Path(e) / "pycompss").is_dir()]
+    return child_env(base=env, drop=binding, HPCDL_PROGRESS="0", **extra)
 
 
 def test_without_the_binding_the_local_backend_is_chosen_and_says_why():

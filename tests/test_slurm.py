@@ -30,6 +30,7 @@ import pandas as pd
 import pytest
 from slurm_cluster import slurm_cluster, slurm_two_nodes, unavailable  # noqa: F401  (session fixtures)
 
+from hpcdl.platform.procenv import pythonpath
 from hpcdl.platform.slurm import SLURM_CLIENTS, SlurmUnavailable, require_slurm, require_slurm_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +46,7 @@ SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+)")
 def job_env(path: str | None = None) -> dict:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{path or env['PATH']}"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = pythonpath(REPO, base=env.get("PYTHONPATH", ""))
     env.pop("SLURM_JOB_ID", None)  # never nest inside an outer allocation
     for var in ("HPCDL_SLURM_PARTITION", "HPCDL_SLURM_ACCOUNT"):  # the test cluster has its own default
         env.pop(var, None)
@@ -269,7 +270,7 @@ def run_across_nodes(two_nodes, workdir: Path, target: str, nprocs: int, kwargs:
     spec.write_bytes(pickle.dumps({"target": target, "nprocs": nprocs, "kwargs": kwargs,
                                    "timeout_s": timeout_s - 30}))
     env = job_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(SLURM_TESTS), env["PYTHONPATH"]])   # node_ranks
+    env["PYTHONPATH"] = pythonpath(SLURM_TESTS, base=env["PYTHONPATH"])   # node_ranks
     env.pop("HPCDL_LAUNCHER", None)   # the job's ranks must come from srun
     cmd = ["sbatch", "--parsable", "-J", f"hpcdl-{workdir.name}", "-p", two_nodes.partition,
            "-N", str(len(two_nodes.nodes)), *sbatch_layout, "--time=10", f"--chdir={workdir}",

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from hpcdl.platform.config import STUDIES, load_config, load_schema
+from hpcdl.platform.procenv import child_env
 from hpcdl.platform.study import StudySpec, registered
 
 REPO = Path(__file__).resolve().parent.parent
@@ -236,8 +237,8 @@ def test_a_new_study_needs_only_its_own_files(tmp_path):
     config = tmp_path / "toy.yaml"
     config.write_text(f"results_dir: {tmp_path / 'results'}\nstudies: [toy, toy2]\ntoy: {{xs: [3, 1, 2]}}\n"
                       "toy2: {xs: [5, 4]}\n")
-    env = {**os.environ, "PYTHONPATH": str(copy), "HPCDL_PROGRESS": "0",
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = child_env(copy, drop=[REPO], HPCDL_PROGRESS="0",
+                    PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     run = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(copy / "Snakefile"), "--directory",
                           str(copy), "--cores", "1", "--configfile", str(config)], cwd=copy, env=env,
                          capture_output=True, text=True, timeout=600)

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hpcdl.platform.procenv import PACKAGE_ROOT, child_env
+
 
 class RankFailure(RuntimeError):
     """A multi-rank job failed or timed out; the message carries each rank's stderr tail."""
@@ -204,7 +206,7 @@ def _launch(target: str, nprocs: int, workdir: Path, *, slurm: bool, timeout_s: 
             threads_per_rank: int, device: str, gpu_sharing: bool, keep_heap: bool) -> list:
     master_addr = slurm_master_addr() if slurm else "127.0.0.1"
     port = free_port()
-    env = {**(RANK_MALLOC_ENV if keep_heap else {}), **os.environ}
+    env = child_env(PACKAGE_ROOT, base={**(RANK_MALLOC_ENV if keep_heap else {}), **os.environ})
     threads = str(max(1, int(threads_per_rank)))
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                HPCDL_THREADS_PER_RANK=threads, MASTER_ADDR=master_addr,

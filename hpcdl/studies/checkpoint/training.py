@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hpcdl.platform.procenv import PACKAGE_ROOT, child_env
 from hpcdl.studies.checkpoint import integrity, saver, state
 
 
@@ -205,7 +206,7 @@ def _in_fresh_process(phase: str, root: Path, spec: TrainSpec, steps: int, devic
                       timeout_s: float) -> dict:
     cmd = [sys.executable, "-m", "hpcdl.studies.checkpoint.training", "--phase", phase, "--root", str(root),
            "--spec", json.dumps(asdict(spec)), "--steps", str(steps), "--device", device, "--format", fmt]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(GPU_DETERMINISTIC_ENV if device == "cuda" else {})}
+    env = child_env(PACKAGE_ROOT, OMP_NUM_THREADS="1", **(GPU_DETERMINISTIC_ENV if device == "cuda" else {}))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{phase} process for format {fmt} failed (exit {proc.returncode}):\n"

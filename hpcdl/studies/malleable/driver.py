@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from hpcdl.platform.procenv import PACKAGE_ROOT, child_env
 from hpcdl.studies.malleable import cgroups
 
 QUOTA_KINDS = ("oversub",)
@@ -104,7 +105,7 @@ class Driver:
             start_new_session=True,
             stdout=self.stderr,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": _pythonpath()},
+            env=child_env(PACKAGE_ROOT),
         )
 
     def finish(self, timeout_s: float | None = None) -> int | None:
@@ -145,11 +146,6 @@ def _wait_group_gone(pgid: int, timeout_s: float = 10.0) -> None:
     while group_members(pgid) and time.monotonic() < deadline:
         time.sleep(0.05)
 
-
-def _pythonpath() -> str:
-    repo = str(Path(__file__).resolve().parents[3])
-    rest = os.environ.get("PYTHONPATH", "")
-    return repo + (os.pathsep + rest if rest else "")
 
 
 def run_point(point: dict, period_us: int, timeout_s: float) -> dict:
