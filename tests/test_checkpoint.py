@@ -83,6 +83,73 @@ def test_async_save_persists_the_snapshot_not_later_updates(tmp_path, fmt):
 
 
 @pytest.mark.parametrize("fmt", ALL)
+def test_one_async_saver_snapshots_into_the_same_buffers_save_after_save(tmp_path, fmt):
+    """CheckFreq's phase 1 copies into the saver's own preallocated snapshot, for DCP as for the
+    others, and one saver serves many saves: on the GPU image's torch 2.11, a saver whose snapshot
+    was DCP's stager failed its first save after prepare(), the stager's second use. Saves 1 and 3
+    start while the previous persist may still run (save() waits for it), 0 and 2 are waited for."""
+    flat = small_state()
+    ck = saver.AsyncCheckpointer(tmp_path, fmt)
+    ck.prepare(flat)
+    ptrs = {k: b.data_ptr() for k, b in ck.snapshot.buffers.items()}
+    assert ptrs.keys() == flat.keys()
+    wants = []
+    for i in range(4):
+        wants.append({k: v.clone() for k, v in flat.items()})
+        blocking = ck.save(flat, f"step-{i}")
+        for t in flat.values():  # training changes the state in place while the persist runs
+            t.mul_(2).add_(1)
+        assert {k: b.data_ptr() for k, b in ck.snapshot.buffers.items()} == ptrs  # reused, not new
+        if i % 2 == 0:
+            timing = ck.wait()
+            assert timing.path == tmp_path / f"step-{i}" and timing.blocking_s == blocking
+            # recorded: training resumed at the snapshot's end, before the persist committed
+            assert 0 <= timing.snapshot_s <= timing.blocking_s < timing.commit_s
+            assert timing.persist_s > 0 and timing.durable_s <= timing.commit_s
+            assert timing.commit_s == pytest.approx(timing.blocking_s + timing.persist_s, abs=1e-6)
+    ck.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"step-{i}" for i in range(4)]
+    for i, want in enumerate(wants):  # each checkpoint holds the state at its own save
+        assert_same(saver.load(tmp_path / f"step-{i}"), want)
+
+
+def test_async_dcp_saves_on_ranks_keep_off_the_training_process_group(tmp_path):
+    """With a process group initialised (2 gloo ranks) each rank's background DCP save runs alone,
+    beside the main thread's all-reduces on the default group, and commits that rank's own state
+    whole in that rank's own directory."""
+    from hpcdl.platform.rank_runtime.launch import run_ranks
+
+    out = run_ranks("checkpoint_rank_probes:async_dcp_saves_beside_collectives", 2,
+                    {"root": str(tmp_path), "saves": 3, "reduces": 20}, timeout_s=180)
+    for r, res in enumerate(out):
+        assert res["rank"] == r and res["world"] == 2
+        assert res["mismatched"] == [], res
+        assert res["entries"] == ["step-0", "step-1", "step-2"]
+        assert res["w_after"] == r + 3 * 20 * 2.0  # every all-reduce summed both ranks' ones
+
+
+def test_the_checkpoint_package_uses_no_dcp_staging_api():
+    """The async DCP save stages into the study's own snapshot and persists with dcp.save. DCP's
+    stagers / async_save changed between torch 2.11 (the GPU image: a reused stager raised
+    KeyError: <class 'type'>) and 2.13 (the CPU venv), so the package must not come to rely on
+    them again; a CPU run alone would not notice."""
+    import ast
+    from pathlib import Path
+
+    import hpcdl.studies.checkpoint as pkg
+
+    found = []
+    for path in sorted(Path(pkg.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = {ast.Name: lambda n: [n.id], ast.Attribute: lambda n: [n.attr],
+                     ast.alias: lambda n: [n.name, n.asname or ""],
+                     ast.ImportFrom: lambda n: [n.module or ""]}.get(type(node), lambda n: [])(node)
+            found += [f"{path.name}:{node.lineno}: {name}" for name in names
+                      if any(bad in name.lower() for bad in ("stager", "async_save", "staging"))]
+    assert found == [], f"DCP staging API used (breaks on torch 2.11, see saver's docstring): {found}"
+
+
+@pytest.mark.parametrize("fmt", ALL)
 def test_flipped_byte_fails_load_naming_the_file(tmp_path, fmt):
     t = saver.save(small_state(), tmp_path, "ck", fmt)
     victim = max(integrity.payload_files(t.path), key=lambda p: p.stat().st_size)

@@ -257,18 +257,25 @@ def test_the_snapshot_of_gpu_state_is_a_pinned_copy_into_reused_buffers():
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", ALL)
 def test_async_save_of_gpu_state_blocks_for_the_snapshot_only(tmp_path, fmt):
+    """Every format, DCP included (torch 2.11 broke DCP's own staging on a saver's second use),
+    snapshots into the saver's reused pinned buffers, save after save."""
     flat = _gpu_state()
-    want = {k: t.cpu() for k, t in flat.items()}
     ck = saver.AsyncCheckpointer(tmp_path, fmt)
     ck.prepare(flat)
-    blocking = ck.save(flat, "a")
-    for t in flat.values():
-        t.mul_(-1)
-    timing = ck.wait()
-    assert timing.blocking_s == blocking and 0 < timing.snapshot_s <= blocking
-    assert timing.persist_s > 0 and timing.commit_s == pytest.approx(blocking + timing.persist_s, abs=1e-6)
-    back = saver.load(timing.path)
-    assert all(torch.equal(back[k], want[k]) for k in want)
+    assert ck.snapshot.pinned and all(b.is_pinned() for b in ck.snapshot.buffers.values())
+    ptrs = {k: b.data_ptr() for k, b in ck.snapshot.buffers.items()}
+    for i in range(3):
+        want = {k: t.cpu() for k, t in flat.items()}
+        blocking = ck.save(flat, f"s{i}")
+        for t in flat.values():  # training overwrites the GPU state as soon as save() returns
+            t.mul_(-1).add_(1)
+        timing = ck.wait()
+        assert timing.blocking_s == blocking and 0 < timing.snapshot_s <= blocking
+        assert timing.persist_s > 0
+        assert timing.commit_s == pytest.approx(blocking + timing.persist_s, abs=1e-6)
+        assert {k: b.data_ptr() for k, b in ck.snapshot.buffers.items()} == ptrs
+        back = saver.load(timing.path)
+        assert all(torch.equal(back[k], want[k]) for k in want), f"save {i}"
 
 
 @pytest.mark.cuda

@@ -3,7 +3,7 @@
     formats      torch.save / safetensors / DCP / HDF5 / npz writers and readers
     state        nested training state <-> flat tensors any format can hold
     integrity    temp dir + fsync + rename commit, sha256 manifest, verification
-    saver        synchronous saves, CheckFreq-style async saves (DCP async_save), verified loads
+    saver        synchronous saves, CheckFreq-style async saves (DCP's included), verified loads
     instruments  synthetic state, storage ceiling, peak RSS and scratch budget of an I/O point
     compute      what the task app's task bodies run: one (format, mode, size) I/O point, and the
                  DCP-ranks point, resume check and overhead run it exposes from the two below

@@ -82,12 +82,30 @@ def dcp_no_dist() -> bool:
     return not (dist.is_available() and dist.is_initialized())
 
 
+_DCP_SINGLE_PROCESS = ".*torch.distributed is disabled.*"
+
+
 @contextmanager
 def quiet_dcp():
     """DCP warns on every call that it runs without a process group; here that is intended."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        warnings.filterwarnings("ignore", message=_DCP_SINGLE_PROCESS)
         yield
+
+
+def ignore_dcp_single_process_warning() -> None:
+    """Silence that warning process-wide, for DCP saves run on a background thread: catch_warnings
+    swaps the global filter list, which is not thread-safe, so a thread cannot scope it."""
+    warnings.filterwarnings("ignore", message=_DCP_SINGLE_PROCESS)
+
+
+def dcp_write_alone(flat: dict, d: Path) -> None:
+    """DCP's public writer into directory `d`, by this process alone: no collective on any process
+    group, so it may run on a background thread while training uses the default group. It does not
+    touch the warning filters (see ignore_dcp_single_process_warning)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(flat, storage_writer=dcp.FileSystemWriter(str(d)), no_dist=True)
 
 
 def _dcp_write(flat: dict, d: Path) -> None:

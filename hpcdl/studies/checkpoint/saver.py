@@ -3,13 +3,17 @@
 Synchronous: write + fsync + manifest + rename while training waits. State on the GPU is first
 copied to host memory (fresh pageable memory, as `torch.save` of CUDA tensors does), inside the
 timed save: on CUDA the device-to-host copy is part of what a synchronous save costs.
-Asynchronous: phase 1 (blocking) copies the state into preallocated host buffers, pinned where
-the state is on the GPU (a D2H DMA into page-locked memory, bracketed by CUDA events and waited
-for, so training may overwrite the weights as soon as it returns); phase 2 persists that snapshot
-in a background thread through the same commit path. DCP uses its own `async_save` (it stages to
-host memory itself, pinned on the GPU, with its staging buffers cached across saves) and the commit
-runs once its future completes. A new save first waits for the previous persist, as CheckFreq
-does, and that wait counts as blocking. Which path applies follows the device of the tensors given.
+Asynchronous, the same for every format: phase 1 (blocking) copies the state into the saver's
+preallocated host snapshot, reused across saves and pinned where the state is on the GPU (a D2H DMA
+into page-locked memory, bracketed by CUDA events and waited for, so training may overwrite the
+weights as soon as it returns); phase 2 persists that snapshot in a background thread through the
+same commit path. For DCP, phase 2 is DCP's public writer (`dcp.save` into a `FileSystemWriter`)
+run by this process alone, so the background thread never uses a process group training may be
+using. DCP's own async staging (stagers, `async_save`) is deliberately not used: its stager
+lifecycle differs between torch 2.11 and 2.13, and on 2.11 a stager reused across saves raised
+`KeyError: <class 'type'>`, as a closed one does.
+A new save first waits for the previous persist, as CheckFreq does, and that wait counts as
+blocking. Which path applies follows the device of the tensors given.
 """
 
 from __future__ import annotations
@@ -136,43 +140,37 @@ class Snapshot:
 
 
 class AsyncCheckpointer:
-    """Snapshot-then-persist saves into `root`; `wait()` returns the last save's timing."""
+    """Snapshot-then-persist saves into `root`; `wait()` returns the last save's timing.
+    `snapshot` holds the host buffers every save of this saver copies into."""
 
     def __init__(self, root: Path, fmt: str) -> None:
         self.root, self.fmt = Path(root), fmt
         formats.get(fmt)
-        self._snapshot = Snapshot()
+        self.snapshot = Snapshot()
         self._thread: threading.Thread | None = None
         self._result: SaveTiming | BaseException | None = None
-        self._dcp_stager = None
 
     def prepare(self, flat: dict) -> None:
         """Allocate the snapshot buffers up front (CheckFreq does this once at start-up)."""
-        if self.fmt == "dcp":
-            self._stager(flat).stage(flat)
-        else:
-            self._snapshot.prepare(flat)
+        self.snapshot.prepare(flat)
 
     def save(self, flat: dict, name: str) -> float:
         """Start a save; returns the blocking seconds (including waiting for the previous persist)."""
         settle(flat)
         t0 = time.perf_counter()
-        self._join()
+        self._join()  # the snapshot buffers are free again once the previous persist is done
         if isinstance(self._result, BaseException):
             raise self._result
         tmp = integrity.new_tmp_dir(self.root, name)
         final = self.root / name
         t_snap = time.perf_counter()
-        if self.fmt == "dcp":
-            future = self._dcp_async_save(flat, tmp)  # stages synchronously: the snapshot phase
-            target, args = self._finish_dcp, (future, tmp, final)
-        else:
-            snap = self._snapshot.take(flat)
-            target, args = self._persist, (snap, tmp, final)
+        snap = self.snapshot.take(flat)
         done = time.perf_counter()
         blocking, snapshot = done - t0, done - t_snap
+        if self.fmt == "dcp":
+            formats.ignore_dcp_single_process_warning()  # here, on the main thread
         self._result = None
-        self._thread = threading.Thread(target=self._guard, args=(target, args, tmp, t0, done, snapshot),
+        self._thread = threading.Thread(target=self._persist, args=(snap, tmp, final, t0, done, snapshot),
                                         daemon=True)
         self._thread.start()
         return blocking
@@ -188,42 +186,18 @@ class AsyncCheckpointer:
             self._thread.join()
             self._thread = None
 
-    def _guard(self, target, args, tmp: Path, t0: float, returned: float, snapshot: float) -> None:
+    def _persist(self, snap: dict, tmp: Path, final: Path, t0: float, returned: float,
+                 snapshot: float) -> None:
+        """Phase 2, on the background thread: write the snapshot, then commit it."""
         try:
-            c = target(*args)
-            # the persist phase runs from the snapshot's end (DCP's writer starts there, not here)
+            if self.fmt == "dcp":
+                formats.dcp_write_alone(snap, tmp)
+            else:
+                formats.get(self.fmt).write(snap, tmp)
+            c = integrity.commit(tmp, final, self.fmt)
             self._result = SaveTiming(c.path, c.file_bytes, returned - t0, c.durable_at - t0,
                                       c.committed_at - t0, snapshot_s=snapshot,
                                       persist_s=c.committed_at - returned)
         except BaseException as e:  # surfaced by the next save() or wait()
             shutil.rmtree(tmp, ignore_errors=True)
             self._result = e
-
-    def _persist(self, snap: dict, tmp: Path, final: Path) -> integrity.Commit:
-        formats.get(self.fmt).write(snap, tmp)
-        return integrity.commit(tmp, final, self.fmt)
-
-    def _dcp_async_save(self, flat: dict, tmp: Path):
-        import torch.distributed.checkpoint as dcp
-
-        with formats.quiet_dcp():
-            return dcp.async_save(flat, storage_writer=dcp.FileSystemWriter(str(tmp)),
-                                  async_stager=self._stager(flat), no_dist=formats.dcp_no_dist())
-
-    def _stager(self, flat: dict):
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-        if self._dcp_stager is None:
-            # Staging whose buffers DCP caches across saves: its counterpart of CheckFreq's
-            # preallocated snapshot. Synchronous (staging is the blocking phase); plain CPU memory for
-            # CPU state, pinned memory and stream-synchronised non-blocking copies for GPU state.
-            gpu = on_gpu(flat)
-            self._dcp_stager = DefaultStager(StagingOptions(
-                use_pinned_memory=gpu, use_shared_memory=False, use_async_staging=False,
-                use_non_blocking_copy=gpu))
-        return self._dcp_stager
-
-    def _finish_dcp(self, future, tmp: Path, final: Path) -> integrity.Commit:
-        with formats.quiet_dcp():  # DCP's writer thread warns while this waits
-            future.result()
-        return integrity.commit(tmp, final, self.fmt)
