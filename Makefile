@@ -12,7 +12,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export MPLBACKEND := Agg
 
 .PHONY: figures report test test-fast lint bench data browser tools clean gpu gpu-carry gpu-setup gpu-calibrate \
-	gpu-tests gpu-studies
+	gpu-tests gpu-studies gpu-plan gpu-smoke
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -80,67 +80,45 @@ bench: $(STAMP) data
 	for b in benchmarks/bench_*.py; do python $$b || exit 1; done
 
 # ---- the GPU (docs/architecture.md, "Devices") ----
-# Every GPU step of the project, in order, on a machine with a CUDA GPU, run with that machine's own
-# torch ($(GPU_PY); no venv: the CPU wheel of requirements.txt would replace its CUDA build). What the
-# image lacks comes from `make gpu-carry`, run beforehand where PyPI is reachable (.gpu-carry/: wheels
-# and Fashion-MNIST). `make gpu` = gpu-calibrate, gpu-tests, gpu-studies (every study under
-# configs/gpu.yaml and its report), each also a target of its own that sets the machine up first, so
-# a device lent in 10-minute calls runs `make gpu-calibrate gpu-tests` in one and `make gpu-studies`
-# in the next (split by GPU_STUDIES over two calls where eight studies do not fit one). What must be committed afterwards lands in $(GPU_RECORDS)/; within a step a failure
-# does not stop what follows (one call should show everything), and the step fails at its end.
-# `--resources gpu=<GPUs here>`: no two GPU studies share a GPU at once (Snakemake caps a rule that
-# asks for more, so one GPU runs them one after another).
+# Every GPU step of the project in one device call of at most 9 minutes, each step under its own
+# limit, ending in one archive $(GPU_RECORDS).tgz (envs/gpu_run.py; `make gpu-plan` prints the step
+# budget). Run with that machine's own torch ($(GPU_PY), reached through a wrapper script; no venv: the
+# CPU wheel of requirements.txt would replace its CUDA build). What the image lacks comes from `make
+# gpu-carry`, run beforehand where PyPI is reachable (.gpu-carry/: wheels and Fashion-MNIST, < 50 MiB).
+# `make gpu-studies` runs the studies the first call had no time for (GPU_STUDIES="a b": a subset).
+# `make gpu-smoke` proves the same plumbing on this CPU, and CI runs it (tests/test_gpu_smoke.py).
 GPU_PY ?= python3
 GPU_RECORDS ?= gpu-records
-# a subset of configs/gpu.yaml's studies for gpu-studies (e.g. GPU_STUDIES="spatial shuffle"), where
-# all of them do not fit one call; empty: every study
 GPU_STUDIES ?=
-GPU_SELECT = $(if $(strip $(GPU_STUDIES)),--config 'studies=[$(subst $(eval) ,$(comma),$(strip $(GPU_STUDIES)))]')
-comma := ,
 GPU_CARRY ?= .gpu-carry
-GPU_ENV = PATH="$(abspath .gpu-bin):$$PATH" PYTHONPATH="$(abspath $(GPU_CARRY))/site:$(CURDIR)" MPLBACKEND=Agg
+GPU_SMOKE_STUDIES ?= microbatch
+GPU_RUN = python3 envs/gpu_run.py --python $(GPU_PY) --records $(GPU_RECORDS) --carry $(GPU_CARRY) \
+	--fashion-mnist $(FASHION_MNIST)
 
 gpu-carry: $(STAMP) data
 	$(PY) envs/gpu_carry.py --out $(GPU_CARRY) --data $(FASHION_MNIST)
 
-gpu: gpu-calibrate gpu-tests gpu-studies  # in this order (no -j)
+gpu:
+	$(GPU_RUN) --studies "$(GPU_STUDIES)"
+
+gpu-plan:
+	python3 envs/gpu_run.py --plan
 
 gpu-setup:
-	@$(GPU_PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make gpu: torch sees no CUDA GPU here")'
-	mkdir -p $(GPU_RECORDS) .gpu-bin
-	ln -sfn "$$(command -v $(GPU_PY))" .gpu-bin/python
-	if ls $(GPU_CARRY)/wheels/*.whl >/dev/null 2>&1; then \
-	  $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-	    --target $(GPU_CARRY)/site $(GPU_CARRY)/wheels/*.whl; fi
-	if [ ! -e $(FASHION_MNIST)/train-images-idx3-ubyte.gz ] && [ -d $(GPU_CARRY)/fashion-mnist ]; then \
-	  mkdir -p $(FASHION_MNIST) && cp $(GPU_CARRY)/fashion-mnist/* $(FASHION_MNIST)/; fi
-	$(GPU_ENV) $(GPU_PY) -c 'from hpcdl.platform.device import cuda_record; import json; print(json.dumps(cuda_record(), indent=1))' \
-	  | tee $(GPU_RECORDS)/device.json
+	$(GPU_RUN) --steps setup
 
-# The spatial oracle's layer times at the papers' slab shapes (#26), into resources/calibration/
-# (committed from there; the paper predictions of gpu-studies already read it). (The micro-batch
-# cuDNN benchmark joins here.)
-gpu-calibrate: gpu-setup
-	mkdir -p $(GPU_RECORDS)/calibration
-	$(GPU_ENV) $(GPU_PY) -m hpcdl spatial-calibrate --config configs/paper.yaml --device cuda \
-	  --out resources/calibration 2>&1 | tee $(GPU_RECORDS)/spatial-calibrate.log; rc=$${PIPESTATUS[0]}; \
-	cp resources/calibration/*.csv resources/calibration/*.provenance.json $(GPU_RECORDS)/calibration/ \
-	  2>/dev/null || true; exit $$rc
+gpu-calibrate:
+	$(GPU_RUN) --steps setup,calibrate
 
-gpu-tests: gpu-setup
-	$(GPU_ENV) $(GPU_PY) -m pytest -m cuda -p no:cacheprovider -rs tests 2>&1 | tee $(GPU_RECORDS)/cuda-tests.log; \
-	  exit $${PIPESTATUS[0]}
+gpu-tests:
+	$(GPU_RUN) --steps setup,tests
 
-gpu-studies: gpu-setup
-	rc=0; \
-	$(GPU_ENV) $(GPU_PY) -m snakemake --cores all --configfile configs/gpu.yaml $(GPU_SELECT) --rerun-incomplete \
-	  --resources gpu=$$(nvidia-smi -L | grep -c '^GPU') --keep-going --printshellcmds 2>&1 \
-	  | tee $(GPU_RECORDS)/workflow.log; rc=$$((rc | $${PIPESTATUS[0]})); \
-	$(GPU_ENV) $(GPU_PY) -m snakemake --cores 1 --configfile configs/gpu.yaml $(GPU_SELECT) \
-	  --report $(GPU_RECORDS)/report.html >>$(GPU_RECORDS)/workflow.log 2>&1 || rc=1; \
-	for d in results-gpu/*/; do s=$$(basename $$d); mkdir -p $(GPU_RECORDS)/$$s; \
-	  cp $$d/claims.json $$d/tables/*.csv $$d/tables/*.provenance.json $(GPU_RECORDS)/$$s/ 2>/dev/null || true; done; \
-	exit $$rc
+gpu-studies:
+	$(GPU_RUN) --steps setup,studies --studies "$(GPU_STUDIES)"
+
+gpu-smoke: $(STAMP) data
+	$(PY) envs/gpu_run.py --smoke --records $(GPU_RECORDS)-smoke --fashion-mnist $(FASHION_MNIST) \
+	  --studies "$(GPU_SMOKE_STUDIES)"
 
 clean:
 	rm -rf results .snakemake

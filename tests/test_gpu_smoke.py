@@ -1,0 +1,100 @@
+"""`make gpu`'s plumbing on the CPU (#42): what broke on the first H200 run, proven here.
+
+The smoke rebuilds the GPU image's Python situation (envs/gpu_smoke_env.py): an interpreter in a venv
+of its own, and the packages the image lacks on PYTHONPATH from a carried site directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from hpcdl.platform.procenv import child_env
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "envs"))
+import gpu_run  # noqa: E402
+
+
+def test_the_plan_is_one_call_of_at_most_nine_minutes_with_a_limit_per_step():
+    out = subprocess.run([sys.executable, str(REPO / "envs" / "gpu_run.py"), "--plan"], capture_output=True,
+                         text=True, check=True).stdout
+    budgets = dict(re.findall(r"^\s+(\w+)\s+(\d+) s", out, re.M))
+    assert set(budgets) == {"setup", "tests", "engines", "calibrate", "studies", "total"}
+    assert int(budgets["total"]) == sum(int(v) for k, v in budgets.items() if k != "total") <= 540
+    assert int(budgets["tests"]) <= 210 and int(budgets["calibrate"]) <= 150 and int(budgets["engines"]) <= 60
+
+
+def test_the_cuda_tests_are_spread_by_work_stealing_and_cut_per_test():
+    """Defect 6: with --dist loadfile one worker ran all five checkpoint resume tests (122 s)."""
+    argv = [str(a) for a in gpu_run.cuda_tests_argv("py", 6)]
+    assert argv[argv.index("--dist") + 1] == "worksteal" and argv[argv.index("-n") + 1] == "6"
+    assert argv[argv.index("-m", 2) + 1] == "cuda" and "--timeout" in argv
+
+
+def test_an_unknown_step_is_refused_by_name():
+    proc = subprocess.run([sys.executable, str(REPO / "envs" / "gpu_run.py"), "--steps", "setup,bogus",
+                           "--plan"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "bogus" in proc.stderr
+
+
+def _imports(python: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([python, "-c", "import pandas, torch, jsonschema, snakemake"], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_wrapper_keeps_the_image_venv_where_a_symlink_loses_it(tmp_path):
+    """Defect 1: `.gpu-bin/python` was a symlink to the image's venv interpreter, which then found no
+    pyvenv.cfg and ran without the venv's packages. The setup step writes a wrapper that execs it."""
+    records = tmp_path / "records"
+    proc = subprocess.run([sys.executable, str(REPO / "envs" / "gpu_run.py"), "--smoke", "--steps", "setup",
+                           "--records", str(records)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    wrapper = REPO / ".gpu-smoke" / "bin" / "python"
+    assert wrapper.read_text().startswith("#!/bin/sh\nexec ") and not wrapper.is_symlink()
+    env = child_env(REPO / ".gpu-smoke" / "carry-site", REPO)
+    assert _imports(str(wrapper), env).returncode == 0
+    image_python = REPO / ".gpu-smoke" / "image-venv" / "bin" / "python"
+    link = tmp_path / "bin" / "python"
+    link.parent.mkdir()
+    link.symlink_to(image_python)
+    lost = _imports(str(link), env)
+    assert lost.returncode != 0 and "No module named" in lost.stderr
+    # the carried packages come only from PYTHONPATH: without it the image lacks jsonschema
+    no_carry = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    bare = _imports(str(wrapper), child_env(REPO, base=no_carry))
+    assert bare.returncode != 0 and "jsonschema" in bare.stderr
+    device = json.loads((records / "device.json").read_text())
+    assert device["device"] == "cpu" and device["torch"].split("+")[0] and device["python"].endswith("python")
+
+
+@pytest.mark.slow
+def test_make_gpu_smoke_runs_every_step_and_archives_the_records(tmp_path):
+    records = tmp_path / "gpu-records"
+    proc = subprocess.run(["make", "--no-print-directory", "gpu-smoke", f"GPU_RECORDS={records}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    smoke = tmp_path / "gpu-records-smoke"   # the Makefile's suffix: a real run's records stay apart
+    summary = {s["step"]: s for s in json.loads((smoke / "summary.json").read_text())}
+    assert set(summary) == {"setup", "tests", "engines", "calibrate", "studies"}
+    assert all(s["exit"] == 0 for s in summary.values()), summary
+    calibrate_log = (smoke / "spatial-calibrate.log").read_text()
+    assert "killed with" in calibrate_log and "resumed to" in calibrate_log   # defect 4's kill and resume
+    assert "needs CUDA" in (smoke / "engines.log").read_text()
+    assert not list((smoke / "engines").glob("*.csv"))
+    claims = json.loads((smoke / "microbatch" / "claims.json").read_text())
+    assert claims and (smoke / "microbatch" / "layer_speedup.csv").exists()
+    archive = smoke.with_suffix(".tgz")
+    assert archive.stat().st_size <= 16 * 2**20
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert {f"{smoke.name}/device.json", f"{smoke.name}/summary.json",
+            f"{smoke.name}/microbatch/claims.json"} <= names
+    assert records.exists() is False   # nothing written where a real run's records go
