@@ -1,10 +1,12 @@
-"""μ-cuDNN's own setting on CUDA (issue 27): cuDNN engines by id under workspace limits.
+"""μ-cuDNN's own setting on CUDA (issues 27, 42): cuDNN engines by id under workspace limits.
 
 CPU tests: the limit planner (hpcdl.studies.microbatch.limits) on HAND-MADE engine tables - the
 numbers below are invented so that the expected plans can be worked out by hand, not measured -,
 the config keys, and that the CPU path never imports the cuDNN frontend binding. `cuda` tests: plan
-enumeration, every plan run by id against torch's convolution, the recorded plan names, and the
-benchmark table planned end to end.
+enumeration, every plan run by id against torch's convolution, the recorded plan names, graphs
+declaring a misaligned input's real alignment (AlexNet's conv1 at 227x227 included), and the
+benchmark table planned end to end. The alignment arithmetic and the run/skip decision are tested on
+the CPU in test_microbatch_alignment.py, the engine-table driver in test_microbatch_engine_table.py.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import pandas as pd
 import pytest
 
 from hpcdl.platform.config import ConfigError, validate_config
+from hpcdl.studies.microbatch import alignment as al
 from hpcdl.studies.microbatch import limits
 from hpcdl.studies.microbatch.cudnn_engines import PACKAGE, enabled
 from hpcdl.studies.microbatch.dp import WorkspaceError
+from hpcdl.studies.microbatch.workloads import alexnet
 
 MiB = 2**20
 B = 4
@@ -198,7 +202,11 @@ def test_missing_binding_names_the_package():
         binding()
 
 
-@pytest.mark.skip(reason="needs a recorded H100 table (tests/data/microbatch_cudnn_h100.csv, from a GPU run)")
+@pytest.mark.skip(
+    reason="needs a recorded H100 table (tests/data/microbatch_cudnn_h100.csv, from a GPU run of python -m "
+    "hpcdl.studies.microbatch.engine_table --config configs/gpu.yaml "
+    "--out 'tests/data/microbatch_cudnn_{gpu}.csv'; read it with engine_table.load(path, network))"
+)
 def test_planner_on_recorded_h100_table():
     """To be written on the recorded table: the planner's choices under 8/64/512 MiB reproduce the
     plans the GPU run executed."""
@@ -247,7 +255,7 @@ def test_plans_enumerate_with_workspace_and_name():
 def test_every_plan_run_by_id_is_exact_and_records_its_name():
     import torch
 
-    from hpcdl.studies.microbatch.cudnn_engines import _inputs, graph_for
+    from hpcdl.studies.microbatch.cudnn_engines import graph_for, inputs_at
     from hpcdl.studies.microbatch.plan_timing import rel_err
 
     call = _small_call()
@@ -256,7 +264,7 @@ def test_every_plan_run_by_id_is_exact_and_records_its_name():
         want = _reference(call, kernel)
         for i, (name, _) in g.plans.items():
             out = call.output(kernel)
-            ran = g.run(i, _inputs(call, kernel, 0, B), out, g.workspace(i))
+            ran = g.run(i, inputs_at(call, kernel, 0, B), out, g.workspace(i))
             torch.cuda.synchronize()
             assert ran == name == g.graph.get_plan_name_at_index(i)
             assert rel_err(out, want) < 1e-5, (kernel, name)
@@ -264,7 +272,8 @@ def test_every_plan_run_by_id_is_exact_and_records_its_name():
 
 @pytest.mark.cuda
 def test_micro_batched_engines_are_exact_and_plan_end_to_end():
-    from hpcdl.studies.microbatch.cudnn_engines import benchmark_layer, run_division
+    from hpcdl.studies.microbatch.cudnn_bench import benchmark_layer
+    from hpcdl.studies.microbatch.cudnn_engines import run_division
     from hpcdl.studies.microbatch.plan_timing import rel_err
 
     call = _small_call()
@@ -283,5 +292,72 @@ def test_micro_batched_engines_are_exact_and_plan_end_to_end():
         for steps in (list(choice.division), [(common[0], 2), (common[0], 2)]):
             by_size = {b: graphs[(kernel, b)] for _, b in steps}
             got, ran = run_division(call, kernel, steps, by_size)
-            assert ran == [e for e, _ in steps]
+            assert ran == [e for e, _ in al.execution_order(steps)]
             assert rel_err(got, _reference(call, kernel)) < 1e-5, (layer, kernel, steps)
+
+
+def _odd_call(layer=None, batch=B):
+    """A 3-channel 7x7 input: 588-byte samples (12 mod 16), as AlexNet's conv1 at 227x227."""
+    from hpcdl.studies.microbatch.algorithms import KernelCall
+    from hpcdl.studies.microbatch.workloads import ConvLayer
+
+    layer = layer or ConvLayer("odd", cin=3, cout=16, height=7, width=7, kh=3, kw=3, stride=1, pad_h=1,
+                               pad_w=1)
+    return KernelCall(layer, batch, "cuda", seed=0)
+
+
+@pytest.mark.cuda
+def test_graphs_declare_a_misaligned_inputs_real_alignment_and_run_at_every_offset():
+    import torch
+
+    from hpcdl.studies.microbatch.cudnn_bench import benchmark_layer
+    from hpcdl.studies.microbatch.cudnn_engines import KernelGraph, graph_for, inputs_at, run_division
+    from hpcdl.studies.microbatch.plan_timing import rel_err
+
+    call = _odd_call()
+    assert call.x[1:].data_ptr() % 16 == 12
+    assert graph_for(call, "forward", 1).alignment == {"x": 4, "w": 16, "y": 16}
+    assert graph_for(call, "backward_data", 2).alignment == {"dy": 16, "w": 16, "dx": 8}
+    assert graph_for(call, "backward_filter", B).alignment == {"x": 16, "dy": 16, "dw": 16}
+    # the frontend's default declaration refuses the view at sample 1 instead of running it
+    g16 = KernelGraph(call.layer, "forward", call.x[:1], call.weight, call.grad_out[:1])
+    i = next(iter(g16.plans))
+    out = call.output("forward")
+    assert g16.problems(inputs_at(call, "forward", 0, 1), out[:1]) == []
+    need = r"x at address 0x[0-9a-f]+ is 4-byte aligned; the graph declares 16"
+    with pytest.raises(ValueError, match=need):
+        g16.run(i, inputs_at(call, "forward", 1, 1), out[1:2], g16.workspace(i))
+    rows, graphs = benchmark_layer(call, [1, 2, 4], repeats=1, warmup=0, max_workspace_bytes=512 * MiB)
+    table = pd.DataFrame(rows)
+    assert (table.loc[table["status"] != "ok", "reason"].str.len() > 0).all()
+    ok = table[table["status"] == "ok"]
+    assert set(zip(ok["kernel"], ok["micro_batch"], strict=True)) == {
+        (k, b) for k in al.ROLES for b in (1, 2, 4)}
+    fwd1 = ok[(ok["kernel"] == "forward") & (ok["micro_batch"] == 1)]
+    assert set(fwd1["alignment"]) == {"x:4 w:16 y:16"}
+    for kernel in al.ROLES:
+        want = _reference(call, kernel)
+        g = graphs[(kernel, 1)]
+        for name in ok.loc[(ok["kernel"] == kernel) & (ok["micro_batch"] == 1), "engine"]:
+            got, ran = run_division(call, kernel, [(name, 1)] * B, {1: g})
+            torch.cuda.synchronize()
+            assert ran == [name] * B and rel_err(got, want) < 1e-5, (kernel, name)
+        both = sorted(set(g.by_name) & set(graphs[(kernel, 2)].by_name))
+        if both:  # 1 + 2 + 1 runs as 2 + 1 + 1: the 2 at sample 0, the 1s at samples 2 and 3
+            steps = [(both[0], 1), (both[0], 2), (both[0], 1)]
+            got, ran = run_division(call, kernel, steps, {1: g, 2: graphs[(kernel, 2)]})
+            assert rel_err(got, want) < 1e-5, (kernel, steps)
+
+
+@pytest.mark.cuda
+def test_alexnet_conv1_at_227_benchmarks_every_offset_without_raising():
+    """The H200 run's crash (conv1 forward b=1 raised from the timing loop), at the same shape."""
+    from hpcdl.studies.microbatch.cudnn_bench import benchmark_layer
+
+    call = _odd_call(alexnet(227)[0], batch=4)
+    rows, _ = benchmark_layer(call, [1, 2, 4], repeats=1, warmup=0, max_workspace_bytes=512 * MiB)
+    table = pd.DataFrame(rows)
+    ok = table[table["status"] == "ok"]
+    assert set(ok["kernel"]) == set(al.ROLES) and set(ok["micro_batch"]) == {1, 2, 4}
+    fwd1 = ok[(ok["kernel"] == "forward") & (ok["micro_batch"] == 1)]
+    assert set(fwd1["alignment"]) == {"x:4 w:16 y:16"} and (fwd1["time_s"] > 0).all()

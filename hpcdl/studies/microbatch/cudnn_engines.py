@@ -16,24 +16,45 @@ the `nvidia-cudnn-frontend` package (Python module `cudnn`, graph API):
 A plan's index is its place in one graph's list, which depends on the shape; its name is the same
 engine at every micro-batch size. Tables therefore key engines by name and record the index too.
 
+Micro-batch offsets (issue 42): a view [s, s + b) starts s samples into its tensor, and a sample
+that is no multiple of 16 bytes (AlexNet's conv1 input at 227x227) leaves views at addresses cuDNN's
+default declaration (16 bytes) does not cover. μ-cuDNN offsets raw pointers through cuDNN's older
+API, which copes with any address; the graph API needs each tensor's alignment declared. Choice:
+plans are picked by the pointers' real alignment, never by copying into an aligned buffer. Each graph
+declares, per tensor, the alignment it has at every offset its micro-batch takes
+(alignment.declared_alignment, set through the frontend's `tensor.set_alignment(bytes)`, the
+Python binding of Tensor_attributes::set_alignment, default 16: cudnn-frontend python/properties.cpp
+since 1.16, include/cudnn_frontend/graph_properties.h), so cuDNN lists only engines valid there and
+each plan runs at every offset as timed. A copy would add a micro-batch of memory and traffic beside
+the workspace the division exists to save (conv1's input at b = 32 is about 19 MiB, over the 8 MiB limit)
+and run at a time nobody benchmarked. `run_division` runs a division largest step first (offsets
+then multiples of each power-of-two size, as benchmarked) and checks every step before any runs.
+
 Nothing here runs on the CPU path: the binding is imported only when a CUDA graph is built. The task
 app does not call this module yet: it is to run it where `enabled(block, device)`
 (microbatch.cudnn.engines and device cuda) once a GPU run has validated it against the binding
-(issue 27). hpcdl.studies.microbatch.limits plans on the tables `benchmark_layer` writes.
+(issue 27). hpcdl.studies.microbatch.cudnn_bench benchmarks a layer's plans into a table, which
+hpcdl.studies.microbatch.limits plans on.
 """
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from hpcdl.studies.microbatch.algorithms import KERNELS, KernelCall
-from hpcdl.studies.microbatch.bench import cuda_peak_extra_bytes, time_rounds
+from hpcdl.studies.microbatch.alignment import (
+    ALLOC_ALIGN,
+    CUDNN_ALIGN,
+    ROLES,
+    Operand,
+    declared_alignment,
+    execution_order,
+    operands,
+    pow2_alignment,
+)
 from hpcdl.studies.microbatch.workloads import ConvLayer
 
 PACKAGE = "nvidia-cudnn-frontend"
-ALIGN = 16  # bytes; cuDNN's engines assume 16-byte aligned tensor addresses
 
 
 def enabled(block: dict, device: str) -> bool:
@@ -117,16 +138,13 @@ def _check_cuda(kernel: str, *tensors: torch.Tensor) -> None:
             )
 
 
-def _aligned(t: torch.Tensor) -> bool:
-    return t.data_ptr() % ALIGN == 0
-
-
 class KernelGraph:
     """One kernel of one layer at micro-batch size `size`: its cuDNN plans, each runnable by index.
 
     Built from example tensors (x: the micro-batch's input, w: the filter, dy: the micro-batch's
     output gradient), whose shapes and strides every later call must share; their addresses may
-    differ (a micro-batch view at another offset runs the same graph).
+    differ (a micro-batch view at another offset runs the same graph) as long as each is aligned to
+    what `alignment` declares for its role (alignment.ROLES; default: the frontend's 16 bytes).
     """
 
     def __init__(
@@ -137,10 +155,13 @@ class KernelGraph:
         w: torch.Tensor,
         dy: torch.Tensor,
         tf32: bool = False,
+        alignment: dict[str, int] | None = None,
     ):
         _check_cuda(kernel, x, w, dy)
         cudnn = binding()
         self.layer, self.kernel, self.size = layer, kernel, int(x.shape[0])
+        self.roles = ROLES[kernel]
+        self.alignment = {r: CUDNN_ALIGN for r in self.roles} | (alignment or {})
         self.device = x.device
         self.handle = _handle(x.device)
         f32 = cudnn.data_type.FLOAT
@@ -149,11 +170,15 @@ class KernelGraph:
         )
         conv = {"padding": [layer.pad_h, layer.pad_w], "stride": [layer.stride] * 2, "dilation": [1, 1]}
 
+        # each tensor declares its real alignment (CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT): see the docstring
         def tensor(name, t):
-            return g.tensor(name=name, dim=list(t.shape), stride=list(t.stride()), data_type=f32)
+            made = g.tensor(name=name, dim=list(t.shape), stride=list(t.stride()), data_type=f32)
+            made.set_alignment(self.alignment[name])
+            return made
 
         def output(node, like):
             node.set_output(True).set_dim(list(like.shape)).set_stride(list(like.stride()))
+            node.set_alignment(self.alignment[self.roles[2]])
             return node
 
         # the output's shape and strides are those of the buffer PyTorch will pass
@@ -196,6 +221,16 @@ class KernelGraph:
         """A workspace of plan `index`'s size from PyTorch's allocator (at least one byte)."""
         return torch.empty(max(self.plans[index][1], 1), dtype=torch.uint8, device=self.device)
 
+    def problems(self, inputs: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor) -> list[str]:
+        """Why these tensors cannot run this graph's plans ([]: they can): an address aligned to less
+        than the graph declares for its role."""
+        got = zip(self.roles, (*inputs, out), strict=True)
+        return [
+            f"{r} at address 0x{t.data_ptr():x} is {a}-byte aligned; the graph declares {self.alignment[r]}"
+            for r, t in got
+            if (a := pow2_alignment(t.data_ptr(), CUDNN_ALIGN)) < self.alignment[r]
+        ]
+
     def run(
         self,
         index: int,
@@ -210,18 +245,15 @@ class KernelGraph:
                 f"{self.layer.name} {self.kernel} b={self.size}: plan {index} is not built "
                 f"({self.refused.get(index, 'no such index')})"
             )
-        for t in (*inputs, out):
-            if not _aligned(t):
-                raise ValueError(
-                    f"{self.layer.name} {self.kernel} b={self.size}: a tensor address is not "
-                    f"{ALIGN}-byte aligned (micro-batch offset); cuDNN's engines need it"
-                )
+        bad = self.problems(inputs, out)
+        if bad:  # cuDNN would read or write past what its kernels assume
+            raise ValueError(f"{self.layer.name} {self.kernel} b={self.size}: {'; '.join(bad)}")
         pack = {self._ins[0]: inputs[0], self._ins[1]: inputs[1], self.Y: out}
         self.graph.execute_plan_at_index(pack, workspace, index, handle=_handle(self.device))
         return self.plans[index][0]
 
 
-def _inputs(call: KernelCall, kernel: str, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def inputs_at(call: KernelCall, kernel: str, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`kernel`'s inputs on samples [start, start + size): views of the full batch, never copies."""
     sl = slice(start, start + size)
     if kernel == "forward":
@@ -231,12 +263,23 @@ def _inputs(call: KernelCall, kernel: str, start: int, size: int) -> tuple[torch
     return call.x[sl], call.grad_out[sl]
 
 
+def kernel_operands(call: KernelCall, kernel: str) -> tuple[Operand, ...]:
+    """`kernel`'s tensors with the real alignment of the full tensors' addresses; the result buffer,
+    allocated later by call.output, at what the allocator guarantees (checked again when run)."""
+    full = {"x": call.x, "dx": None, "w": call.weight, "dy": call.grad_out, "y": None, "dw": None}
+    bases = {r: pow2_alignment(t.data_ptr(), ALLOC_ALIGN) for r, t in full.items() if t is not None}
+    return operands(call.layer, kernel, call.x.element_size(), bases)
+
+
 def graph_for(call: KernelCall, kernel: str, size: int, tf32: bool = False) -> KernelGraph:
+    """`kernel`'s graph at micro-batch `size`, declaring the alignment its tensors have at every
+    offset the benchmark and the executor run it at (alignment.declared_alignment)."""
     oh, ow = call.layer.out_hw
     dy = (
         call.grad_out[:size] if call.grad_out is not None else call.x.new_empty(size, call.layer.cout, oh, ow)
     )
-    return KernelGraph(call.layer, kernel, call.x[:size], call.weight, dy, tf32)
+    declared = declared_alignment(kernel_operands(call, kernel), size, call.batch)
+    return KernelGraph(call.layer, kernel, call.x[:size], call.weight, dy, tf32, declared)
 
 
 def run_division(
@@ -247,151 +290,48 @@ def run_division(
     workspace: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[str]]:
     """The whole mini-batch as micro-batches [(engine name, size), ...], each run by that engine's
-    index in its size's graph: (the kernel's result, the names of the plans that ran).
+    index in its size's graph: (the kernel's result, the names of the plans that ran, in the order
+    they ran: largest micro-batch first, alignment.execution_order).
 
-    Forward and backward-data write each micro-batch's slice of the full result in place; the
-    filter gradient is summed over micro-batches (cuDNN's graph has no accumulate, so each
-    micro-batch's gradient lands in a scratch filter first). One workspace serves every
-    micro-batch (they run one after another): `workspace`, or one allocated here at the largest
-    need of the division's plans."""
+    Every step's tensors are checked against its graph's declared alignment before any step runs
+    (ValueError naming each step that cannot). Forward and backward-data write each micro-batch's
+    slice of the full result in place; the filter gradient is summed over micro-batches (cuDNN's
+    graph has no accumulate, so each micro-batch's gradient lands in a scratch filter first). One
+    workspace serves every micro-batch (they run one after another): `workspace`, or one allocated
+    here at the largest need of the division's plans."""
     if sum(b for _, b in steps) != call.batch:
         raise ValueError(
             f"layer {call.layer.name} {kernel}: micro-batches {steps} do not add up to the "
             f"batch size {call.batch}"
         )
-    chosen = []
-    for name, size in steps:
+    out = call.output(kernel)
+    scratch = torch.empty_like(out) if kernel == "backward_filter" and len(steps) > 1 else None
+    chosen, bad, start = [], [], 0
+    for name, size in execution_order(steps):
         g = graphs.get(size)
         if g is None or name not in g.by_name:
             raise ValueError(
                 f"layer {call.layer.name} {kernel}: engine {name} has no built plan at micro-batch {size}"
             )
-        chosen.append((g, g.by_name[name], size))
-    need = max(g.plans[i][1] for g, i, _ in chosen)
+        inputs = inputs_at(call, kernel, start, size)
+        if kernel == "backward_filter":
+            dest = out if scratch is None else scratch
+        else:
+            dest = out[start : start + size]
+        bad += [f"{size} at sample {start}: {why}" for why in g.problems(inputs, dest)]
+        chosen.append((g, g.by_name[name], inputs, dest))
+        start += size
+    if bad:
+        raise ValueError(f"layer {call.layer.name} {kernel}: micro-batches cannot run: {'; '.join(bad)}")
+    need = max(g.plans[i][1] for g, i, _, _ in chosen)
     if workspace is None:
         workspace = torch.empty(max(need, 1), dtype=torch.uint8, device=call.x.device)
     elif workspace.numel() < need:
         raise ValueError(f"layer {call.layer.name} {kernel}: workspace of {workspace.numel()} bytes < {need}")
-    out = call.output(kernel)
-    scratch = torch.empty_like(out) if kernel == "backward_filter" and len(steps) > 1 else None
-    ran, start = [], 0
-    for g, i, size in chosen:
-        inputs = _inputs(call, kernel, start, size)
-        if kernel == "backward_filter":
-            ran.append(g.run(i, inputs, out if scratch is None else scratch, workspace))
-            if scratch is not None:
-                out.add_(scratch)
-        else:
-            ran.append(g.run(i, inputs, out[start : start + size], workspace))
-        start += size
+    ran = []
+    for g, i, inputs, dest in chosen:
+        ran.append(g.run(i, inputs, dest, workspace))
+        if scratch is not None:
+            out.add_(scratch)
     return out, ran
 
-
-def benchmark_layer(
-    call: KernelCall,
-    sizes: list[int],
-    repeats: int,
-    warmup: int,
-    max_workspace_bytes: float,
-    tf32: bool = False,
-    kernels: tuple[str, ...] = KERNELS,
-) -> tuple[list[dict], dict]:
-    """One row per (kernel, micro-batch, plan): the plan's name and index, its reported and measured
-    workspace, its time (fastest and median of `repeats` rounds, all plans of a layer interleaved).
-
-    Plans needing more than `max_workspace_bytes` (the largest limit: no limit would let them run)
-    get status "over_limit" and are not timed; plans that do not build or run get "skipped" with
-    the reason. Also returns the graphs, by (kernel, size), for the executor."""
-    if call.device != "cuda":
-        raise ValueError("cuDNN engines are benchmarked on CUDA only")
-    base = {"layer": call.layer.name, "count": call.layer.count}
-    rows, configs, graphs = [], [], {}
-    # one workspace for every timed plan, grown to the largest need (as the executor holds one per
-    # layer): a buffer per plan would hold hundreds of them, up to the largest limit each
-    shared = {"ws": torch.empty(1, dtype=torch.uint8, device=call.x.device)}
-    for kernel in kernels:
-        for b in sizes:
-            try:
-                g = graph_for(call, kernel, b, tf32)
-            except Exception as exc:  # noqa: BLE001 - no engine supports this graph at all
-                rows.append(
-                    {
-                        **base,
-                        "kernel": kernel,
-                        "micro_batch": b,
-                        "engine": "",
-                        "plan_index": -1,
-                        "status": "skipped",
-                        "reason": f"{type(exc).__name__}: {exc}",
-                    }
-                )
-                continue
-            graphs[(kernel, b)] = g
-            for i, why in g.refused.items():
-                rows.append(
-                    {
-                        **base,
-                        "kernel": kernel,
-                        "micro_batch": b,
-                        "engine": "",
-                        "plan_index": i,
-                        "status": "skipped",
-                        "reason": why,
-                    }
-                )
-            starts = list(range(0, call.batch - b + 1, b)) or [0]
-            out_full = call.output(kernel)
-            for i, (name, ws) in g.plans.items():
-                t0 = time.perf_counter()
-                row = {
-                    **base,
-                    "kernel": kernel,
-                    "micro_batch": b,
-                    "engine": name,
-                    "plan_index": i,
-                    "workspace_bytes": ws,
-                    "plan_count": g.count,
-                }
-                if ws > max_workspace_bytes:
-                    rows.append(
-                        {
-                            **row,
-                            "status": "over_limit",
-                            "reason": f"needs {ws} bytes > the largest limit {int(max_workspace_bytes)}",
-                        }
-                    )
-                    continue
-                if shared["ws"].numel() < ws:
-                    shared["ws"] = torch.empty(ws, dtype=torch.uint8, device=call.x.device)
-
-                def once(n=0, g=g, i=i, kernel=kernel, b=b, starts=starts, out_full=out_full, workspace=None):
-                    s = starts[n % len(starts)]  # walk the batch as the executor does
-                    inputs = _inputs(call, kernel, s, b)
-                    out = out_full if kernel == "backward_filter" else out_full[s : s + b]
-                    return g.run(i, inputs, out, shared["ws"] if workspace is None else workspace)
-
-                def with_workspace(g=g, i=i, once=once):
-                    return once(0, workspace=g.workspace(i))  # the allocation itself is what is measured
-
-                try:
-                    ran = once()
-                    measured = cuda_peak_extra_bytes(with_workspace)  # beside the shared buffer
-                except Exception as exc:  # noqa: BLE001 - a built plan may still refuse these pointers
-                    rows.append({**row, "status": "skipped", "reason": f"{type(exc).__name__}: {exc}"})
-                    continue
-                configs.append((row, once, ran, measured, time.perf_counter() - t0))
-    timed = time_rounds([c[1] for c in configs], "cuda", repeats, warmup)
-    for (row, _, ran, measured, wall), (t, t_med, t_wall) in zip(configs, timed, strict=True):
-        rows.append(
-            {
-                **row,
-                "status": "ok",
-                "reason": "",
-                "ran": ran,
-                "time_s": t,
-                "time_median_s": t_med,
-                "measured_workspace_bytes": measured,
-                "bench_wall_s": wall + t_wall,
-            }
-        )
-    return rows, graphs
