@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import os
 import shlex
 import signal
@@ -142,8 +143,10 @@ class Runner:
         carried = Path(self.args.carry) / "fashion-mnist"
         if not _has_fashion(data) and carried.is_dir():
             data.mkdir(parents=True, exist_ok=True)
-            for f in carried.iterdir():
-                _copy(f, data / f.name)
+            for f in carried.glob("*.xz"):   # raw IDX files, which the loader reads as they are
+                tmp = data / f"{f.stem}.tmp"
+                tmp.write_bytes(lzma.decompress(f.read_bytes()))
+                os.replace(tmp, data / f.stem)
         check = ("import json, sys, jsonschema, pandas, torch\n"
                  "cuda = torch.cuda.is_available()\n"
                  f"if {not self.args.smoke} and not cuda: sys.exit('make gpu: torch sees no CUDA GPU here')\n"
@@ -170,9 +173,11 @@ class Runner:
         out = self.records / "engines"
         out.mkdir(exist_ok=True)
         config = "configs/test.yaml" if self.args.smoke else "configs/gpu.yaml"
-        return self.run("engines", [self.wrapper, "-m", "hpcdl.studies.microbatch.engine_table", "--config",
-                                    config, "--out", ROOT / "tests" / "data", "--copy-to", out,
-                                    "--budget-s", int(limit_s - 10)], limit_s)
+        rc = self.run("engines", [self.wrapper, "-m", "hpcdl.studies.microbatch.engine_table", "--config",
+                                  config, "--out", ROOT / "tests" / "data" / "microbatch_cudnn_{gpu}.csv",
+                                  "--budget-s", int(limit_s - 10)], limit_s)
+        _copy_matching(ROOT / "tests" / "data", out, ("microbatch_cudnn_*.csv", "microbatch_cudnn_*.json"))
+        return rc
 
     def calibrate(self, limit_s: float) -> int:
         if self.args.smoke:
@@ -199,6 +204,7 @@ class Runner:
             settings = [f"studies=[{study}]", *([f"results_dir={results}"] if self.args.smoke else [])]
             got = self.run("studies", [self.wrapper, "-m", "snakemake", "--cores", "all", "--configfile",
                                        config, "--config", *settings, "--rerun-incomplete",
+                                       "--scheduler", "greedy",  # PuLP is not carried (envs/gpu_carry.py)
                                        "--resources", f"gpu={self.args.gpus}", "--keep-going",
                                        "--printshellcmds"], remaining, "workflow")
             rc = rc or got

@@ -34,7 +34,7 @@ def _top_level_entries(site: Path) -> dict[str, set[str]]:
         record = info / "RECORD"
         for line in record.read_text().splitlines() if record.exists() else []:
             top = line.split(",", 1)[0].split("/", 1)[0]
-            if top and not top.startswith("..") and (site / top).exists():
+            if top and top != "__pycache__" and not top.startswith("..") and (site / top).exists():
                 entries.add(top)
         if name:
             owned.setdefault(name, set()).update(entries)
@@ -55,9 +55,11 @@ def build(smoke_dir: Path, host_python: Path, carry_site: Path) -> Path:
 
     site = Path(sysconfig.get_paths()["purelib"])
     carried_names = {gpu_carry.norm(p.split("==")[0]) for p in gpu_carry.missing_pins()}
+    lacking = {gpu_carry.norm(p.split("==")[0]) for p in gpu_carry.image_lacks()}  # PuLP: in neither
     owned = _top_level_entries(site)
     carried = set().union(*(e for n, e in owned.items() if n in carried_names))
-    image = {p.name for p in site.iterdir()} - carried - {"__pycache__"}
+    absent = set().union(*(e for n, e in owned.items() if n in lacking))
+    image = {p.name for p in site.iterdir()} - absent - {"__pycache__"}
     image = {e for e in image if not e.endswith(".pth") and not e.startswith("__editable__")}
     _link_farm(site, image, smoke_dir / "image-packages")
     _link_farm(site, carried, carry_site)
