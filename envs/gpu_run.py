@@ -202,15 +202,17 @@ class Runner:
                 left.append(study)
                 continue
             settings = [f"studies=[{study}]", *([f"results_dir={results}"] if self.args.smoke else [])]
+            started = time.time()
             got = self.run("studies", [self.wrapper, "-m", "snakemake", "--cores", "all", "--configfile",
                                        config, "--config", *settings, "--rerun-incomplete",
                                        "--scheduler", "greedy",  # PuLP is not carried (envs/gpu_carry.py)
                                        "--resources", f"gpu={self.args.gpus}", "--keep-going",
                                        "--printshellcmds"], remaining, "workflow")
             rc = rc or got
+            # this call's outputs only: a claims.json left by an earlier run must not pass as this one's
             dest = self.records / study
-            _copy_matching(results / study, dest, ("claims.json",))
-            _copy_matching(results / study / "tables", dest, ("*.csv", "*.provenance.json"))
+            _copy_matching(results / study, dest, ("claims.json",), since=started)
+            _copy_matching(results / study / "tables", dest, ("*.csv", "*.provenance.json"), since=started)
             if got == 124:
                 left.append(study)
         if left:
@@ -296,10 +298,11 @@ def _copy(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-def _copy_matching(src: Path, dst: Path, patterns) -> None:
+def _copy_matching(src: Path, dst: Path, patterns, since: float = 0.0) -> None:
     for pattern in patterns:
         for f in sorted(src.glob(pattern)) if src.is_dir() else []:
-            _copy(f, dst / f.name)
+            if f.stat().st_mtime >= since:
+                _copy(f, dst / f.name)
 
 
 def main(argv: list[str] | None = None) -> int:

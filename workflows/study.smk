@@ -7,8 +7,9 @@
 # a command needs goes in through `params` (evaluated here, per rule).
 # Every report entry of a study has a label that orders its category: its about page (rule
 # <study>_about, hpcdl.platform.about), its headline figure, the other figures, its claims.
-# Uses (from the Snakefile): CONFIG, CONFIG_FILES, RESULTS, STUDY_SPECS, CONDA_ENV, wiring,
-# study_config, atomic_write_json; all_cores (common.smk).
+# The about page also shows the study's committed GPU records (hpcdl.platform.gpu_records), its inputs.
+# Uses (from the Snakefile): CONFIG, CONFIG_FILES, RESULTS, STUDY_SPECS, GPU_RECORDS, CONDA_ENV, wiring,
+# gpu_records, study_config, atomic_write_json; all_cores (common.smk).
 
 
 # The study's slice of the validated config, as the file its app and stages read. Snakemake reruns
@@ -125,6 +126,7 @@ for _spec in STUDY_SPECS.values():
             f"{_spec.name}_about"
         input:
             wiring.stage_inputs(RESULTS, _spec, CONFIG, "about"),
+            gpu_records.record_inputs(GPU_RECORDS, [_spec.name]),
         output:
             report(
                 wiring.about_file(RESULTS, _spec),

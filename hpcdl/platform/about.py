@@ -5,6 +5,9 @@ three sentences from the study's declaration and this run's provenance, rendered
     this run's setting: the config files, the sizes (StudySpec.setting) and the device measured on;
     which figure answers the question (StudySpec.headline, listed first after this page).
 
+Under them, each committed GPU record of the study (hpcdl.platform.gpu_records) as a table of its
+claims, headed "recorded on <gpu> (<date>, commit <sha>)": what a GPU measured, beside this run.
+
 `report_label` orders a category's entries: this page, the headline figure, the other figures,
 the claims (the report sorts entries by their labels).
 """
@@ -14,6 +17,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from hpcdl.platform import gpu_records
+from hpcdl.platform.claims import SHOWN
 from hpcdl.platform.results import atomic_write_text, study_measured_on
 from hpcdl.platform.study import StudySpec
 
@@ -49,7 +54,28 @@ def sentences(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: l
     return [question, setting, answer]
 
 
-def render(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list[str]) -> str:
+def gpu_tables(records: list[dict]) -> str:
+    """One table per recorded GPU run of the study (`gpu_records.study_records`): id, status and
+    measured values of each claim, under its label."""
+    parts = []
+    for r in records:
+        rows = []
+        for c in r["claims"]:
+            color, word = SHOWN[c["status"]]
+            rows.append(f"<tr class='{c['status']}' data-claim='{html.escape(c['id'])}'>"
+                        f"<td>{html.escape(c['id'])}</td><td style='color:{color}'><b>{word}</b></td>"
+                        f"<td><small>{html.escape(gpu_records.measured_text(c))}</small></td></tr>")
+        parts.append(f"<h3 class='gpu-record' data-gpu='{html.escape(r['slug'])}'>"
+                     f"{html.escape(gpu_records.label(r))}</h3>"
+                     f"<p>{r['passed']}/{r['total']} claims held on that GPU: a committed record "
+                     "(resources/gpu-records), not part of this run's verdict.</p>"
+                     "<table border='1' cellpadding='4' style='border-collapse:collapse'>"
+                     "<tr><th>claim</th><th>result</th><th>measured</th></tr>" + "".join(rows) + "</table>")
+    return "".join(parts)
+
+
+def render(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list[str],
+           records: list[dict] = ()) -> str:
     question, setting, answer = (html.escape(s) for s in sentences(spec, cfg, study_dir, config_files))
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
             f"<title>{html.escape(spec.title)}</title></head>"
@@ -57,8 +83,13 @@ def render(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list
             f"<h2>{html.escape(spec.title)}</h2>"
             f"<p class='question'><b>Question.</b> {question}</p>"
             f"<p class='setting'><b>Setting.</b> {setting}</p>"
-            f"<p class='answer'><b>Answer.</b> {answer}</p></body></html>\n")
+            f"<p class='answer'><b>Answer.</b> {answer}</p>{gpu_tables(records)}</body></html>\n")
 
 
-def write(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list[str]) -> Path:
-    return atomic_write_text(Path(study_dir) / f"{ABOUT}.html", render(spec, cfg, study_dir, config_files))
+def write(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list[str],
+          gpu_records_root: str | Path | None = None) -> Path:
+    """about.html; `gpu_records_root`: the committed GPU records (default: the config's,
+    `gpu_records.records_root`)."""
+    root = gpu_records_root if gpu_records_root is not None else gpu_records.records_root(cfg)
+    page = render(spec, cfg, study_dir, config_files, gpu_records.study_records(root, spec.name))
+    return atomic_write_text(Path(study_dir) / f"{ABOUT}.html", page)

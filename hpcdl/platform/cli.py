@@ -8,6 +8,7 @@
     python -m hpcdl compss {command,enqueue,xml,gpus} …  # runcompss / enqueue_compss command lines
     python -m hpcdl verdict --results-dir DIR --out FILE STUDY[=TITLE] …
     python -m hpcdl ranks-probe [N [DEVICE]]        # N torch.distributed ranks all-reduce (launcher check)
+    python -m hpcdl gpu-records {import PATH,list} [--root DIR]  # a GPU run's records, committed and listed
 
 A study's stages are the modules hpcdl/studies/<study>/{tables,figures,claims}.py with
 `tables.write(cfg, study_dir)`, `figures.draw(cfg, study_dir)` and `claims.judge(cfg, study_dir)`
@@ -91,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         from hpcdl.platform.verdict import main as verdict_main
 
         return verdict_main(argv[1:])
+    if command == "gpu-records":
+        from hpcdl.platform.gpu_records import main as records_main
+
+        return records_main(argv[1:])
     if command == "ranks-probe":
         from hpcdl.platform.rank_runtime.probes import main as probe_main
 

@@ -5,7 +5,9 @@ straddling claim with its measured values, each not-measured claim with its reas
 config was tuned against (its `tuned` notes), what ran (points
 ok / failed / skipped) and the run's provenance (the raw tables' `*.provenance.json` sidecars,
 hpcdl.platform.results).
-A study without claims.json is shown as "not run", never left out.
+A study without claims.json is shown as "not run", never left out. A study's committed GPU records
+(hpcdl.platform.gpu_records) are shown under it, labelled "recorded on <gpu>", and never counted in
+this run's claims held / total.
 
 Pure: reads the results directory, returns data or HTML; the workflow's `verdict` rule writes
 `<results>/verdict.html`, which workflows/report/workflow.rst embeds on the report's landing page.
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from hpcdl.platform import gpu_records
 from hpcdl.platform.claims import SHOWN
 from hpcdl.platform.results import atomic_write_text, measured_on, run_sidecars
 
@@ -82,11 +85,15 @@ def run_provenance(study_dir: Path) -> dict:
     return prov
 
 
-def study_verdict(results_dir: str | Path, study: str, title: str | None = None) -> dict:
+def study_verdict(results_dir: str | Path, study: str, title: str | None = None,
+                  gpu_records_root: str | Path | None = None) -> dict:
+    """A study's verdict on this run; `gpu_records`: its committed GPU records (shown apart, never
+    counted in `passed` / `total`)."""
     study_dir = Path(results_dir) / study
     doc = _read_json(study_dir / "claims.json")
     verdict = {"study": study, "title": title or study, "ran": points_ran(study_dir),
-               "provenance": run_provenance(study_dir)}
+               "provenance": run_provenance(study_dir),
+               "gpu_records": gpu_records.study_records(gpu_records_root, study)}
     if doc is None:
         return verdict | {"state": "not run", "passed": None, "total": None, "failed": [],
                           "straddles": [], "not_measured": [], "tuned": []}
@@ -102,10 +109,12 @@ def study_verdict(results_dir: str | Path, study: str, title: str | None = None)
     }
 
 
-def verdict(results_dir: str | Path, studies: Iterable[str] | Mapping[str, str]) -> list[dict]:
-    """One entry per study, in the given order; `studies` may map each name to its report title."""
+def verdict(results_dir: str | Path, studies: Iterable[str] | Mapping[str, str],
+            gpu_records_root: str | Path | None = None) -> list[dict]:
+    """One entry per study, in the given order; `studies` may map each name to its report title;
+    `gpu_records_root`: the committed GPU records to show beside this run (none where None)."""
     titles = studies if isinstance(studies, Mapping) else dict.fromkeys(studies)
-    return [study_verdict(results_dir, s, t) for s, t in titles.items()]
+    return [study_verdict(results_dir, s, t, gpu_records_root) for s, t in titles.items()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,6 +169,20 @@ def _wall_time(prov: dict) -> str:
         return "?"
     seconds = (pd.Timestamp(prov["ended"]) - pd.Timestamp(prov["started"])).total_seconds()
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def _gpu_lines(e: dict) -> str:
+    """One line per committed GPU record of the study: its claims held / total on that GPU, apart
+    from this run's."""
+    lines = []
+    for r in e.get("gpu_records", []):
+        color = "green" if r["passed"] == r["total"] else "firebrick"
+        attrs = f"data-gpu='{_E(r['slug'])}' data-passed='{r['passed']}' data-total='{r['total']}'"
+        lines.append(f"<div class='gpu-record' {attrs} style='color:steelblue'>"
+                     f"{_E(gpu_records.label(r))}: <b style='color:{color}'>{r['passed']}/{r['total']}</b>"
+                     " claims held there <small style='color:dimgray'>(not this run: its claims are on the "
+                     "study's about page)</small></div>")
+    return "".join(lines)
 
 
 def _claim_details(e: dict) -> str:
@@ -256,23 +279,25 @@ def render_html(entries: list[dict]) -> str:
                      + "".join(f"<td style='{cell}'>{c}</td>" for c in cells) + "</tr>")
         parts.append(f"<tr class='more'><td colspan='{len(COLUMNS)}' style='{cell}'>"
                      f"<small class='provenance' style='color:dimgray'>{_prov_line(prov)}</small>"
-                     f"{_claim_details(e)}</td></tr>")
+                     f"{_gpu_lines(e)}{_claim_details(e)}</td></tr>")
         parts.append("</tbody>")
     parts.append("</table>")
     return "\n".join(parts) + "\n"
 
 
 def write_verdict(results_dir: str | Path, studies: Iterable[str] | Mapping[str, str],
-                  out: str | Path) -> Path:
-    return atomic_write_text(out, render_html(verdict(results_dir, studies)))
+                  out: str | Path, gpu_records_root: str | Path | None = None) -> Path:
+    return atomic_write_text(out, render_html(verdict(results_dir, studies, gpu_records_root)))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hpcdl verdict", description=__doc__.splitlines()[0])
     ap.add_argument("--results-dir", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--gpu-records", default=None,
+                    help="committed GPU records to show beside this run (e.g. resources/gpu-records)")
     ap.add_argument("studies", nargs="+", help="study names, or name=title")
     args = ap.parse_args(argv)
     studies = dict(s.split("=", 1) if "=" in s else (s, None) for s in args.studies)
-    write_verdict(args.results_dir, studies, args.out)
+    write_verdict(args.results_dir, studies, args.out, args.gpu_records)
     return 0
