@@ -79,8 +79,9 @@ def calibrate_killed_and_resumed(runner, limit_s: float) -> int:
     out = runner.records / "smoke-calibration"
     if out.exists():
         shutil.rmtree(out)
-    argv = [str(runner.wrapper), "-m", "hpcdl", "spatial-calibrate", "--config", "configs/test.yaml",
-            "--device", "cpu", "--out", str(out), "--budget-s", str(int(limit_s / 2))]
+    argv = [str(runner.wrapper), "-m", "hpcdl", "spatial-calibrate", "--config",
+            str(tiny_config(runner.records)), "--device", "cpu", "--out", str(out),
+            "--budget-s", str(int(limit_s / 2))]
     log = open(runner.records / "spatial-calibrate.log", "a")  # noqa: SIM115 (closed below)
     try:
         log.write(f"$ {' '.join(argv)}   (killed once it has written a row)\n")
@@ -107,6 +108,27 @@ def calibrate_killed_and_resumed(runner, limit_s: float) -> int:
     if rc:
         return rc
     return _check_complete(runner, out, rows_at_kill)
+
+
+# The papers' layouts at toy sizes: a few dozen items, seconds on a CPU (configs/test.yaml keeps the
+# papers' own layouts, hundreds of items).
+TINY_SPATIAL = {
+    "papers": {"cosmoflow": {"grid": 8, "batch_size": 2, "gpus": [4, 8]},
+               "unet3d": {"grid": 8, "in_channels": 1, "levels": [2, 4], "outputs": 2, "batch_size": 2,
+                          "gpus": [4]}},
+    "gpu_calibration": {"repeats": 2, "steps": [["cosmoflow", 4, 2, 1], ["unet3d", 4, 2, 1]]},
+}
+
+
+def tiny_config(records: Path) -> Path:
+    """configs/test.yaml with the spatial block's paper layouts at toy sizes."""
+    import yaml
+
+    cfg = yaml.safe_load((runner_root() / "configs" / "test.yaml").read_text())
+    cfg["spatial"] = {**cfg["spatial"], **TINY_SPATIAL}
+    path = records / "smoke-calibration.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
 
 
 def _data_rows(out: Path) -> int:

@@ -5,9 +5,12 @@ CPU tests at toy sizes; the calibration itself on CUDA is marked `cuda`."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +18,7 @@ import pytest
 import yaml
 
 from hpcdl.platform.config import ConfigError, validate_config
-from hpcdl.studies.spatial import papers
+from hpcdl.studies.spatial import gpucal_plan, papers
 from hpcdl.studies.spatial.claims import claim_compute_term
 from hpcdl.studies.spatial.perfmodel import gpu_table, slabs
 
@@ -218,11 +221,240 @@ def test_compute_term_claim_is_not_measured_without_a_gpu_calibration(test_confi
     assert c["status"] == "not_measured" and "spatial-calibrate" in c["reason"]
 
 
-def test_plan_counts_items_and_a_budget(tmp_path):
-    got = _calibrate("--config", str(REPO / "configs" / "paper.yaml"), "--plan")
+def test_plan_counts_items_and_a_budget_with_cudnn_search(tmp_path):
+    got = _calibrate("--config", str(REPO / "configs" / "paper.yaml"), "--plan", "--budget-s", "140")
     assert got.returncode == 0, got.stderr
     plan = json.loads(got.stdout)
     assert plan["items"] > 500 and plan["by_kind"]["step"] == 3
+    # cuDNN's benchmark-mode search per distinct conv shape (~350 at the papers' shapes), in the total
+    assert 300 <= plan["conv_shapes_searched"] <= 400
+    tiers = plan["tiers"]
+    assert list(tiers) == plan["order"] and plan["order"][0] == "predictions"
+    assert sum(t["items"] for t in tiers.values()) == plan["items"]
+    assert plan["estimated_search_s"] == pytest.approx(sum(t["search_s"] for t in tiers.values()), abs=0.5)
+    assert plan["estimated_total_s"] > plan["estimated_search_s"] > 0
+    assert plan["estimated_total_s"] == tiers[plan["order"][-1]]["cumulative_s"]
+    assert "estimate" in plan["estimate"] and 0 < plan["items_within_budget_estimate"] <= plan["items"]
+    assert re.search(r"plan: \d+ items, about [\d.]+ s .* cuDNN's algorithm search over \d+ conv shapes \(an "
+                     r"estimate", got.stderr), got.stderr
+
+
+def test_a_missing_config_or_a_bad_budget_is_a_clear_error(tmp_path, capsys):
+    from hpcdl.studies.spatial import gpucal
+
+    nope = ["--config", str(tmp_path / "nope.yaml"), "--device", "cpu", "--out", str(tmp_path)]
+    assert gpucal.main(nope) == 2
+    assert f"config file {tmp_path / 'nope.yaml'} does not exist" in capsys.readouterr().err
+    for bad in ("0", "-3", "soon", "nan"):
+        with pytest.raises(SystemExit) as exc:
+            gpucal.main(["--config", str(REPO / "configs" / "paper.yaml"), "--plan", "--budget-s", bad])
+        assert exc.value.code == 2, bad
+        err = capsys.readouterr().err
+        assert f"argument --budget-s: must be a positive number of seconds, got '{bad}'" in err
+    assert not list(tmp_path.iterdir())
+
+
+# -- the calibration as a journal (#42): rows as items finish, resume, budget, priority ------------------
+
+
+def _toy(tmp_path, test_config, repeats=2) -> tuple[Path, dict]:
+    """A toy config file (TOY, `repeats` timed calls per item) and its validated spatial block."""
+    cfg = dict(test_config)
+    cal = {**TOY["gpu_calibration"], "repeats": repeats}
+    cfg["spatial"] = {**cfg["spatial"], **TOY, "gpu_calibration": cal}
+    cfg["data"] = {**cfg.get("data", {}), "resources_dir": str(tmp_path / "res")}
+    path = tmp_path / f"toy-{repeats}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, validate_config(cfg)["spatial"]
+
+
+def _data_rows(csv: Path) -> int:
+    """Complete data lines in a table being appended to."""
+    return max(csv.read_text().count("\n") - 1, 0) if csv.exists() else 0
+
+
+def _order(block) -> list[str]:
+    return [it["id"] for _, it in gpucal_plan.ordered(slabs.calibration_items(block))]
+
+
+def test_rows_are_appended_as_items_finish_and_a_sigkilled_run_resumes_to_the_uninterrupted_table(
+    tmp_path, test_config
+):
+    config, block = _toy(tmp_path, test_config, repeats=40)  # some 0.05 s per item on the CPU
+    out = tmp_path / "cal"
+    cmd = [sys.executable, "-m", "hpcdl", "spatial-calibrate", "--config", str(config), "--device", "cpu",
+           "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        csv = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            found = list(out.glob("*.csv"))
+            if found and _data_rows(found[0]) >= 5:
+                csv = found[0]
+                break
+            time.sleep(0.02)
+        assert csv is not None, "no 5 rows while the calibration ran"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    before = gpu_table.read_rows(csv)
+    total = len(_order(block))
+    assert 5 <= len(before) < total  # killed mid-run, and the rows of finished items were on disk
+    killed = gpu_table.GpuCalibration.read(csv)
+    assert killed.partial and "partial calibration" in killed.status()
+
+    got = _calibrate(*cmd[4:])
+    assert got.returncode == 0, got.stderr
+    assert f"resuming, {len(before)} of {total} items already measured" in got.stderr
+    after = pd.read_csv(csv)
+    assert after["id"].is_unique and list(after["id"]) == _order(block)
+    # the rows measured before the kill were kept, not measured again
+    kept = after.set_index("id").loc[before["id"]]
+    assert (kept["median_s"].to_numpy() == before["median_s"].to_numpy()).all()
+    assert (kept["session"] == 0).all()
+    assert (after.set_index("id").drop(before["id"])["session"] == 1).all()
+    meta = json.loads(gpu_table.sidecar(csv).read_text())
+    assert meta["partial"] is False and meta["items_measured"] == total
+    assert [x["stopped"] for x in meta["sessions"]] == ["interrupted", "complete"]
+
+    whole = _calibrate("--config", str(config), "--device", "cpu", "--out", str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr
+    assert list(pd.read_csv(whole.stdout.strip().splitlines()[-1])["id"]) == list(after["id"])
+
+
+def test_a_half_written_last_line_is_dropped_and_its_item_measured_again(tmp_path, test_config):
+    config, block = _toy(tmp_path, test_config)
+    args = ("--config", str(config), "--device", "cpu", "--out", str(tmp_path / "cal"))
+    got = _calibrate(*args)
+    assert got.returncode == 0, got.stderr
+    csv = Path(got.stdout.strip().splitlines()[-1])
+    full = pd.read_csv(csv)
+    text = csv.read_text()
+    last = text.rstrip("\n").rfind("\n") + 1
+    csv.write_text(text[: last + (len(text) - last) // 2])  # killed while writing the last row
+    assert list(gpu_table.read_rows(csv)["id"]) == list(full["id"][:-1])
+    again = _calibrate(*args)
+    assert again.returncode == 0, again.stderr
+    table = pd.read_csv(csv)
+    assert list(table["id"]) == list(full["id"])
+    assert (table["session"].to_numpy() == [0] * (len(full) - 1) + [1]).all()
+
+
+def test_search_column_and_priority_order(tmp_path, test_config):
+    config, block = _toy(tmp_path, test_config)
+    env = {**os.environ, "HPCDL_PROGRESS": "1"}
+    cmd = ["--config", str(config), "--device", "cpu", "--out", str(tmp_path / "cal")]
+    got = subprocess.run([sys.executable, "-m", "hpcdl", "spatial-calibrate", *cmd], capture_output=True,
+                         text=True, cwd=REPO, timeout=300, env=env)
+    assert got.returncode == 0, got.stderr
+    # stderr is not a terminal here: progress as plain lines, no redrawn bar
+    assert "\r" not in got.stderr and re.search(r"\] \d+/62 items \(tier predictions\)", got.stderr)
+    table = pd.read_csv(got.stdout.strip().splitlines()[-1])
+    assert {"search_s", "ref_s", "session"} <= set(table)
+    assert (table["search_s"] >= 0).all() and table["search_s"].notna().all() and (table["ref_s"] > 0).all()
+    order = gpucal_plan.ordered(slabs.calibration_items(block))
+    assert list(table["id"]) == [it["id"] for _, it in order]
+    tiers = [t for t, _ in order]
+    assert tiers == sorted(tiers, key=gpucal_plan.TIERS.index) and tiers[0] == "predictions"
+    # the whole steps after every layer compute_check sums for them
+    steps = [i for i, (_, it) in enumerate(order) if it["kind"] == "step"]
+    layers = gpucal_plan.check_ids([it for _, it in order])
+    assert max(i for i, (_, it) in enumerate(order) if it["id"] in layers) < min(steps)
+
+
+def _stand_in_sheet(block, cal):
+    block["gpu_calibration"]["datasheets"][gpu_table.slug(cal.gpu_model)] = {
+        "peak_tflops": 1.0, "memory_gbs": 50.0, "memory_gb": 8.0, "source": "test: a stand-in CPU datasheet"}
+
+
+def test_budget_stops_early_marked_partial_and_a_rerun_finishes_it(tmp_path, test_config):
+    config, block = _toy(tmp_path, test_config, repeats=40)
+    args = ("--config", str(config), "--device", "cpu", "--out", str(tmp_path / "cal"))
+    got = _calibrate(*args, "--budget-s", "0.5")
+    assert got.returncode == 0, got.stderr
+    csv = Path(got.stdout.strip().splitlines()[-1])
+    meta = json.loads(gpu_table.sidecar(csv).read_text())
+    n = len(pd.read_csv(csv))
+    assert meta["partial"] is True and meta["items_measured"] == n and 1 <= n < meta["items"] == 62
+    assert meta["sessions"][-1]["stopped"] == "budget"
+    assert f"partial: {n} of 62 items measured" in got.stderr
+    assert "rerun `python -m hpcdl spatial-calibrate" in got.stderr
+    # the readers: what a partial table cannot bracket is refused naming the partial table; the predictions
+    # then rest on the assumed efficiency and say why
+    cal = gpu_table.GpuCalibration.read(csv)
+    _stand_in_sheet(block, cal)
+    items = slabs.calibration_items(block)
+    missing = next(it for it in items if it["id"] not in cal.by_id and it["kind"] == "conv")
+    with pytest.raises(gpu_table.CalibrationGap, match=f"partial calibration: {n} of 62 items measured"):
+        cal.seconds({**missing, "d": 10**6, "id": "x"})
+    rows = pd.DataFrame(papers.paper_predictions(block, cal))
+    # either basis is labelled: on the partial table (interpolated), or assumed saying why not on it
+    label = rf"partial calibration: {n} of 62 items measured|not used: .*partial calibration: {n} of 62"
+    assert rows["basis"].str.contains(label).all() and len(rows) == 3
+    assert len(pd.DataFrame(papers.sensitivity(block, cal))) > 0
+
+    again = _calibrate(*args)
+    assert again.returncode == 0, again.stderr
+    table = pd.read_csv(csv)
+    assert list(table["id"]) == _order(block)
+    meta = json.loads(gpu_table.sidecar(csv).read_text())
+    assert meta["partial"] is False and meta["items_measured"] == 62
+    assert [s["stopped"] for s in meta["sessions"]] == ["budget", "complete"]
+
+
+def test_the_first_tier_alone_lets_every_paper_layout_be_predicted(tmp_path, test_config):
+    """A table cut after the `predictions` tier (as a budget would leave it): every setting predicted on the
+    measured basis, the rest interpolated and labelled; the compute check skips nothing it has."""
+    config, block = _toy(tmp_path, test_config)
+    got = _calibrate("--config", str(config), "--device", "cpu", "--out", str(tmp_path / "cal"))
+    assert got.returncode == 0, got.stderr
+    csv = Path(got.stdout.strip().splitlines()[-1])
+    first = {it["id"] for t, it in gpucal_plan.ordered(slabs.calibration_items(block)) if t == "predictions"}
+    table = pd.read_csv(csv)
+    table[table["id"].isin(first)].to_csv(csv, index=False)
+    meta = json.loads(gpu_table.sidecar(csv).read_text())
+    gpu_table.sidecar(csv).write_text(json.dumps({**meta, "partial": True}))
+    cal = gpu_table.GpuCalibration.read(csv)
+    assert cal.partial and cal.measured_items == len(first) < cal.total_items
+    _stand_in_sheet(block, cal)
+    rows = pd.DataFrame(papers.paper_predictions(block, cal, every_basis=True))
+    assert set(rows["compute_basis"]) == {"mapped", "calibrated", "assumed"}
+    measured = rows[rows["compute_basis"] != "assumed"]
+    assert (measured["interpolated_items"] > 0).any()
+    assert measured["basis"].str.contains(f"partial calibration: {len(first)} of 62 items measured").all()
+    assert papers.compute_check(cal) == []  # no step measured yet: nothing to check, no crash
+    # cut to its first row: no split of any setting can be timed from it; the headline says why it is not used
+    table[table["id"].isin(first)].head(1).to_csv(csv, index=False)
+    cal = gpu_table.GpuCalibration.read(csv)
+    rows = pd.DataFrame(papers.paper_predictions(block, cal))
+    assert (rows["compute_basis"] == "assumed").all()
+    assert rows["basis"].str.contains("the GPU calibration is not used: .*partial calibration: 1 of 62").all()
+    assert len(pd.DataFrame(papers.sensitivity(block, cal))) > 0
+
+
+def test_at_the_papers_shapes_the_first_tiers_cover_every_prediction_and_the_compute_check():
+    """configs/paper.yaml: a table of the `predictions` tier alone (stand-in times: this checks coverage,
+    not values) predicts every setting on the measured bases; with the `compute_term` tier every step is
+    checked."""
+    block = validate_config(yaml.safe_load((REPO / "configs" / "paper.yaml").read_text()))["spatial"]
+    order = gpucal_plan.ordered(slabs.calibration_items(block))
+    meta = {"gpu_model": "NVIDIA H100 80GB HBM3", "partial": True, "items": len(order),
+            "block": {k: block[k] for k in ("papers", "extrapolate", "machine", "gpu_calibration")}}
+    for tiers, steps in ((("predictions",), 0), (("predictions", "compute_term"), 3)):
+        rows = pd.DataFrame([{"id": it["id"], "kind": it["kind"], "key": it["key"], "network": it["network"],
+                              "axis": it.get("axis", ""), "d": it.get("d", it.get("depth", 0)),
+                              "h": it.get("h", it.get("height", 0)), "batch": it["batch"],
+                              "units": it.get("units", 0), "median_s": 1e-3, "p25_s": 1e-3, "p75_s": 1e-3}
+                             for t, it in order if t in tiers])
+        cal = gpu_table.GpuCalibration(rows, meta)
+        pred = pd.DataFrame(papers.paper_predictions(block, cal, every_basis=True))
+        assert (pred["compute_basis"].value_counts() == 5).all() and len(pred) == 15
+        assert (pred.loc[pred["compute_basis"] != "assumed", "interpolated_items"] > 0).all()
+        assert len(papers.compute_check(cal)) == steps
+    assert sum(t == "predictions" for t, _ in order) < len(order) / 3
 
 
 @pytest.mark.cuda
@@ -234,5 +466,8 @@ def test_gpu_calibration_of_the_papers_layouts_on_cuda(tmp_path, test_config):
     block = validate_config(cfg)["spatial"]
     csv = gpucal.run(block, "cuda", tmp_path, "test")
     meta = json.loads(gpu_table.sidecar(csv).read_text())
-    assert meta["cuda"] and meta["cudnn"] and meta["tf32"] is False
-    assert (pd.read_csv(csv)["median_s"] > 0).all()
+    assert meta["cuda"] and meta["cudnn"] and meta["tf32"] is False and meta["partial"] is False
+    assert meta["cudnn_benchmark"] is True and meta["sessions"][-1]["stopped"] == "complete"
+    table = pd.read_csv(csv)
+    assert (table["median_s"] > 0).all() and (table["search_s"] >= 0).all() and (table["ref_s"] > 0).all()
+    assert list(table["id"]) == [it["id"] for _, it in gpucal_plan.ordered(slabs.calibration_items(block))]

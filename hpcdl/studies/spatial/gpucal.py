@@ -1,255 +1,156 @@
 """The GPU calibration: every item of hpcdl.studies.spatial.perfmodel.slabs timed on one device.
 
-    python -m hpcdl spatial-calibrate --config configs/paper.yaml --device cuda --out resources/calibration/
-    python -m hpcdl spatial-calibrate --config configs/paper.yaml --plan     # the items and a time budget
+    python -m hpcdl spatial-calibrate --config configs/paper.yaml --device cuda --out resources/calibration \\
+        --budget-s 140
+    python -m hpcdl spatial-calibrate --config configs/paper.yaml --plan   # the items, the order, an estimate
 
-Each layer item runs as the partitioned model runs it on a rank: the conv on its halo'd window (the
-local output planes plus the halo planes on a split axis, zero padding on the others) with bias and
-LeakyReLU, pool, transposed conv, dense (+ LeakyReLU); forward and backward timed apart (CUDA events
-on a GPU, the host clock on the CPU). Halo: a side's planes copied into a contiguous send buffer and
-a received buffer copied into the halo'd input. Correction: the thin edge conv of overlap.py. The
-optimizer: zero_grad + Adam over the network's parameter tensors. A step: one whole one-GPU training
-step on a slab (every layer at its local shape, dense head on the gathered size, Adam), the
-measurement claim compute_term compares with the oracle's sum.
+What each item runs is in gpucal_ops; the order in gpucal_plan (first what makes every paper layout's
+prediction computable, then the compute term's steps, then the remaining sizes and splits). Each
+finished item's row is appended to <out>/<gpu slug>.csv at once (gpucal_journal): a rerun of the same
+command skips the items already there, so a run killed or stopped by --budget-s loses at most the item
+in flight, and a budget-stopped run exits 0 with its table and provenance marked partial.
 
-Repeats are interleaved: round r times every item once, after one untimed round (cuDNN's algorithm
-search, allocator), so drift in clocks or temperature reaches every item alike; the table keeps the
-median and the spread (quartiles, min, max). On a GPU cuDNN picks its fastest algorithm per shape
-(benchmark mode, as LBANN's autotuning does) and TF32 is off: the papers' V100s ran FP32.
+Per item: one untimed call (on a GPU with cudnn.benchmark on, as LBANN's autotuning does, cuDNN's
+algorithm search for conv shapes not met before; its wall time is the row's search_s), then its repeats
+back to back; the table keeps their median and spread (quartiles, min, max). Repeats are not
+interleaved across items (as they were when every row was written at the end) because a row is only
+final when its repeats are: timing them back to back keeps the loss on a kill to one item, and a drift
+of clocks or temperature between items, which interleaving spread evenly, is instead measured: a fixed
+reference matmul is timed after every item (ref_s), so a drift shows in the table instead of hiding in
+it. TF32 is off: the papers' V100s ran FP32.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
-from hpcdl.studies.spatial.calibration import optimizer_step_fn
+from hpcdl.studies.spatial import gpucal_plan
+from hpcdl.studies.spatial.gpucal_journal import Journal
+from hpcdl.studies.spatial.gpucal_ops import Clock, Reference, time_item, warm_up
 from hpcdl.studies.spatial.perfmodel import slabs
-from hpcdl.studies.spatial.perfmodel.gpu_table import COLUMNS, sidecar, slug
+from hpcdl.studies.spatial.perfmodel.gpu_table import slug
 
-LEAK = 0.2
-
-
-class _Clock:
-    """Forward / backward seconds of a call: CUDA events on a GPU, the host clock on the CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def mark(self):
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            return e
-        return time.perf_counter()
-
-    def seconds(self, a, b) -> float:
-        if self.cuda:
-            b.synchronize()
-            return a.elapsed_time(b) / 1e3
-        return b - a
+PACE_AFTER = 3  # items measured before the estimate's scale to this device is trusted for the budget
 
 
-def _rand(shape, device, grad=False):
-    return torch.randn(*shape, device=device, requires_grad=grad)
+def _row(it: dict, search: float, times: list, ref: float, session: int) -> dict:
+    t = np.asarray(times)
+    tot = t.sum(axis=1)
+    return {
+        "id": it["id"],
+        "kind": it["kind"],
+        "key": it["key"],
+        "network": it.get("network", ""),
+        "axis": it.get("axis", ""),
+        "d": it.get("d", it.get("depth", 0)),
+        "h": it.get("h", it.get("height", 0)),
+        "w": it.get("w", 0),
+        "batch": it["batch"],
+        "units": it.get("units", 0),
+        "flops": it["flops"],
+        "bytes": it["bytes"],
+        "fwd_median_s": float(np.median(t[:, 0])),
+        "bwd_median_s": float(np.median(t[:, 1])),
+        "median_s": float(np.median(tot)),
+        "p25_s": float(np.percentile(tot, 25)),
+        "p75_s": float(np.percentile(tot, 75)),
+        "min_s": float(tot.min()),
+        "max_s": float(tot.max()),
+        "repeats": len(tot),
+        "search_s": search,
+        "ref_s": ref,
+        "session": session,
+    }
 
 
-def _layer_fn(it: dict, dev):
-    """Forward closure of a layer item on its local shapes (input gradient wanted except for the data)."""
-    L, b = it["layer"], it["batch"]
-    kind = L["kind"]
-    if kind == "dense":
-        x, w, bias = (
-            _rand((b, L["fin"]), dev, True),
-            _rand((L["fout"], L["fin"]), dev, True),
-            _rand((L["fout"],), dev, True),
-        )
-        return lambda: F.leaky_relu(F.linear(x, w, bias), LEAK) if L.get("act") else F.linear(x, w, bias)
-    c, _, _, w_in = L["in"]
-    d, h = it["d"], it["h"]
-    first = L["in"][0] == L.get("cin", -1) and L["name"] in ("conv0", "enc0a")
-    if kind == "pool":
-        s = L["stride"]
-        x = _rand((b, c, d * s, h * s, w_in), dev, True)
-        return lambda: F.max_pool3d(x, L["kernel"], s)
-    if kind == "deconv":
-        s = L["stride"]
-        x = _rand((b, L["cin"], max(1, d // s), max(1, h // s), w_in), dev, True)
-        wt, bias = (
-            _rand((L["cin"], L["cout"], L["kernel"], *(L["kernel"],) * 2), dev, True),
-            _rand((L["cout"],), dev, True),
-        )
-        return lambda: F.conv_transpose3d(x, wt, bias, stride=s)
-    k, p = L["kernel"], L["pad"]
-    # split axes carry the halo planes in the input (no padding there), the others the conv's padding
-    dd = d + 2 * p if it["split_d"] else d
-    hh = h + 2 * p if it["split_h"] else h
-    x = _rand((b, c, dd, hh, w_in), dev, not first)
-    wt, bias = _rand((L["cout"], c, k, k, k), dev, True), _rand((L["cout"],), dev, True)
-    pad = (0 if it["split_d"] else p, 0 if it["split_h"] else p, p)
-    return lambda: F.leaky_relu(F.conv3d(x, wt, bias, padding=pad), LEAK)
+class _Progress:
+    """A tqdm bar (one step per item) where stderr is a terminal; in a log, a line per tier and at most one
+    every 10 s instead of a redrawn bar; nothing with HPCDL_PROGRESS=0 (as the task runtime's reports)."""
+
+    def __init__(self, total: int, done: int):
+        self.on = os.environ.get("HPCDL_PROGRESS", "1") != "0"
+        self.total, self.n, self.tier, self.last = total, done, None, 0.0
+        self.bar = None
+        if self.on and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=done, desc="spatial-calibrate", unit="item", file=sys.stderr,
+                            mininterval=0.5, dynamic_ncols=True)
+
+    def step(self, tier: str, item_id: str, elapsed: float, search: float):
+        self.n += 1
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{tier} {item_id}", refresh=False)
+            self.bar.update(1)
+        elif self.on and (tier != self.tier or time.monotonic() - self.last >= 10 or self.n == self.total):
+            self.last = time.monotonic()
+            print(f"[spatial-calibrate] {self.n}/{self.total} items (tier {tier}), {elapsed:.0f} s, "
+                  f"{search:.1f} s of it first calls (search_s)", file=sys.stderr, flush=True)
+        self.tier = tier
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
 
 
-def _correction_fn(it: dict, dev):
-    L, b = it["layer"], it["batch"]
-    p, k = L["pad"], L["kernel"]
-    halo = _rand((b, L["cin"], p, it["h"], it["w"]), dev, True)
-    taps = _rand((L["cout"], L["cin"], p, k, k), dev, True)
-    return lambda: F.conv3d(F.pad(halo, (0, 0, 0, 0, 0, p - 1)), taps, None, padding=(0, p, p))
-
-
-def _halo_fn(it: dict, dev):
-    """pack: one side's planes of the local input into a send buffer; unpack: a received buffer into the
-    halo region of the halo'd input (fwd = both; no backward: the backward's copies are the same)."""
-    L, b, n = it["layer"], it["batch"], it["planes"]
-    c, _, _, w = L["in"]
-    d, h = it["d"], it["h"]
-    dim = 2 if it["axis"] == "d" else 3
-    x = _rand((b, c, d, h, w), dev)
-    shape = list(x.shape)
-    shape[dim] += 2 * n
-    padded = torch.zeros(shape, device=dev)
-    recv = x.narrow(dim, 0, n).contiguous()
-
-    def fn():
-        send = x.narrow(dim, x.shape[dim] - n, n).contiguous()
-        padded.narrow(dim, 0, n).copy_(recv)
-        return send
-
-    return fn
-
-
-class _Step:
-    """A whole one-GPU training step on a slab: the network's layers at the layout's local shapes (one
-    pass: slabs.consistent), the dense head on the gathered features, loss, backward, Adam."""
-
-    def __init__(self, it: dict, dev):
-        self.spec, pd, ph = it["spec"], it["depth"], it["height"]
-        c, d, h, w = self.spec[0]["in"]
-        self.x = _rand((1, c, slabs.local(d, pd), slabs.local(h, ph), w), dev)
-        self.params = []
-        for s in slabs.param_shapes(self.spec):
-            self.params.append(torch.nn.Parameter(torch.randn(s, device=dev) * 0.01))
-        self.opt = torch.optim.Adam(self.params, lr=1e-6)
-
-    def __call__(self):
-        ps, x, skips = iter(self.params), self.x, []
-        for L in self.spec:
-            k = L["kind"]
-            if k == "conv":
-                x = F.leaky_relu(F.conv3d(x, next(ps), next(ps), padding=L["pad"]), LEAK)
-            elif k == "pool":
-                skips.append(x)
-                x = F.max_pool3d(x, L["kernel"], L["stride"])
-            elif k == "deconv":
-                x = F.conv_transpose3d(x, next(ps), next(ps), stride=L["stride"])
-            elif k == "concat":
-                x = torch.cat([x, skips.pop()], 1)
-            elif k == "gather":  # the all-gather's output size (communication, not compute: zero-filled)
-                x = F.pad(x.flatten(1), (0, L["out"][0] - x[0].numel()))
-            elif k == "dense":
-                x = F.linear(x, next(ps), next(ps))
-                x = F.leaky_relu(x, LEAK) if L["act"] else x
-        loss = x.float().pow(2).mean()
-        self.opt.zero_grad(set_to_none=False)
-        loss.backward()
-        self.opt.step()
-
-
-def _builder(it: dict, dev):
-    """(closure, has_backward) of an item."""
-    kind = it["kind"]
-    if kind in ("conv", "pool", "deconv", "dense"):
-        return _layer_fn(it, dev), True
-    if kind == "correction":
-        return _correction_fn(it, dev), True
-    if kind == "halo":
-        return _halo_fn(it, dev), False
-    if kind == "optimizer":
-        return optimizer_step_fn(it["shapes"], dev)[0], False
-    return _Step(it, dev), False
-
-
-def _once(it: dict, dev, clock: _Clock) -> tuple[float, float]:
-    fn, backward = _builder(it, dev)
-    t0 = clock.mark()
-    y = fn()
-    t1 = clock.mark()
-    if not backward:
-        return clock.seconds(t0, t1), 0.0
-    g = torch.randn_like(y)
-    t2 = clock.mark()
-    y.backward(g)
-    t3 = clock.mark()
-    return clock.seconds(t0, t1), clock.seconds(t2, t3)
-
-
-def measure(items: list[dict], device: str, repeats: int, log=None) -> list[dict]:
-    """Every item once per round, one untimed round first; median and spread per item."""
+def measure(todo, device: str, repeats: int, journal: Journal, session: int, budget_s=None, t0=None) -> dict:
+    """Time the (tier, item)s in order, appending each row; stop before an item expected to end past
+    budget_s seconds after t0 (expected: gpucal_plan's estimate scaled by this run's measured/estimated
+    ratio once PACE_AFTER items set it, before that only past the budget itself; at least one item per
+    run, so that reruns always progress)."""
     dev = torch.device(device)
-    clock = _Clock(dev)
+    t0 = time.perf_counter() if t0 is None else t0
     if dev.type == "cuda":
         torch.backends.cudnn.benchmark = True
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
-    times = {it["id"]: [] for it in items}
-    for r in range(repeats + 1):
-        t_round = time.perf_counter()
-        for it in items:
-            with torch.enable_grad():
-                f, b = _once(it, dev, clock)
-            if r:
-                times[it["id"]].append((f, b))
-        if log:
-            log(
-                f"round {r}/{repeats} ({'warm-up' if r == 0 else 'timed'}): "
-                f"{time.perf_counter() - t_round:.1f} s"
-            )
-    rows = []
-    for it in items:
-        t = np.asarray(times[it["id"]])
-        tot = t.sum(axis=1)
-        rows.append(
-            {
-                "id": it["id"],
-                "kind": it["kind"],
-                "key": it["key"],
-                "network": it.get("network", ""),
-                "axis": it.get("axis", ""),
-                "d": it.get("d", it.get("depth", 0)),
-                "h": it.get("h", it.get("height", 0)),
-                "w": it.get("w", 0),
-                "batch": it["batch"],
-                "units": it.get("units", 0),
-                "flops": it["flops"],
-                "bytes": it["bytes"],
-                "fwd_median_s": float(np.median(t[:, 0])),
-                "bwd_median_s": float(np.median(t[:, 1])),
-                "median_s": float(np.median(tot)),
-                "p25_s": float(np.percentile(tot, 25)),
-                "p75_s": float(np.percentile(tot, 75)),
-                "min_s": float(tot.min()),
-                "max_s": float(tot.max()),
-                "repeats": len(tot),
-            }
-        )
-    return rows
+    clock = Clock(dev)
+    warm_up(dev, clock)
+    ref = Reference(dev, clock)
+    est = gpucal_plan.Estimator(repeats, cudnn=dev.type == "cuda")
+    progress = _Progress(len(journal.rows) + len(todo), len(journal.rows))
+    done = {"measured": 0, "search_s": 0.0, "stopped": "complete"}
+    actual = expected = 0.0
+    try:
+        for tier, it in todo:
+            timed, search = est(it)
+            elapsed = time.perf_counter() - t0
+            if budget_s is not None and done["measured"]:
+                pace = actual / expected if done["measured"] >= PACE_AFTER else 0.0
+                if elapsed + (timed + search) * pace >= budget_s:
+                    done["stopped"] = "budget"
+                    break
+            start = time.perf_counter()
+            s, times = time_item(it, dev, clock, repeats)
+            journal.append(_row(it, s, times, ref.seconds(), session))
+            actual += time.perf_counter() - start
+            expected += timed + search
+            done["measured"] += 1
+            done["search_s"] += s
+            progress.step(tier, it["id"], time.perf_counter() - t0, done["search_s"])
+    finally:
+        progress.close()
+    return done
 
 
 def provenance(device: str, command: str, repeats: int) -> dict:
     from hpcdl.platform.device import cuda_record
     from hpcdl.platform.results import cpu_model, git_commit
 
-    rec = cuda_record() if torch.device(device).type == "cuda" else {}
+    cuda = torch.device(device).type == "cuda"
+    rec = cuda_record() if cuda else {}
     return {
         "gpu_model": rec.get("gpu_model") or f"cpu {cpu_model()}",
         "device": device,
@@ -262,36 +163,99 @@ def provenance(device: str, command: str, repeats: int) -> dict:
         "git_commit": git_commit(),
         "repeats": repeats,
         "tf32": False,
-        "cudnn_benchmark": torch.device(device).type == "cuda",
-        "statistic": "median of interleaved repeats",
+        "cudnn_benchmark": cuda,
+        "cudnn_benchmark_limit": getattr(torch.backends.cudnn, "benchmark_limit", None) if cuda else None,
+        "statistic": "median of an item's repeats, back to back after one untimed call (search_s)",
+        "order": "priority tiers " + ", ".join(gpucal_plan.TIERS) + " (hpcdl.studies.spatial.gpucal_plan)",
         "emulated": False,
     }
 
 
-def run(block: dict, device: str, out_dir: str | Path, command: str, log=None) -> Path:
-    """Measure every item of the block's papers, write <out_dir>/<gpu slug>.csv + its sidecar; the path."""
-    from hpcdl.platform.results import atomic_write_json, atomic_write_text
+@dataclass
+class Result:
+    path: Path
+    measured: int  # items in the table
+    total: int
+    this_run: int  # items this run measured
+    wall_s: float
+    search_s: float
+    partial: bool
+    unchanged: bool = False  # a finished table found there, left as it was
 
-    items = slabs.calibration_items(block)
+
+def calibrate(block: dict, device: str, out_dir, command: str, budget_s=None, fresh=False, log=None,
+              t0=None) -> Result:
+    """Measure the block's items not yet in <out_dir>/<gpu slug>.csv (all with fresh), in priority order,
+    appending each row; then the table in order and its sidecar (partial where the budget stopped it)."""
+    t0 = time.perf_counter() if t0 is None else t0
+    order = gpucal_plan.ordered(slabs.calibration_items(block))
+    ids = [it["id"] for _, it in order]
     repeats = block["gpu_calibration"]["repeats"]
-    t0 = time.perf_counter()
-    rows = measure(items, device, repeats, log)
-    meta = provenance(device, command, repeats) | {
-        "items": len(items),
-        "wall_s": time.perf_counter() - t0,
+    meta = provenance(device, command, repeats)
+    journal = Journal(Path(out_dir) / f"{slug(meta['gpu_model'])}.csv", meta, ids, fresh, log)
+    session = len(journal.sessions)
+    todo = [(tier, it) for tier, it in order if it["id"] not in journal.rows]
+    if not todo and journal.previous.get("partial") is False:
+        # nothing to measure: the finished table and its provenance stay as they are
+        if log:
+            log(f"complete: all {len(ids)} items already in {journal.path} (--fresh measures them again)")
+        return Result(journal.path, len(ids), len(ids), 0, time.perf_counter() - t0, 0.0, False, True)
+    meta |= {
+        "items": len(ids),
         # the networks and settings measured: the compute-term check rebuilds its steps' layers from them
         "block": {k: block[k] for k in ("papers", "extrapolate", "machine", "gpu_calibration")},
     }
-    out = Path(out_dir) / f"{slug(meta['gpu_model'])}.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, pd.DataFrame(rows, columns=COLUMNS).to_csv(index=False))
-    atomic_write_json(sidecar(out), meta)
-    return out
+    entry = {"session": session, "date": meta["date"], "command": command, "git_commit": meta["git_commit"],
+             "driver": meta["driver"]}
+    # as a killed run leaves it: partial, this session interrupted
+    journal.write_sidecar(meta | {"partial": True, "items_measured": len(journal.rows),
+                                  "sessions": journal.sessions + [entry | {"stopped": "interrupted"}]})
+    if log:
+        budget = f", budget {budget_s:g} s" if budget_s is not None else ""
+        log(f"{len(todo)} of {len(ids)} items to measure on {meta['gpu_model']}{budget}; each row is "
+            f"appended to {journal.path} as it finishes")
+    done = measure(todo, device, repeats, journal, session, budget_s, t0) if todo else {
+        "measured": 0, "search_s": 0.0, "stopped": "complete"}
+    wall = time.perf_counter() - t0
+    partial = len(journal.rows) < len(ids)
+    sessions = journal.sessions + [entry | {"measured": done["measured"], "wall_s": wall,
+                                            "search_s": done["search_s"], "stopped": done["stopped"]}]
+    journal.finish(ids, meta | {"partial": partial, "items_measured": len(journal.rows), "wall_s": wall,
+                                "sessions": sessions})
+    n = len(journal.rows)
+    return Result(journal.path, n, len(ids), done["measured"], wall, done["search_s"], partial)
+
+
+def run(block: dict, device: str, out_dir: str | Path, command: str, log=None, budget_s=None) -> Path:
+    """Measure every item of the block's papers (resuming a table there), write <out_dir>/<gpu slug>.csv +
+    its sidecar; the path."""
+    return calibrate(block, device, out_dir, command, budget_s=budget_s, log=log).path
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return v
+
+
+def _plan(items: list[dict], repeats: int, budget_s) -> int:
+    p = gpucal_plan.plan(items, repeats, budget_s)
+    kinds = pd.Series([it["kind"] for it in items]).value_counts().to_dict()
+    print(json.dumps({"items": len(items), "by_kind": kinds, "repeats": repeats, **p}, indent=1))
+    print(f"plan: {len(items)} items, about {p['estimated_total_s']:g} s on an H100 SXM, of which "
+          f"{p['estimated_search_s']:g} s cuDNN's algorithm search over {p['conv_shapes_searched']} conv "
+          "shapes (an estimate: gpucal_plan)", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str]) -> int:
     from hpcdl.platform.config import ConfigError, load_config
 
+    t0 = time.perf_counter()
     ap = argparse.ArgumentParser(
         prog="python -m hpcdl spatial-calibrate",
         description=__doc__,
@@ -300,37 +264,34 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--config", default="configs/paper.yaml")
     ap.add_argument("--device", default="cuda", help="cuda (the calibration) or cpu (toy configs, tests)")
     ap.add_argument("--out", default=None, help="directory (default <data.resources_dir>/calibration)")
-    ap.add_argument("--plan", action="store_true", help="list the items and a time budget; measure nothing")
+    ap.add_argument("--plan", action="store_true", help="list the order and an estimated time only")
+    ap.add_argument("--budget-s", type=_seconds, default=None, metavar="S",
+                    help="stop before S seconds with what is measured (marked partial; rerun to resume)")
+    ap.add_argument("--fresh", action="store_true", help="measure every item again (drop the table there)")
     args = ap.parse_args(argv)
     try:
         cfg = load_config(args.config)
+        block = cfg["spatial"]
+        items = slabs.calibration_items(block)
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    block = cfg["spatial"]
-    items = slabs.calibration_items(block)
     if args.plan:
-        kinds = pd.Series([it["kind"] for it in items]).value_counts().to_dict()
-        est = slabs.estimate_seconds(items, 67, 3350, block["gpu_calibration"]["repeats"])
-        print(
-            json.dumps(
-                {
-                    "items": len(items),
-                    "by_kind": kinds,
-                    "repeats": block["gpu_calibration"]["repeats"],
-                    "estimated_h100_s_without_cudnn_search": round(est, 1),
-                },
-                indent=1,
-            )
-        )
-        return 0
+        return _plan(items, block["gpu_calibration"]["repeats"], args.budget_s)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("error: --device cuda: torch sees no CUDA GPU here", file=sys.stderr)
         return 2
     out = Path(args.out or Path(cfg["data"]["resources_dir"]) / "calibration")
     command = shlex.join(["python", "-m", "hpcdl", "spatial-calibrate", *argv])
-    path = run(
-        block, args.device, out, command, log=lambda m: print(f"[spatial-calibrate] {m}", file=sys.stderr)
-    )
-    print(path)
+    log = lambda m: print(f"[spatial-calibrate] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    res = calibrate(block, args.device, out, command, args.budget_s, args.fresh, log, t0)
+    this = (f"this run measured {res.this_run} in {res.wall_s:.0f} s, {res.search_s:.1f} s of it in first "
+            "calls: cuDNN's search on CUDA")
+    if res.partial:
+        log(f"partial: {res.measured} of {res.total} items measured ({this}; stopped by --budget-s "
+            f"{args.budget_s:g}); to measure the remaining {res.total - res.measured}, rerun `{command}`: "
+            f"the items already in {res.path} are kept")
+    elif not res.unchanged:
+        log(f"complete: {res.total} items in {res.path} ({this})")
+    print(res.path)
     return 0

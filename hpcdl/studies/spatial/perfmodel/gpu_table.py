@@ -1,10 +1,15 @@
 """A GPU calibration as data (resources/calibration/<gpu>.csv + .provenance.json) and how the oracle reads it.
 
 A row per item of hpcdl.studies.spatial.perfmodel.slabs (its `id`), with the median forward + backward
-seconds over interleaved repeats and their spread. The oracle asks for the item a layer of a layout
-is; an item the table lacks is interpolated linearly in its local planes (d x h) between the nearest
-measured items of the same layer (same kind, key, batch, axis) below and above, and counted as
-interpolated; with no measured neighbour on one side it is refused (CalibrationGap), never extrapolated.
+seconds over the item's repeats and their spread, the seconds of its first, untimed call (search_s: on
+CUDA cuDNN's algorithm search for a conv shape not met before) and a fixed reference op timed after it
+(ref_s: clock drift over the run). The calibration appends rows as items finish, so a table may be
+partial (its sidecar's "partial": true, or a run killed before it ended): a reader drops a half-written
+last line, and an item not measured yet follows the rules below like any other. The oracle asks for
+the item a layer of a layout is; an item the table lacks is interpolated linearly in its local planes
+(d x h) between the nearest measured items of the same layer (same kind, key, batch, axis) below and
+above, and counted as interpolated; with no measured neighbour on one side it is refused
+(CalibrationGap, which names a partial table and how to finish it), never extrapolated.
 
 From the calibrated GPU to another (the papers' V100), each time is scaled by one stated rule from
 datasheet figures (spatial.gpu_calibration.datasheets): an item whose arithmetic intensity (its FLOPs
@@ -17,6 +22,7 @@ memory bandwidths.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
@@ -47,6 +53,9 @@ COLUMNS = [
     "min_s",
     "max_s",
     "repeats",
+    "search_s",
+    "ref_s",
+    "session",
 ]
 
 
@@ -63,6 +72,18 @@ def sidecar(path: Path) -> Path:
     return path.with_suffix(".provenance.json")
 
 
+def read_rows(path: str | Path) -> pd.DataFrame:
+    """A calibration table as the calibration left it: a last line without its newline (a run killed while
+    appending it) is dropped, and an id met twice keeps its first row."""
+    text = Path(path).read_text()
+    if not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    if not text.strip():
+        return pd.DataFrame(columns=COLUMNS)
+    rows = pd.read_csv(io.StringIO(text))
+    return rows.drop_duplicates("id") if "id" in rows else rows
+
+
 class GpuCalibration:
     def __init__(self, rows: pd.DataFrame, meta: dict, path: Path | None = None):
         missing = [c for c in ("id", "kind", "key", "median_s") if c not in rows]
@@ -73,6 +94,19 @@ class GpuCalibration:
         self.gpu_model = meta.get("gpu_model", "")
         if not self.gpu_model:
             raise ValueError(f"{sidecar(path) if path else 'calibration'}: no gpu_model in the provenance")
+        # a run stopped by its budget says so; a killed one left "partial" from its start
+        self.partial = bool(meta.get("partial", False))
+        self.measured_items = len(self.by_id)
+        self.total_items = int(meta.get("items", self.measured_items))
+
+    def status(self) -> str:
+        """Empty for a complete calibration, else what a partial one holds and how to finish it."""
+        if not self.partial:
+            return ""
+        return (
+            f"partial calibration: {self.measured_items} of {self.total_items} items measured; rerun "
+            "`python -m hpcdl spatial-calibrate` with the same --config, --device and --out to finish it"
+        )
 
     @classmethod
     def read(cls, path: str | Path) -> GpuCalibration:
@@ -80,7 +114,7 @@ class GpuCalibration:
         side = sidecar(path)
         if not side.exists():
             raise FileNotFoundError(f"{path}: calibration without its provenance sidecar {side.name}")
-        return cls(pd.read_csv(path), json.loads(side.read_text()), path)
+        return cls(read_rows(path), json.loads(side.read_text()), path)
 
     def seconds(self, item: dict) -> tuple[float, str]:
         """(median seconds, "measured" | "interpolated") of a slabs item; CalibrationGap where neither."""
@@ -110,10 +144,11 @@ class GpuCalibration:
         hi = [p for p in pts if p[0] >= x]
         if not lo or not hi:
             have = ", ".join(f"{p[0]:g}" for p in pts) or "none"
+            fix = self.status() or "rerun the calibration with this layout"
             raise CalibrationGap(
                 f"{self.path or 'calibration'}: {item['id']} is not measured and has no measured "
                 f"neighbour on both sides (measured sizes of this layer: {have}); "
-                "extrapolation refused: rerun the calibration with this layout"
+                f"extrapolation refused: {fix}"
             )
         (x0, y0), (x1, y1) = lo[-1], hi[0]
         t = y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
@@ -224,6 +259,7 @@ __all__ = [
     "datasheet",
     "find",
     "layer_key",
+    "read_rows",
     "scale",
     "sidecar",
     "slug",
