@@ -30,6 +30,7 @@ import json
 import lzma
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -191,7 +192,9 @@ class Runner:
 
     def studies(self, limit_s: float) -> int:
         config = "configs/test.yaml" if self.args.smoke else "configs/gpu.yaml"
-        results = ROOT / ("results-gpu-smoke" if self.args.smoke else "results-gpu")
+        results = ROOT / (".gpu-smoke/results" if self.args.smoke else "results-gpu")
+        if self.args.smoke and results.exists():
+            shutil.rmtree(results)  # the smoke runs the studies it names, never reuses them
         chosen = self.args.studies.split() if self.args.studies else [s for s, _ in STUDY_ORDER]
         order = [s for s, _ in STUDY_ORDER if s in chosen] + [s for s in chosen if s not in dict(STUDY_ORDER)]
         stop = time.monotonic() + limit_s
