@@ -184,7 +184,7 @@ class Runner:
         if self.args.smoke:
             return gpu_smoke_env.calibrate_killed_and_resumed(self, limit_s)
         out = ROOT / "resources" / "calibration"
-        rc = self.run("calibrate", [self.wrapper, "-m", "hpcdl", "spatial-calibrate", "--config",
+        rc = self.run("calibrate", [self.wrapper, "-m", "hpcdl", "spatial", "calibrate", "--config",
                                     "configs/paper.yaml", "--device", "cuda", "--out", out,
                                     "--budget-s", int(limit_s - 15)], limit_s, "spatial-calibrate")
         _copy_matching(out, self.records / "calibration", ("*.csv", "*.provenance.json"))

@@ -79,7 +79,7 @@ def calibrate_killed_and_resumed(runner, limit_s: float) -> int:
     out = runner.records / "smoke-calibration"
     if out.exists():
         shutil.rmtree(out)
-    argv = [str(runner.wrapper), "-m", "hpcdl", "spatial-calibrate", "--config",
+    argv = [str(runner.wrapper), "-m", "hpcdl", "spatial", "calibrate", "--config",
             str(tiny_config(runner.records)), "--device", "cpu", "--out", str(out),
             "--budget-s", str(int(limit_s / 2))]
     log = open(runner.records / "spatial-calibrate.log", "a")  # noqa: SIM115 (closed below)

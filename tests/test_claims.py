@@ -13,6 +13,7 @@ import importlib
 import json
 from pathlib import Path
 
+import microbatch_cudnn_tables
 import numpy as np
 import pandas as pd
 import pytest
@@ -447,14 +448,15 @@ def test_hetmem_speed_compares_an_estimate_with_the_native_run_not_the_simulator
 
 # ------------------------------------------------------------------------------------ microbatch
 MB_CFG = {"microbatch": {"networks": ["alexnet", "resnet18"], "policies": ["undivided", "all"],
-                         "prediction_tolerance": 0.10, "exact_tolerance": 1e-5}}
+                         "prediction_tolerance": 0.10, "exact_tolerance": 1e-5, "device": "cuda",
+                         "cudnn": {"engines": True, "limits_mib": [8, 512]}}}
 # distinct plans: alexnet's policies and planners all give one plan; resnet18's two policies two
 MB_PLANS = {("alexnet", "undivided"): "undivided/dp", ("alexnet", "all"): "undivided/dp",
             ("resnet18", "undivided"): "undivided/dp", ("resnet18", "all"): "all/ilp"}
 
 
 def _microbatch() -> tuple[dict, dict]:
-    rows = [{"network": n, "policy": p, "planner": pl, "device": "cpu", "plan_id": MB_PLANS[(n, p)],
+    rows = [{"network": n, "policy": p, "planner": pl, "device": "cuda", "plan_id": MB_PLANS[(n, p)],
              "shared_by": "...", "keeps_default": False, "layers_changed": 2, "divided_kernels": 0,
              "kernels": 12, "rounds": 3, "measured_plan_s": 1.0, "measured_default_s": 1.1,
              "predicted_plan_s": 1.02, "predicted_default_s": 1.1, "measured_speedup": 1.1,
@@ -470,7 +472,9 @@ def _microbatch() -> tuple[dict, dict]:
              for n in ("alexnet", "resnet18") for k in ("forward", "backward_data", "backward_filter")]
     tables = {"tables/network_speedup.csv": pd.DataFrame(rows),
               "tables/network_rounds.csv": pd.DataFrame(rounds), "tables/exactness.csv": pd.DataFrame(exact),
-              "tables/failures.csv": pd.DataFrame(columns=["network", "table", "error"])}
+              "tables/failures.csv": pd.DataFrame(columns=["network", "table", "error"]),
+              # μ-cuDNN's own experiment: HAND-MADE engine tables run at their benchmarked times
+              **microbatch_cudnn_tables.study_tables()}
     return copy.deepcopy(MB_CFG), tables
 
 
@@ -478,6 +482,22 @@ def _mb_rounds(t, col, values, network="resnet18", plan_id="all/ilp"):
     """Give one distinct plan's rounds these per-round values of `col`."""
     d = t["tables/network_rounds.csv"]
     d.loc[(d["network"] == network) & (d["plan_id"] == plan_id), col] = list(values)
+
+
+def _mb_cudnn(t, table, planner, col, value, label="8 MiB", kernel=None):
+    """Set `col` of alexnet's cuDNN rows at `label` by `planner` (one kernel's, or the network's)."""
+    d = t[f"tables/cudnn_{table}.csv"]
+    sel = (d["network"] == "alexnet") & (d["planner"] == planner) & (d["limit_label"] == label)
+    if kernel is not None:
+        sel &= (d["layer"] + "/" + d["kernel"]) == kernel
+    d.loc[sel, col] = value
+
+
+def _mb_cudnn_failed(t, network="resnet18", error="Traceback\nRuntimeError: resnet18: no cuDNN plan ran"):
+    for name in ("tables/cudnn_limits.csv", "tables/cudnn_networks.csv"):
+        t[name] = t[name][t[name]["network"] != network]
+    row = pd.DataFrame([{"network": network, "table": "cudnn_limits", "error": error}])
+    t["tables/failures.csv"] = pd.concat([row, t["tables/failures.csv"]], ignore_index=True)  # listed first
 
 
 def _mb_failed(t, network="resnet18", error="Traceback\nWorkspaceError: layer conv1 (forward): too small"):
@@ -897,7 +917,7 @@ CASES = [
      None),
     ("spatial", "compute_term", "not_measured",
      lambda c, t: t.__setitem__("tables/compute_check.csv", t["tables/compute_check.csv"].iloc[0:0]),
-     ["no GPU calibration", "spatial-calibrate"]),
+     ["no GPU calibration", "spatial calibrate"]),
     # hetmem
     ("hetmem", "estimate_error_le_5pct", "passed", None, None),
     # stream's own mean |error| 8 % fails, though the mean over both apps' placements is 4.75 %
@@ -924,26 +944,46 @@ CASES = [
      lambda c, t: t.__setitem__("tables/policies.csv", t["tables/policies.csv"].iloc[0:0]),
      ["app stream has no result", "app cg has no result"]),
     # microbatch
-    ("microbatch", "plan_not_slower", "passed", None, None),
-    ("microbatch", "plan_not_slower", "failed",
+    ("microbatch", "algorithm_choice_not_slower", "passed", None, None),
+    ("microbatch", "algorithm_choice_not_slower", "failed",
      lambda c, t: _mb_rounds(t, "speedup", (0.90, 0.91, 0.89)), None),
-    ("microbatch", "plan_not_slower", "straddles",
+    ("microbatch", "algorithm_choice_not_slower", "straddles",
      lambda c, t: _mb_rounds(t, "speedup", (1.05, 0.95, 1.0)), None),
-    ("microbatch", "plan_not_slower", "not_measured", lambda c, t: _mb_failed(t),
+    ("microbatch", "algorithm_choice_not_slower", "not_measured", lambda c, t: _mb_failed(t),
      ["resnet18", "network resnet18 failed", "WorkspaceError: layer conv1"]),
-    ("microbatch", "prediction_within_tolerance", "passed", None, None),
-    ("microbatch", "prediction_within_tolerance", "failed",
+    ("microbatch", "algorithm_choice_not_slower", "not_measured",  # the cuDNN task's failure is not its
+     lambda c, t: (_mb_failed(t), _mb_cudnn_failed(t)), ["network resnet18 failed: WorkspaceError"]),
+    ("microbatch", "algorithm_choice_prediction_within_tolerance", "passed", None, None),
+    ("microbatch", "algorithm_choice_prediction_within_tolerance", "failed",
      lambda c, t: _mb_rounds(t, "prediction_error_scaled_frac", (-0.25, -0.24, -0.26), "alexnet",
                              "undivided/dp"), None),
-    ("microbatch", "prediction_within_tolerance", "straddles",
+    ("microbatch", "algorithm_choice_prediction_within_tolerance", "straddles",
      lambda c, t: _mb_rounds(t, "prediction_error_scaled_frac", (0.0, 0.1, 0.2)), None),
-    ("microbatch", "prediction_within_tolerance", "not_measured", lambda c, t: _mb_failed(t),
+    ("microbatch", "algorithm_choice_prediction_within_tolerance", "not_measured", lambda c, t: _mb_failed(t),
      ["resnet18", "network resnet18 failed"]),
     ("microbatch", "outputs_exact", "passed", None, None),
     ("microbatch", "outputs_exact", "failed",
      lambda c, t: t["tables/exactness.csv"].loc.__setitem__((0, "max_rel_err"), 3e-4), None),
     ("microbatch", "outputs_exact", "not_measured", lambda c, t: _mb_failed(t, "alexnet", "MemoryError"),
      ["alexnet", "MemoryError"]),
+    ("microbatch", "cudnn_plan_not_slower", "passed", None, None),
+    ("microbatch", "cudnn_plan_not_slower", "failed",  # the divided forward at twice the baseline's time
+     lambda c, t: _mb_cudnn(t, "limits", "dp", "measured_time_s", 80.0, kernel="c1/forward"), None),
+    ("microbatch", "cudnn_plan_not_slower", "failed",  # the ILP's network sum slower than the baselines'
+     lambda c, t: _mb_cudnn(t, "networks", "ilp", "measured_time_s", 70.0), None),
+    ("microbatch", "cudnn_plan_not_slower", "not_measured",
+     lambda c, t: c["microbatch"].update(device="cpu"),
+     ["needs cuDNN's workspace-limited algorithms (a GPU)", "this run's device is cpu"]),
+    ("microbatch", "cudnn_plan_not_slower", "not_measured", lambda c, t: _mb_cudnn_failed(t),
+     ["network resnet18's cuDNN run failed", "no cuDNN plan ran"]),
+    ("microbatch", "cudnn_tight_limit_speedup", "passed", None, None),
+    ("microbatch", "cudnn_tight_limit_speedup", "failed",  # 1.01: within the repeats' noise (0.02)
+     lambda c, t: _mb_cudnn(t, "networks", "dp", "measured_speedup", 1.01), None),
+    ("microbatch", "cudnn_tight_limit_speedup", "not_measured",
+     lambda c, t: c["microbatch"]["cudnn"].update(engines=False),
+     ["needs cuDNN's workspace-limited algorithms (a GPU)", "microbatch.cudnn.engines is false"]),
+    ("microbatch", "cudnn_tight_limit_speedup", "not_measured", lambda c, t: _mb_cudnn_failed(t),
+     ["network resnet18's cuDNN run failed"]),
     # malleable
     ("malleable", "change_within_one_iteration", "passed", None, None),
     (

@@ -171,8 +171,8 @@ def test_assumptions_must_name_keys_the_predictions_read(test_config):
 
 
 def _calibrate(*args: str) -> subprocess.CompletedProcess:
-    """`python -m hpcdl spatial-calibrate ARGS` from the repository root."""
-    return subprocess.run([sys.executable, "-m", "hpcdl", "spatial-calibrate", *args], capture_output=True,
+    """`python -m hpcdl spatial calibrate ARGS` from the repository root."""
+    return subprocess.run([sys.executable, "-m", "hpcdl", "spatial", "calibrate", *args], capture_output=True,
                           text=True, cwd=REPO, timeout=300)
 
 
@@ -188,7 +188,7 @@ def test_cpu_calibration_at_toy_size_feeds_the_oracle_and_the_compute_check(tmp_
     csv = Path(got.stdout.strip().splitlines()[-1])
     meta = json.loads(gpu_table.sidecar(csv).read_text())
     assert {"gpu_model", "driver", "cuda", "cudnn", "torch", "date", "command"} <= set(meta)
-    assert "spatial-calibrate" in meta["command"] and meta["device"] == "cpu"
+    assert "spatial calibrate" in meta["command"] and meta["device"] == "cpu"
     block = validate_config(cfg)["spatial"]
     table = pd.read_csv(csv)
     assert set(table["id"]) == {it["id"] for it in slabs.calibration_items(block)}
@@ -218,7 +218,7 @@ def test_cpu_calibration_at_toy_size_feeds_the_oracle_and_the_compute_check(tmp_
 
 def test_compute_term_claim_is_not_measured_without_a_gpu_calibration(test_config):
     c = claim_compute_term(validate_config(test_config)["spatial"], pd.DataFrame())
-    assert c["status"] == "not_measured" and "spatial-calibrate" in c["reason"]
+    assert c["status"] == "not_measured" and "spatial calibrate" in c["reason"]
 
 
 def test_plan_counts_items_and_a_budget_with_cudnn_search(tmp_path):
@@ -282,7 +282,7 @@ def test_rows_are_appended_as_items_finish_and_a_sigkilled_run_resumes_to_the_un
 ):
     config, block = _toy(tmp_path, test_config, repeats=40)  # some 0.05 s per item on the CPU
     out = tmp_path / "cal"
-    cmd = [sys.executable, "-m", "hpcdl", "spatial-calibrate", "--config", str(config), "--device", "cpu",
+    cmd = [sys.executable, "-m", "hpcdl", "spatial", "calibrate", "--config", str(config), "--device", "cpu",
            "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -306,7 +306,7 @@ def test_rows_are_appended_as_items_finish_and_a_sigkilled_run_resumes_to_the_un
     killed = gpu_table.GpuCalibration.read(csv)
     assert killed.partial and "partial calibration" in killed.status()
 
-    got = _calibrate(*cmd[4:])
+    got = _calibrate(*cmd[5:])
     assert got.returncode == 0, got.stderr
     assert f"resuming, {len(before)} of {total} items already measured" in got.stderr
     after = pd.read_csv(csv)
@@ -347,7 +347,7 @@ def test_search_column_and_priority_order(tmp_path, test_config):
     config, block = _toy(tmp_path, test_config)
     env = {**os.environ, "HPCDL_PROGRESS": "1"}
     cmd = ["--config", str(config), "--device", "cpu", "--out", str(tmp_path / "cal")]
-    got = subprocess.run([sys.executable, "-m", "hpcdl", "spatial-calibrate", *cmd], capture_output=True,
+    got = subprocess.run([sys.executable, "-m", "hpcdl", "spatial", "calibrate", *cmd], capture_output=True,
                          text=True, cwd=REPO, timeout=300, env=env)
     assert got.returncode == 0, got.stderr
     # stderr is not a terminal here: progress as plain lines, no redrawn bar
@@ -381,7 +381,7 @@ def test_budget_stops_early_marked_partial_and_a_rerun_finishes_it(tmp_path, tes
     assert meta["partial"] is True and meta["items_measured"] == n and 1 <= n < meta["items"] == 62
     assert meta["sessions"][-1]["stopped"] == "budget"
     assert f"partial: {n} of 62 items measured" in got.stderr
-    assert "rerun `python -m hpcdl spatial-calibrate" in got.stderr
+    assert "rerun `python -m hpcdl spatial calibrate" in got.stderr
     # the readers: what a partial table cannot bracket is refused naming the partial table; the predictions
     # then rest on the assumed efficiency and say why
     cal = gpu_table.GpuCalibration.read(csv)

@@ -315,3 +315,18 @@ def test_no_caption_states_an_outcome_or_quotes_a_threshold(name):
             shown = [f"{v:g}"] + ([f"{100 * v:g} %", f"{100 * v:g}%"] if v < 1 else [])
             quoted = [s for s in shown if re.search(rf"(?<![\d.]){re.escape(s)}(?![\d])", flat)]
             assert not quoted, f"{name}/{file} quotes the threshold {v:g} of {name}.claims as {quoted}"
+
+
+def test_adding_a_study_lists_exactly_the_fields_of_studyspec():
+    """docs/architecture.md, "Adding a study", is the one description of a study's declaration: its
+    field table names every StudySpec field, and nothing else."""
+    import dataclasses
+    import re
+
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text[text.index("## Adding a study"):]
+    section = section[:section.find("\n## ", 5)] if "\n## " in section[5:] else section
+    documented = re.findall(r"^\| `(\w+)` \|", section, re.M)
+    assert documented == [f.name for f in dataclasses.fields(StudySpec)]
+    readme = (REPO / "README.md").read_text()
+    assert "## Adding a study" not in readme and "docs/architecture.md" in readme

@@ -5,6 +5,8 @@
     python -m hpcdl <study> claims  --config FILE   # tables/ (+ raw/) -> claims.json, claims.html
     python -m hpcdl <study> summary --config FILE   # a study's own digest, where it has summary.py
     python -m hpcdl <study> about --config FILE [--config-files F …]   # the report page opening the study
+    python -m hpcdl <study> <command> …             # a study's own commands (its commands.py), e.g.
+    python -m hpcdl spatial calibrate --config configs/paper.yaml --device cuda   # the oracle's GPU times
     python -m hpcdl compss {command,enqueue,xml,gpus} …  # runcompss / enqueue_compss command lines
     python -m hpcdl verdict --results-dir DIR --out FILE STUDY[=TITLE] …
     python -m hpcdl ranks-probe [N [DEVICE]]        # N torch.distributed ranks all-reduce (launcher check)
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -100,7 +103,25 @@ def main(argv: list[str] | None = None) -> int:
         from hpcdl.platform.rank_runtime.probes import main as probe_main
 
         return probe_main(argv[1:])
+    if len(argv) >= 2 and argv[1] not in STAGES and not argv[1].startswith("-"):
+        own = study_command(argv[0], argv[1])
+        if own is not None:
+            return own(argv[2:])
     return study_main(argv)
+
+
+def study_command(study: str, command: str):
+    """A study's own command (`COMMANDS` of hpcdl/studies/<study>/commands.py), found by name: the
+    platform imports no study (docs/architecture.md, "Layers")."""
+    if not study.isidentifier() or importlib.util.find_spec(f"hpcdl.studies.{study}") is None:
+        return None
+    if importlib.util.find_spec(f"hpcdl.studies.{study}.commands") is None:
+        return None
+    commands = importlib.import_module(f"hpcdl.studies.{study}.commands").COMMANDS
+    if command not in commands:
+        return None
+    module, _, function = commands[command].partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 if __name__ == "__main__":

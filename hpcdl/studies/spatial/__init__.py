@@ -14,7 +14,7 @@
     calibration  rank function of the microbenchmarks that calibrate the oracle
     perfmodel    the ParaDL-style oracle and its calibration fit (no other spatial module)
     papers       the oracle at exactly the papers' settings, on assumed or GPU-calibrated compute
-    gpucal       the GPU calibration at the papers' slab shapes (python -m hpcdl spatial-calibrate)
+    gpucal       the GPU calibration at the papers' slab shapes (python -m hpcdl spatial calibrate)
     sweep        the scaling runs of a config, what each unit of work reads of it, and the layer
                  shapes of the held-out runs the oracle is judged on out of sample
     compute      the units of work the task bodies (tasks/spatial.py) call
@@ -49,6 +49,13 @@ def _setting(cfg: dict) -> str:
             "oracle")
 
 
+def _paper() -> dict:
+    """Its published results beside ours (paper.py; imported only when a page shows them)."""
+    from hpcdl.studies.spatial.paper import PAPER
+
+    return PAPER
+
+
 SPEC = StudySpec(
     name="spatial",
     title="Spatial scaling (hybrid data x spatial 3D CNN)",
@@ -68,4 +75,5 @@ SPEC = StudySpec(
               "oracle predict its time well enough to choose the parallel strategy?"),
     headline="efficiency",
     setting=_setting,
+    paper=_paper,
 )

@@ -54,7 +54,7 @@ def claim_compute_term(block: dict, check: pd.DataFrame) -> dict:
                  "(spatial.gpu_calibration.steps; measured in one calibration run)")
     if check.empty or "error" not in check:
         return not_measured("compute_term", statement, "no GPU calibration with whole-step rows: run "
-                            "`python -m hpcdl spatial-calibrate --device cuda` on a GPU and commit its "
+                            "`python -m hpcdl spatial calibrate --device cuda` on a GPU and commit its "
                             "resources/calibration/<gpu>.csv", tolerance=tol)
     per = {f"{r.network} {int(r.depth)}x{int(r.height)}": float(r.error) for r in check.itertuples()}
     gpu = str(check["gpu"].iloc[0])

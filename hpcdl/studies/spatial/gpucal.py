@@ -1,8 +1,8 @@
 """The GPU calibration: every item of hpcdl.studies.spatial.perfmodel.slabs timed on one device.
 
-    python -m hpcdl spatial-calibrate --config configs/paper.yaml --device cuda --out resources/calibration \\
+    python -m hpcdl spatial calibrate --config configs/paper.yaml --device cuda --out resources/calibration \\
         --budget-s 140
-    python -m hpcdl spatial-calibrate --config configs/paper.yaml --plan   # the items, the order, an estimate
+    python -m hpcdl spatial calibrate --config configs/paper.yaml --plan   # the items, the order, an estimate
 
 What each item runs is in gpucal_ops; the order in gpucal_plan (first what makes every paper layout's
 prediction computable, then the compute term's steps, then the remaining sizes and splits). Each
@@ -257,7 +257,7 @@ def main(argv: list[str]) -> int:
 
     t0 = time.perf_counter()
     ap = argparse.ArgumentParser(
-        prog="python -m hpcdl spatial-calibrate",
+        prog="python -m hpcdl spatial calibrate",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -282,7 +282,7 @@ def main(argv: list[str]) -> int:
         print("error: --device cuda: torch sees no CUDA GPU here", file=sys.stderr)
         return 2
     out = Path(args.out or Path(cfg["data"]["resources_dir"]) / "calibration")
-    command = shlex.join(["python", "-m", "hpcdl", "spatial-calibrate", *argv])
+    command = shlex.join(["python", "-m", "hpcdl", "spatial", "calibrate", *argv])
     log = lambda m: print(f"[spatial-calibrate] {m}", file=sys.stderr, flush=True)  # noqa: E731
     res = calibrate(block, args.device, out, command, args.budget_s, args.fresh, log, t0)
     this = (f"this run measured {res.this_run} in {res.wall_s:.0f} s, {res.search_s:.1f} s of it in first "

@@ -105,7 +105,7 @@ class GpuCalibration:
             return ""
         return (
             f"partial calibration: {self.measured_items} of {self.total_items} items measured; rerun "
-            "`python -m hpcdl spatial-calibrate` with the same --config, --device and --out to finish it"
+            "`python -m hpcdl spatial calibrate` with the same --config, --device and --out to finish it"
         )
 
     @classmethod

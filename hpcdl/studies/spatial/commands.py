@@ -1,0 +1,7 @@
+"""The spatial study's own commands, run as `python -m hpcdl spatial <command> ...` (hpcdl.platform.cli)."""
+
+# name -> "module:function" taking the command's arguments and returning an exit code; by name, so
+# that listing the commands imports none of them
+COMMANDS = {
+    "calibrate": "hpcdl.studies.spatial.gpucal:main",   # the oracle's layer times on one device
+}
