@@ -1,4 +1,4 @@
-"""Micro-batched convolution study as a PyCOMPSs application: every network is one task.
+"""Micro-batched convolution study as a PyCOMPSs application: one task per network (2 with cuDNN engines).
 
     python -m tasks.microbatch --config configs/default.yaml     # local backend
     python -m hpcdl compss command microbatch --config FILE    # prints the runcompss command line
@@ -8,8 +8,12 @@ that PyTorch exposes and each task holds one GPU. A task benchmarks every candid
 kernel and micro-batch size of one network's conv layers, plans with the DP per kernel and the ILP
 over the network, executes every distinct plan and the framework's default as whole networks in
 interleaved rounds, and checks exactness. Writes raw/bench.csv, plans.csv, budget.csv,
-execution.csv, network_rounds.csv, exactness.csv and planning.csv. A failing network becomes a row
-with status=failed and its error in every table; the rest runs. Every network's record is kept in
+execution.csv, network_rounds.csv, exactness.csv and planning.csv. Where the device is cuda and
+microbatch.cudnn.engines is true, a second task per network runs μ-cuDNN's own experiment
+(hpcdl.studies.microbatch.cudnn_study: cuDNN's engines by id under workspace limits, the engine
+table as its record) into cudnn_engines.csv and cudnn_limits.csv; elsewhere those two hold their
+header only. A failing network becomes a row with status=failed and its error in every table of its
+task; the rest runs. Every network's record is kept in
 <results>/microbatch/points/ as it finishes (hpcdl.platform.points): a rerun runs only what is not
 finished.
 """
@@ -26,9 +30,10 @@ from hpcdl.platform.points import StudyRun, failed_row
 from hpcdl.platform.results import write_table
 from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
 from hpcdl.platform.task_runtime.app import start_app
-from hpcdl.studies.microbatch import compute, sweep
+from hpcdl.studies.microbatch import compute, cudnn_study, sweep
 
 RAW = ("bench", "plans", "budget", "execution", "network_rounds", "exactness", "planning")
+CUDNN_RAW = ("cudnn_engines", "cudnn_limits")
 
 
 @on_failure(management="IGNORE", returns=None)
@@ -39,44 +44,60 @@ def network_point(point: dict, slot) -> dict:
     return slot.run(compute.run_network, **point)
 
 
+@on_failure(management="IGNORE", returns=None)
+@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_MICROBATCH_UNITS"},
+                        {"processorType": "GPU", "computingUnits": "$HPCDL_MICROBATCH_GPUS"}])
+@task(returns=1)
+def cudnn_point(point: dict, slot) -> dict:
+    return slot.run(cudnn_study.run_network, **point)
+
+
+def _rows(outcomes, names: tuple[str, ...]) -> dict[str, list[dict]]:
+    """Each raw table's rows from the outcomes: a failed network gives a failed row in every table."""
+    tables = {name: [] for name in names}
+    for o in outcomes:
+        if not o.ok:
+            for name in names:
+                tables[name].append(failed_row({"network": o.point["network_name"]}, o.error))
+            continue
+        meta = o.result["meta"]
+        for name in names:
+            tables[name] += [
+                {**r, "device": meta["device"], "clock": meta["clock"], "status": r.get("status", "ok"),
+                 "error": ""}
+                for r in o.result.get(name, [])  # a record stored before a table existed has none
+            ]
+    return tables
+
+
 def main(argv=None) -> None:
     cfg = start_app("microbatch", argv, __doc__.splitlines()[0])
     run = StudyRun(cfg, "microbatch")
     # resolved once, here (start_app has refused `cuda` without a GPU); on cuda each task holds a GPU
-    points = sweep.network_points(cfg, study_device(cfg, "microbatch"))
+    device = study_device(cfg, "microbatch")
+    points = sweep.network_points(cfg, device)
+    cudnn_points = sweep.cudnn_points(cfg, device)  # none unless cuda and microbatch.cudnn.engines
     print(
         f"[microbatch] {len(points)} network point(s): {', '.join(p['network_name'] for p in points)}",
         file=sys.stderr,
         flush=True,
     )
-    (outcomes,) = run.gather(
-        [run.submit("network", points, lambda p, slot: network_point(p, slot))],
+    outcomes, cudnn_outcomes = run.gather(
+        [run.submit("network", points, lambda p, slot: network_point(p, slot)),
+         run.submit("cudnn", cudnn_points, lambda p, slot: cudnn_point(p, slot))],
         compss_wait_on,
         failure_reason,
     )
-    tables = {name: [] for name in RAW}
-    for o in outcomes:
-        if not o.ok:
-            for name in RAW:
-                tables[name].append(failed_row({"network": o.point["network_name"]}, o.error))
-            continue
-        meta = o.result["meta"]
-        for name in RAW:
-            tables[name] += [
-                {
-                    **r,
-                    "device": meta["device"],
-                    "clock": meta["clock"],
-                    "status": r.get("status", "ok"),
-                    "error": "",
-                }
-                for r in o.result.get(name, [])  # a record stored before a table existed has none
-            ]
+    tables = {**_rows(outcomes, RAW), **_rows(cudnn_outcomes, CUDNN_RAW)}
     raw = run.dir / "raw"
     for name in RAW:
         write_table(pd.DataFrame(tables[name]), raw / f"{name}.csv", cfg, run.started)
+    for name in CUDNN_RAW:  # header only where the experiment did not run (a CPU run)
+        rows = tables[name]
+        write_table(pd.DataFrame(rows, columns=None if rows else cudnn_study.COLUMNS[name]),
+                    raw / f"{name}.csv", cfg, run.started)
     run.write_summary()
-    failed = sum(not o.ok for o in outcomes)
+    failed = sum(not o.ok for o in (*outcomes, *cudnn_outcomes))
     print(
         f"[microbatch] done in {time.time() - run.started:.0f} s; {failed} failed network(s)",
         file=sys.stderr,

@@ -19,6 +19,7 @@ from torch import nn
 
 from hpcdl.platform.config import ConfigError, load_config
 from hpcdl.platform.procenv import child_env
+from hpcdl.platform.stages import read_or_empty
 from hpcdl.studies.microbatch import ilp
 from hpcdl.studies.microbatch.algorithms import ALGORITHMS, ALL_KERNELS, FUSED, KERNELS, KernelCall, verify
 from hpcdl.studies.microbatch.bench import benchmark_layer
@@ -434,14 +435,19 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
             timeout=300,
         )
         assert p.returncode == 0, p.stderr[-3000:]
-    claims = json.loads((tmp_path / "r" / "microbatch" / "claims.json").read_text())
-    assert {c["id"] for c in claims["claims"]} == {
-        "plan_not_slower",
-        "prediction_within_tolerance",
-        "outputs_exact",
-    }
-    assert next(c for c in claims["claims"] if c["id"] == "outputs_exact")["status"] == "passed"
-    for fig in ("layer_speedup", "budget_speedup", "microbatch_sizes", "predicted_vs_measured"):
+    doc = json.loads((tmp_path / "r" / "microbatch" / "claims.json").read_text())
+    claims = {c["id"]: c for c in doc["claims"]}
+    assert set(claims) == {"algorithm_choice_not_slower", "algorithm_choice_prediction_within_tolerance",
+                           "outputs_exact", "cudnn_plan_not_slower", "cudnn_tight_limit_speedup"}
+    assert claims["outputs_exact"]["status"] == "passed"
+    # μ-cuDNN's own experiment needs cuDNN: on the CPU its tables are empty and its claims not measured
+    for table in (raw / "cudnn_limits.csv", raw.parent / "tables" / "cudnn_networks.csv"):
+        assert table.exists() and read_or_empty(table).empty
+    for cid in ("cudnn_plan_not_slower", "cudnn_tight_limit_speedup"):
+        assert claims[cid]["status"] == "not_measured"
+        assert "needs cuDNN's workspace-limited algorithms (a GPU)" in claims[cid]["reason"]
+    figures = ("layer_speedup", "budget_speedup", "microbatch_sizes", "predicted_vs_measured", "cudnn_limits")
+    for fig in figures:
         assert (tmp_path / "r" / "microbatch" / "figures" / f"{fig}.png").stat().st_size > 10_000
 
 
@@ -518,19 +524,20 @@ def test_network_speedup_comes_from_whole_network_rounds_and_counts_a_shared_pla
     assert ilp.loc["all", "predicted_speedup"] == pytest.approx(4.0 / 3.8)    # count-weighted benchmark
     assert ilp.loc["all", "divided_kernels"] == 1 and ilp.loc["all", "layers_changed"] == 1
     c = _judge_raw(tmp_path, raw)
-    slower = c["plan_not_slower"]
+    slower = c["algorithm_choice_not_slower"]
     assert slower["status"] == "passed"
     assert list(slower["measured"]["holds"]) == ["alexnet [undivided, all]"]  # one plan, judged once
     assert slower["measured"]["distinct_plans"] == {"alexnet": 1}
     assert "undivided/dp" in slower["measured"]["shared_by"]["alexnet [undivided, all]"]
     assert "tests micro-batching" in slower["statement"]
-    assert c["prediction_within_tolerance"]["status"] == "passed"             # 1.053 vs 1.10: -4 %
+    assert c["algorithm_choice_prediction_within_tolerance"]["status"] == "passed"  # 1.053 vs 1.10: -4 %
 
 
 def test_claims_say_when_nothing_is_divided_and_straddle_within_noise(tmp_path):
     c = _judge_raw(tmp_path, _mb_raw((1.04, 0.97, 1.0), divided=0))
-    assert c["plan_not_slower"]["status"] == "straddles"
-    assert "tests per-kernel algorithm choice" in c["plan_not_slower"]["statement"]
-    assert "not micro-batching" in c["plan_not_slower"]["statement"]
-    one = _judge_raw(tmp_path / "one", _mb_raw((1.10,), divided=0))["plan_not_slower"]
+    slower = c["algorithm_choice_not_slower"]
+    assert slower["status"] == "straddles"
+    assert "tests per-kernel algorithm choice" in slower["statement"]
+    assert "not micro-batching" in slower["statement"]
+    one = _judge_raw(tmp_path / "one", _mb_raw((1.10,), divided=0))["algorithm_choice_not_slower"]
     assert one["status"] == "not_measured" and "an interval needs 2" in one["reason"]

@@ -57,7 +57,7 @@ INTENDED = {
     "spatial": {"exactness": ("study", "IGNORE"), "calibrate": ("study", "IGNORE"),
                 "scaling_run": ("study", "IGNORE"), "gpu_calibration": ("study", "IGNORE")},
     "hetmem": {"app_point": ("study", "IGNORE")},
-    "microbatch": {"network_point": ("study", "IGNORE")},
+    "microbatch": {"network_point": ("study", "IGNORE"), "cudnn_point": ("study", "IGNORE")},
     "malleable": {"response_point": ("study", "IGNORE"), "oversub_point": ("study", "IGNORE"),
                   "cosched_point": ("study", "IGNORE")},
     "offload": {"run_point": ("study", "IGNORE"), "capacity_point": ("study", "IGNORE")},
@@ -65,7 +65,7 @@ INTENDED = {
 # Cores each study's tasks must get in the config below: set (checkpoint) or derived (largest M,
 # largest run's ranks x threads).
 # tasks an app submits only where its device resolves to cuda (not here: the runs below are on the CPU)
-CUDA_ONLY = {"spatial": {"gpu_calibration"}}
+CUDA_ONLY = {"spatial": {"gpu_calibration"}, "microbatch": {"cudnn_point"}}
 CONFIGURED_UNITS = {"checkpoint": 2, "hpo": 1, "shuffle": 2, "spatial": 2, "hetmem": 1, "microbatch": 1,
                     "malleable": 2, "offload": 1}
 

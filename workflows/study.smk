@@ -7,9 +7,12 @@
 # a command needs goes in through `params` (evaluated here, per rule).
 # Every report entry of a study has a label that orders its category: its about page (rule
 # <study>_about, hpcdl.platform.about), its headline figure, the other figures, its claims.
-# The about page also shows the study's committed GPU records (hpcdl.platform.gpu_records), its inputs.
+# The about page opens with the study's published results beside this run's
+# (hpcdl.platform.paper_vs_ours: resources/papers.yaml, the run's claims and tables) and shows its
+# committed GPU records (hpcdl.platform.gpu_records): all of them its inputs.
 # Uses (from the Snakefile): CONFIG, CONFIG_FILES, RESULTS, STUDY_SPECS, GPU_RECORDS, CONDA_ENV, wiring,
 # gpu_records, study_config, atomic_write_json; all_cores (common.smk).
+from hpcdl.platform import paper_vs_ours
 
 
 # The study's slice of the validated config, as the file its app and stages read. Snakemake reruns
@@ -126,6 +129,9 @@ for _spec in STUDY_SPECS.values():
             f"{_spec.name}_about"
         input:
             wiring.stage_inputs(RESULTS, _spec, CONFIG, "about"),
+            f"{_dir}/claims.json",
+            wiring.table_files(RESULTS, _spec),
+            paper_vs_ours.paper_inputs(),
             gpu_records.record_inputs(GPU_RECORDS, [_spec.name]),
         output:
             report(
@@ -136,7 +142,7 @@ for _spec in STUDY_SPECS.values():
             ),
         log:
             f"{_dir}/logs/about.log",
-        # a page of three sentences: not worth a cluster job
+        # a page of a table and three sentences: not worth a cluster job
         localrule: True
         threads: 1
         conda:

@@ -1,5 +1,7 @@
 """The page that opens each study's category in the report (docs/architecture.md, "Report"):
-three sentences from the study's declaration and this run's provenance, rendered by the platform.
+the study's published results beside ours (hpcdl.platform.paper_vs_ours: its rows of
+resources/papers.yaml, through the study's declared mapping), then three sentences from the study's
+declaration and this run's provenance, rendered by the platform.
 
     the seed's question (StudySpec.question);
     this run's setting: the config files, the sizes (StudySpec.setting) and the device measured on;
@@ -17,7 +19,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from hpcdl.platform import gpu_records
+from hpcdl.platform import gpu_records, paper_vs_ours
 from hpcdl.platform.claims import SHOWN
 from hpcdl.platform.results import atomic_write_text, study_measured_on
 from hpcdl.platform.study import StudySpec
@@ -74,22 +76,33 @@ def gpu_tables(records: list[dict]) -> str:
     return "".join(parts)
 
 
+def paper_rows(spec: StudySpec, study_dir: str | Path, config_files: list[str],
+               gpu_records_root: str | Path | None, papers: str | Path = paper_vs_ours.PAPERS) -> str:
+    """The study's paper-vs-ours table (HTML), or a line saying why there is none."""
+    items = paper_vs_ours.load(papers).get(spec.name, []) if Path(papers).is_file() else []
+    rows = paper_vs_ours.study_rows(spec, spec.name, items, study_dir, paper_vs_ours.scale_of(config_files),
+                                    gpu_records_root, papers)
+    return paper_vs_ours.render(rows, f"{spec.name}: paper vs ours", papers)
+
+
 def render(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list[str],
-           records: list[dict] = ()) -> str:
+           records: list[dict] = (), paper: str = "") -> str:
+    """The page; `paper`: the study's paper-vs-ours table (`paper_rows`), which opens it."""
     question, setting, answer = (html.escape(s) for s in sentences(spec, cfg, study_dir, config_files))
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
             f"<title>{html.escape(spec.title)}</title></head>"
             "<body style='font-family:sans-serif;max-width:60em;line-height:1.5'>"
-            f"<h2>{html.escape(spec.title)}</h2>"
+            f"<h2>{html.escape(spec.title)}</h2>{paper}"
             f"<p class='question'><b>Question.</b> {question}</p>"
             f"<p class='setting'><b>Setting.</b> {setting}</p>"
             f"<p class='answer'><b>Answer.</b> {answer}</p>{gpu_tables(records)}</body></html>\n")
 
 
 def write(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list[str],
-          gpu_records_root: str | Path | None = None) -> Path:
+          gpu_records_root: str | Path | None = None, papers: str | Path = paper_vs_ours.PAPERS) -> Path:
     """about.html; `gpu_records_root`: the committed GPU records (default: the config's,
-    `gpu_records.records_root`)."""
+    `gpu_records.records_root`); `papers`: the published results (resources/papers.yaml)."""
     root = gpu_records_root if gpu_records_root is not None else gpu_records.records_root(cfg)
-    page = render(spec, cfg, study_dir, config_files, gpu_records.study_records(root, spec.name))
+    page = render(spec, cfg, study_dir, config_files, gpu_records.study_records(root, spec.name),
+                  paper_rows(spec, study_dir, config_files, root, papers))
     return atomic_write_text(Path(study_dir) / f"{ABOUT}.html", page)

@@ -117,6 +117,50 @@ def attach_tuned(claims: list[dict], notes: Iterable[Mapping],
     return out
 
 
+# The page fits the window: fixed column widths, long values wrap anywhere (ids, paths, JSON keys).
+PAGE_CSS = (
+    "body { font-family: sans-serif; margin: 0.5em; max-width: 100%; }"
+    " table.claims { border-collapse: collapse; table-layout: fixed; width: 100%; }"
+    " table.claims > tbody > tr > td, table.claims > tbody > tr > th { border: 1px solid #bbb; padding: 4px;"
+    " vertical-align: top; overflow-wrap: anywhere; word-break: break-word; text-align: left; }"
+    " table.kv { border-collapse: collapse; width: 100%; font-size: 0.85em; }"
+    " table.kv th, table.kv td { border-top: 1px solid #ddd; padding: 1px 4px; vertical-align: top;"
+    " text-align: left; overflow-wrap: anywhere; word-break: break-word; }"
+    " table.kv th { font-weight: normal; color: #555; width: 35%; }"
+)
+MAX_DEPTH = 3  # deeper values are shown as compact JSON
+
+
+def _scalar(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v) if isinstance(v, str | int | bool) or v is None else json.dumps(v, default=_json_default)
+
+
+def measured_html(value, depth: int = 0) -> str:
+    """Measured values as nested key / value tables (an interval as 'mean [low, high] (95 % CI, n)',
+    a list of plain values and a nested flat mapping as one line), escaped."""
+    if isinstance(value, dict) and value:
+        ci = [k for k in value if str(k).startswith("ci")]
+        if "mean" in value and ci and isinstance(value[ci[0]], list | tuple) and len(value[ci[0]]) == 2:
+            low, high = value[ci[0]]
+            rest = {k: v for k, v in value.items() if k not in ("mean", ci[0], "n")}
+            head = (f"{_scalar(value['mean'])} [{_scalar(low)}, {_scalar(high)}] "
+                    f"({str(ci[0])[2:]} % CI, n={value.get('n', '?')})")
+            return html.escape(head) + (measured_html(rest, depth + 1) if rest else "")
+        if depth and all(not isinstance(v, dict | list | tuple) for v in value.values()):
+            # a flat mapping (per app, per X) on one wrapping line: compact, and still a table above it
+            return html.escape(", ".join(f"{k}: {_scalar(v)}" for k, v in value.items()))
+        if depth >= MAX_DEPTH:
+            return html.escape(json.dumps(value, default=_json_default))
+        rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{measured_html(v, depth + 1)}</td></tr>"
+                       for k, v in value.items())
+        return f"<table class='kv'>{rows}</table>"
+    if isinstance(value, list | tuple) and value and all(not isinstance(v, dict | list) for v in value):
+        return html.escape(", ".join(_scalar(v) for v in value))
+    return html.escape("—" if isinstance(value, dict) else _scalar(value))
+
+
 def _tuned_html(c: dict) -> str:
     return "".join(f"<br><small class='tuned'><b>tuned</b> after seeing this claim: "
                    f"<code>{html.escape(n['key'])}</code>: {html.escape(n['why'])}</small>"
@@ -139,16 +183,18 @@ def write_claims(study_dir: str | Path, study: str, claims: list[dict],
     for c in claims:
         color, word = SHOWN[c["status"]]
         why = f"<br><i>{html.escape(c['reason'])}</i>" if c.get("reason") else ""
-        evidence = html.escape(json.dumps(c["measured"], default=_json_default))
         rows.append(f"<tr class='{c['status']}'><td>{html.escape(c['id'])}</td>"
                     f"<td>{html.escape(c['statement'])}{why}{_tuned_html(c)}</td>"
                     f"<td style='color:{color}'><b>{word}</b></td>"
-                    f"<td><code>{evidence}</code></td></tr>")
+                    f"<td class='measured'>{measured_html(c['measured'])}</td></tr>")
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(study)} claims</title>"
-            f"</head><body><h2>{html.escape(study)}: {n['passed']}/{len(claims)} claims hold on this run "
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<style>{PAGE_CSS}</style></head><body>"
+            f"<h2>{html.escape(study)}: {n['passed']}/{len(claims)} claims hold on this run "
             f"({n['failed']} failed, {n['straddles']} straddle, {n['not_measured']} not measured)</h2>"
             f"<p>Measured on {html.escape(device)}: each verdict holds for this run on this device.</p>"
-            "<table border='1' cellpadding='4' style='border-collapse:collapse'>"
+            "<table class='claims'><colgroup><col style='width:14%'><col style='width:34%'>"
+            "<col style='width:10%'><col style='width:42%'></colgroup>"
             "<tr><th>claim</th><th>statement</th><th>result</th><th>measured</th></tr>"
             f"{''.join(rows)}</table></body></html>\n")
     html_path = atomic_write_text(study_dir / "claims.html", page)

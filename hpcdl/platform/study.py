@@ -6,18 +6,91 @@ schema's study enum and `$ref`s (hpcdl.platform.config.full_schema), the CLI's c
 (hpcdl.platform.cli) and the Snakemake rules (workflows/study.smk: run -> tables -> figures ->
 claims for every study). A study's other files follow from its name (docs/architecture.md,
 "Adding a study").
+
+A study may also set its results beside the papers' (resources/papers.yaml): `StudySpec.paper` gives,
+per published id, an `Ours` saying which of this run's tables or claims holds our number and how to
+compare it; hpcdl.platform.paper_vs_ours builds the rows. `RunFiles` is what such a mapping reads.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """What a paper mapping reads of one run of a study: its derived tables (this run's tables/, or a
+    committed GPU record's folder, where they lie flat), its claims and the device it was measured on
+    ("GPU: <model>", "CPU: <model> (<n> cores)", or "" where unknown)."""
+
+    tables: Path | None
+    claims: tuple[dict, ...] = ()
+    device: str = ""
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("GPU")
+
+    def table(self, name: str):
+        """The table `<name>.csv` as a DataFrame; empty where the run has none or it does not parse."""
+        import pandas as pd
+
+        path = self.tables / f"{name}.csv" if self.tables is not None else None
+        if path is None or not path.is_file():
+            return pd.DataFrame()
+        try:
+            return pd.read_csv(path)
+        except (OSError, ValueError, pd.errors.EmptyDataError):
+            return pd.DataFrame()
+
+    def claims_named(self, name: str) -> list[dict]:
+        """The claims with id `name`, where a `{M}` in it stands for any number (as CLAIMS declares)."""
+        from hpcdl.platform.claims import declared
+
+        return [c for c in self.claims if declared(c["id"], [name])]
+
+
+@dataclass(frozen=True)
+class Ours:
+    """How one published result is set beside a run (hpcdl.platform.paper_vs_ours). Exactly one way:
+
+    `value`    run -> {"value": float[, "interval": (low, high)][, "setting": str]} (our number), or
+               {"missing": why}, {"unreproducible": why} (this run's hardware cannot), or None (the
+               run has nothing of `source`); compared with the paper's value by `tolerance` (within
+               N %) and then `line` (the same side of it as the paper's value: the direction);
+    `claims`   a qualitative result: its verdict follows these claims of the run (all passed: reproduced
+               in direction; one failed: not reproduced; one straddles: undecided; else not measured);
+    `context`  a setting or definition, not a result: what ours is, no verdict.
+    `unreproducible` says why no run of this study can reproduce it (e.g. 2048 GPUs). The comparison is
+    shown, never fed back into a model or a threshold.
+    """
+
+    source: str                                  # which table / claim / column of a run gives ours
+    value: Callable[[RunFiles], dict | None] | None = None
+    tolerance: float | None = None               # within N %: |ours / paper - 1| <= tolerance
+    line: float | None = None                    # the direction: paper and ours on the same side of it
+    better: str | None = None                    # "higher" / "lower": beyond the paper this way is within
+    claims: tuple[str, ...] = ()
+    context: str = ""
+    unreproducible: str = ""
+    oracle: Callable[[RunFiles], dict | None] | None = None  # a model's prediction: {"value", "setting"}
+    setting: str = ""                            # our setting in words, where `value` gives none
+
+    def __post_init__(self):
+        ways = [self.value is not None, bool(self.claims), bool(self.context), bool(self.unreproducible)]
+        if sum(ways[:3]) > 1 or not any(ways):
+            raise ValueError(f"Ours({self.source!r}): give one of value, claims or context "
+                             "(or unreproducible)")
+        if self.better not in (None, "higher", "lower"):
+            raise ValueError(f"Ours({self.source!r}): better must be 'higher' or 'lower', "
+                             f"not {self.better!r}")
 
 
 @dataclass(frozen=True)
@@ -55,6 +128,10 @@ class StudySpec:
     question: str = ""
     headline: str = ""
     setting: Callable[[dict], str] = field(default=lambda cfg: "")
+    # () -> {published id: Ours}: how each of the study's published results (resources/papers.yaml) is
+    # set beside this run's numbers (hpcdl.platform.paper_vs_ours); a callable, so the mapping's
+    # module is imported only when a page needs it
+    paper: Callable[[], Mapping[str, Ours]] = field(default=lambda: {})
 
     def caption(self, figure: str) -> Path:
         return REPO_ROOT / "workflows" / "report" / self.name / f"{figure}.rst"

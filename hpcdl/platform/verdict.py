@@ -7,7 +7,12 @@ ok / failed / skipped) and the run's provenance (the raw tables' `*.provenance.j
 hpcdl.platform.results).
 A study without claims.json is shown as "not run", never left out. A study's committed GPU records
 (hpcdl.platform.gpu_records) are shown under it, labelled "recorded on <gpu>", and never counted in
-this run's claims held / total.
+this run's claims held / total. A study's count is red when a claim failed, amber when one straddles or
+is not measured, green when all passed.
+
+Under the table: every published result beside ours (hpcdl.platform.paper_vs_ours), then every claim
+in one line with its number and a link to its evidence, under a legend of the words
+(hpcdl.platform.claim_lines).
 
 Pure: reads the results directory, returns data or HTML; the workflow's `verdict` rule writes
 `<results>/verdict.html`, which workflows/report/workflow.rst embeds on the report's landing page.
@@ -23,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform import gpu_records
+from hpcdl.platform import claim_lines, gpu_records, paper_vs_ours
 from hpcdl.platform.claims import SHOWN
 from hpcdl.platform.results import atomic_write_text, measured_on, run_sidecars
 
@@ -93,13 +98,15 @@ def study_verdict(results_dir: str | Path, study: str, title: str | None = None,
     doc = _read_json(study_dir / "claims.json")
     verdict = {"study": study, "title": title or study, "ran": points_ran(study_dir),
                "provenance": run_provenance(study_dir),
-               "gpu_records": gpu_records.study_records(gpu_records_root, study)}
+               "gpu_records": gpu_records.study_records(gpu_records_root, study),
+               "claims_page": str(study_dir / "claims.html")}
     if doc is None:
         return verdict | {"state": "not run", "passed": None, "total": None, "failed": [],
-                          "straddles": [], "not_measured": [], "tuned": []}
+                          "straddles": [], "not_measured": [], "tuned": [], "claims": []}
     claims = doc.get("claims", [])
     return verdict | {
         "state": "ran",
+        "claims": claims,
         "passed": sum(c["status"] == "passed" for c in claims),
         "total": len(claims),
         "failed": [c for c in claims if c["status"] == "failed"],
@@ -235,10 +242,12 @@ LAYOUT_CSS = (
 COLUMNS = ("study", "claims held / total", "what ran (points)", "measured on", "wall time")
 
 
-def render_html(entries: list[dict]) -> str:
+def render_html(entries: list[dict], paper_rows: list[dict] | None = None,
+                papers: str | Path = paper_vs_ours.PAPERS) -> str:
     """The verdict table: one <tbody> per study, whose first row is the study at a glance (claims
     held / total, what ran, device, time) and whose second has its provenance and, folded, its
-    failing, straddling and not-measured claims.
+    failing, straddling and not-measured claims. Under it, `paper_rows` (paper_vs_ours.rows; none
+    where None), the legend and every claim in one line.
 
     `data-*` attributes carry the counts for machine checks; the visible text says the same.
     """
@@ -266,7 +275,7 @@ def render_html(entries: list[dict]) -> str:
         if e["state"] == "not run":
             claims = "<b style='color:dimgray'>not run</b> (no claims.json)"
         else:
-            color = "green" if e["passed"] == e["total"] else "firebrick"
+            color = claim_lines.worst_color(c["status"] for c in e.get("claims", []))
             claims = f"<b class='claims' style='color:{color}'>{e['passed']}/{e['total']}</b>"
             extra = [f"{len(e['failed'])} failed"] if e["failed"] else []
             extra += [f"{len(e['straddles'])} straddle"] if e["straddles"] else []
@@ -282,12 +291,22 @@ def render_html(entries: list[dict]) -> str:
                      f"{_gpu_lines(e)}{_claim_details(e)}</td></tr>")
         parts.append("</tbody>")
     parts.append("</table>")
+    if paper_rows is not None:
+        parts.append(paper_vs_ours.render(paper_rows, "Paper vs ours", papers))
+    parts += [claim_lines.render_legend(), claim_lines.render_lines(entries)]
     return "\n".join(parts) + "\n"
 
 
 def write_verdict(results_dir: str | Path, studies: Iterable[str] | Mapping[str, str],
-                  out: str | Path, gpu_records_root: str | Path | None = None) -> Path:
-    return atomic_write_text(out, render_html(verdict(results_dir, studies, gpu_records_root)))
+                  out: str | Path, gpu_records_root: str | Path | None = None,
+                  papers: str | Path = paper_vs_ours.PAPERS, config_files: Iterable[str] = ()) -> Path:
+    """verdict.html; `papers`: the published results set beside this run (no section where the file
+    is absent), `config_files`: the run's config files (its scale)."""
+    entries = verdict(results_dir, studies, gpu_records_root)
+    rows = paper_vs_ours.rows(results_dir, [e["study"] for e in entries], papers,
+                              paper_vs_ours.scale_of(config_files), gpu_records_root) \
+        if Path(papers).is_file() else []
+    return atomic_write_text(out, render_html(entries, rows, papers))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,8 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--gpu-records", default=None,
                     help="committed GPU records to show beside this run (e.g. resources/gpu-records)")
+    ap.add_argument("--papers", default=str(paper_vs_ours.PAPERS),
+                    help="published results to set beside this run (default resources/papers.yaml)")
+    ap.add_argument("--config-files", nargs="*", default=[], help="the run's config files (its scale)")
     ap.add_argument("studies", nargs="+", help="study names, or name=title")
     args = ap.parse_args(argv)
     studies = dict(s.split("=", 1) if "=" in s else (s, None) for s in args.studies)
-    write_verdict(args.results_dir, studies, args.out, args.gpu_records)
+    write_verdict(args.results_dir, studies, args.out, args.gpu_records, args.papers, args.config_files)
     return 0

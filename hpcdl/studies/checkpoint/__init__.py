@@ -48,6 +48,13 @@ def _setting(cfg: dict) -> str:
             f"{mib[0]:g}-{mib[1]:g} MiB fp32, {b['repeats']} repeats, DCP on {b['dcp_ranks']} ranks")
 
 
+def _paper() -> dict:
+    """Its published results beside ours (paper.py; imported only when a page shows them)."""
+    from hpcdl.studies.checkpoint.paper import PAPER
+
+    return PAPER
+
+
 SPEC = StudySpec(
     name="checkpoint",
     title="Checkpoint cost (formats, sync vs async, resume, interval)",
@@ -62,4 +69,5 @@ SPEC = StudySpec(
               "of it does asynchronous (CheckFreq-style) checkpointing hide from training?"),
     headline="blocking",
     setting=_setting,
+    paper=_paper,
 )

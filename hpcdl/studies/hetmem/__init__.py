@@ -36,6 +36,13 @@ def _setting(cfg: dict) -> str:
     return f"on the CPU: {cpu}; on a GPU: {gpu}"
 
 
+def _paper() -> dict:
+    """Its published results beside ours (paper.py; imported only when a page shows them)."""
+    from hpcdl.studies.hetmem.paper import PAPER
+
+    return PAPER
+
+
 SPEC = StudySpec(
     name="hetmem",
     title="Heterogeneous memory (differential-tracing estimator, placement agent; simulated tiers on the "
@@ -54,4 +61,5 @@ SPEC = StudySpec(
               "running it?"),
     headline="parity",
     setting=_setting,
+    paper=_paper,
 )

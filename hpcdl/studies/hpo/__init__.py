@@ -31,6 +31,13 @@ def _setting(cfg: dict) -> str:
             f"{b['data']['train_limit'] or 'all'} training images")
 
 
+def _paper() -> dict:
+    """Its published results beside ours (paper.py; imported only when a page shows them)."""
+    from hpcdl.studies.hpo.paper import PAPER
+
+    return PAPER
+
+
 SPEC = StudySpec(
     name="hpo",
     title="Hyperparameter optimisation (Optuna on PyCOMPSs tasks)",
@@ -53,4 +60,5 @@ SPEC = StudySpec(
               "tasks, and how much training does pruning save without losing the best configuration?"),
     headline="grid_scaling",
     setting=_setting,
+    paper=_paper,
 )

@@ -28,6 +28,13 @@ def _setting(cfg: dict) -> str:
             f"{'/'.join(b['response']['methods'])}")
 
 
+def _paper() -> dict:
+    """Its published results beside ours (paper.py; imported only when a page shows them)."""
+    from hpcdl.studies.malleable.paper import PAPER
+
+    return PAPER
+
+
 SPEC = StudySpec(
     name="malleable",
     title="Malleable thread counts and co-scheduling (API / signal / quota, cgroups)",
@@ -40,4 +47,5 @@ SPEC = StudySpec(
               "co-scheduler that reshapes jobs finish a queue sooner than rigid allocation?"),
     headline="policy_bars",
     setting=_setting,
+    paper=_paper,
 )

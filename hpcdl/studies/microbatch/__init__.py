@@ -13,6 +13,10 @@ cudnn_engines  (CUDA, microbatch.cudnn.engines) cuDNN engine configurations list
             and run by id through NVIDIA's cuDNN frontend, on PyTorch's tensors
 limits      the seed's workspace-limit planning on an engine table: the fastest undivided engine under
             a limit (the baseline), the DP per kernel under it, the ILP under a network budget
+cudnn_plan  (pure) a network's plans under every limit (configured + the library default, 64 MiB) as
+            rows, the measured times attached, the network rollup, plan checks against the table
+cudnn_study (CUDA, microbatch.cudnn.engines) one network's engine table, plans and their execution by
+            engine id against the baseline: what the task app's second task runs
 compute     one network point (what the task app runs): benchmark, plan, execute, check exactness
 heap        fixed glibc heap thresholds, so in-process timing comparisons allocate alike
 sweep       the network points of a validated config; checks: config checks beyond the schema
@@ -29,14 +33,26 @@ def _task_units(cfg: dict) -> int | str:
 
 def _setting(cfg: dict) -> str:
     b = cfg["microbatch"]
+    cudnn = b.get("cudnn") or {}
+    limits = "/".join(f"{v:g}" for v in sorted({*map(float, cudnn.get("limits_mib", [])), 64.0}))
+    engines = (f"; on CUDA, cuDNN engines by id under {limits} MiB workspace limits (64: the library's "
+               "default)" if cudnn.get("engines") else "")
     return (f"{'/'.join(b['networks'])} conv layers at batch {b['batch_size']}, image {b['image_size']}, "
-            f"policies {'/'.join(b['policies'])}")
+            f"policies {'/'.join(b['policies'])}{engines}")
+
+
+def _paper() -> dict:
+    """Its published results beside ours (paper.py; imported only when a page shows them)."""
+    from hpcdl.studies.microbatch.paper import PAPER
+
+    return PAPER
 
 
 SPEC = StudySpec(
     name="microbatch",
     title="Micro-batched convolutions (μ-cuDNN: DP + ILP under a workspace limit)",
-    raw_tables=("bench", "plans", "budget", "execution", "network_rounds", "exactness", "planning"),
+    raw_tables=("bench", "plans", "budget", "execution", "network_rounds", "exactness", "planning",
+                "cudnn_engines", "cudnn_limits"),
     tables=(
         "network_speedup",
         "network_rounds",
@@ -46,8 +62,10 @@ SPEC = StudySpec(
         "planning_cost",
         "exactness",
         "failures",
+        "cudnn_limits",
+        "cudnn_networks",
     ),
-    figures=("layer_speedup", "budget_speedup", "microbatch_sizes", "predicted_vs_measured"),
+    figures=("layer_speedup", "budget_speedup", "microbatch_sizes", "predicted_vs_measured", "cudnn_limits"),
     task_units=_task_units,
     devices=("cpu", "cuda"),
     task_gpus=lambda cfg: 1,  # on CUDA each network's task holds one GPU
@@ -56,4 +74,5 @@ SPEC = StudySpec(
               "over a network's workspace budget (ILP), make the network's convolutions faster?"),
     headline="budget_speedup",
     setting=_setting,
+    paper=_paper,
 )

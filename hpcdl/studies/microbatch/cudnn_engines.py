@@ -31,10 +31,10 @@ and run at a time nobody benchmarked. `run_division` runs a division largest ste
 then multiples of each power-of-two size, as benchmarked) and checks every step before any runs.
 
 Nothing here runs on the CPU path: the binding is imported only when a CUDA graph is built. The task
-app does not call this module yet: it is to run it where `enabled(block, device)`
-(microbatch.cudnn.engines and device cuda) once a GPU run has validated it against the binding
-(issue 27). hpcdl.studies.microbatch.cudnn_bench benchmarks a layer's plans into a table, which
-hpcdl.studies.microbatch.limits plans on.
+app runs it where `enabled(block, device)` (microbatch.cudnn.engines and device cuda), one task per
+network (hpcdl.studies.microbatch.cudnn_study, issue 38): hpcdl.studies.microbatch.cudnn_bench
+benchmarks each layer's plans into a table, hpcdl.studies.microbatch.cudnn_plan plans on it under
+every limit (through limits, dp and ilp), and `run_division` executes the plans and baselines.
 """
 
 from __future__ import annotations

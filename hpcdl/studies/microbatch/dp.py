@@ -91,13 +91,17 @@ class KernelDP:
         batch: int,
         policy: str,
         label: str = "kernel",
+        skip_missing: bool = False,
     ):
-        """table: (algorithm, micro-batch) -> (time_s, workspace_bytes), for every size the policy needs."""
+        """table: (algorithm, micro-batch) -> (time_s, workspace_bytes), for every size the policy needs;
+        with `skip_missing`, a size without any configuration is left out of the policy instead (a
+        cuDNN engine table can lack one where no engine runs at some micro-batch offset)."""
         self.batch, self.policy, self.label = batch, policy, label
         self.sizes = policy_sizes(policy, batch)
         missing = [b for b in self.sizes if not any(k[1] == b for k in table)]
-        if missing:
+        if missing and not skip_missing:
             raise ValueError(f"{label}: policy {policy} needs micro-batch sizes {missing}, not benchmarked")
+        self.sizes = [b for b in self.sizes if b not in missing]
         self.fronts: dict[int, Front | None] = {}
         size_set = set(self.sizes)
         for b in range(1, batch + 1):

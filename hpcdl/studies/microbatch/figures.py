@@ -1,5 +1,6 @@
 """Figures stage of the micro-batched convolution study: tables/ -> figures/ (per-layer speedup,
-speedup vs workspace budget, the chosen micro-batches, predicted vs measured time)."""
+speedup vs workspace budget, the chosen micro-batches, predicted vs measured time, and on CUDA
+μ-cuDNN's speedup over the undivided cuDNN baseline vs workspace limit)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pandas as pd
 
 from hpcdl.platform.results import mark_no_data, save_figure
 from hpcdl.platform.stages import pyplot, read_or_empty
+from hpcdl.studies.microbatch.cudnn_claims import PAPER_SPEEDUP
+from hpcdl.studies.microbatch.cudnn_plan import DEFAULT_LIMIT_MIB
 from hpcdl.studies.microbatch.tables import SEED_SPEEDUP
 
 MiB = 2**20
@@ -211,3 +214,41 @@ def draw(cfg: dict, study_dir: Path) -> None:
     )
     ax.grid(True, which="both", alpha=0.3)
     save_figure(fig, figs / "predicted_vs_measured.png")
+    _cudnn_limits(plt, read_or_empty(tables / "cudnn_networks.csv"), figs)
+
+
+def _cudnn_limits(plt, nets: pd.DataFrame, figs: Path) -> None:
+    """5. μ-cuDNN's network speedup over the undivided baseline vs the per-kernel workspace limit,
+    measured (DP and ILP, per policy), the planned speedup beside it, the papers' as references."""
+    names = _networks(nets)
+    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(5.5 * max(1, len(names)), 4.2), squeeze=False)
+    for ax, net in zip(axes[0], names or [None], strict=True):
+        if net is None:
+            mark_no_data(ax, "no cuDNN-engine run: it needs a GPU and microbatch.cudnn.engines")
+            continue
+        d = nets[(nets["network"] == net) & nets["feasible"].astype(str).str.lower().eq("true")]
+        for (policy, planner), g in d.groupby(["policy", "planner"], sort=False):
+            g = g.sort_values("limit_mib")
+            style = dict(color=POLICY_COLOR.get(policy, "k"), ls="-" if planner == "dp" else "--")
+            ax.plot(g["limit_mib"], g["measured_speedup"], "o", label=f"{policy} {planner} (executed)",
+                    **style)
+            ax.plot(g["limit_mib"], g["planned_speedup"], "x", ms=7, alpha=0.6, color=style["color"],
+                    label=f"{policy} {planner} (planned)")
+        paper = PAPER_SPEEDUP.get(net, {})
+        for (gpu, v), ls in zip(paper.items(), (":", "-."), strict=False):
+            ax.axhline(v, color="gray", ls=ls, label=f"μ-cuDNN {gpu} (paper) {v:.2f}x")
+        ax.axhline(1.0, color="k", lw=0.8)
+        top = max([*paper.values(), *d["measured_speedup"].dropna(), *d["planned_speedup"].dropna(), 1.0])
+        ax.set_ylim(top=top * 1.05 + 0.02)  # the papers' lines stay in view
+        limits = sorted(set(d["limit_mib"]))
+        ax.set(xscale="log", xlabel="workspace limit per kernel (MiB)",
+               ylabel="undivided baseline time / plan time", title=f"{net}: μ-cuDNN on cuDNN engines (CUDA)")
+        if limits:
+            from matplotlib.ticker import NullFormatter
+
+            names = [f"{v:g}\n(default)" if v == DEFAULT_LIMIT_MIB else f"{v:g}" for v in limits]
+            ax.set_xticks(limits, names)
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.26))
+    save_figure(fig, figs / "cudnn_limits.png")

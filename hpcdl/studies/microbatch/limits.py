@@ -74,7 +74,9 @@ def kernel_tables(table: pd.DataFrame) -> dict[Key, dict[tuple[str, int], tuple[
     return out
 
 
-def _undivided_one(key: Key, cells: dict, batch: int, limit_bytes: float) -> Choice:
+def fastest_undivided(key: Key, cells: dict, batch: int, limit_bytes: float) -> Choice:
+    """One kernel's baseline: its fastest engine fitting `limit_bytes` at the full mini-batch
+    (`cells` as kernel_tables gives them); WorkspaceError naming the kernel where none fits."""
     full = [(e, t, w) for (e, b), (t, w) in cells.items() if b == batch]
     if not full:
         raise ValueError(f"{label(key)}: no engine benchmarked at the full mini-batch {batch}")
@@ -93,7 +95,7 @@ def undivided(table: pd.DataFrame, batch: int, limit_bytes: float) -> dict[Key, 
     """The fastest engine that fits `limit_bytes` at the full mini-batch, per kernel; WorkspaceError
     (naming the kernel) where none fits."""
     return {
-        key: _undivided_one(key, cells, batch, limit_bytes) for key, cells in kernel_tables(table).items()
+        key: fastest_undivided(key, cells, batch, limit_bytes) for key, cells in kernel_tables(table).items()
     }
 
 
@@ -128,7 +130,7 @@ def limit_sweep(
         base: dict[Key, Choice | str] = {}
         for key, cells in tables.items():
             try:
-                base[key] = _undivided_one(key, cells, batch, lb)
+                base[key] = fastest_undivided(key, cells, batch, lb)
             except WorkspaceError as exc:
                 base[key] = str(exc)
         for policy in policies:

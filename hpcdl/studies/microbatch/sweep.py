@@ -28,3 +28,29 @@ def network_points(cfg: dict, device: str = "cpu") -> list[dict]:
         }
         for net in b["networks"]
     ]
+
+
+def cudnn_points(cfg: dict, device: str) -> list[dict]:
+    """One point per network for μ-cuDNN's own experiment (hpcdl.studies.microbatch.cudnn_study):
+    none unless `device` (resolved) is cuda and microbatch.cudnn.engines is true."""
+    from hpcdl.studies.microbatch.cudnn_engines import enabled
+
+    b = cfg["microbatch"]
+    if not enabled(b, device):
+        return []
+    return [
+        {
+            "network_name": net,
+            "batch_size": b["batch_size"],
+            "image_size": b["image_size"],
+            "deepbench_scale": b["deepbench_scale"],
+            "policies": b["policies"],
+            "repeats": b["repeats"],
+            "warmup": b["warmup"],
+            "exec_repeats": b["exec_repeats"],
+            "limits_mib": b["cudnn"]["limits_mib"],
+            "tf32": b["cudnn"]["tf32"],
+            "seed": b["seed"],
+        }
+        for net in b["networks"]
+    ]

@@ -5,9 +5,13 @@ conv time vs the default's, which variants share the plan, kernels divided), net
 interleaved round of every distinct plan against the default's same round), layer_speedup.csv (each
 layer's share of the whole-network runs), budget_speedup.csv (ILP speedup vs total workspace budget),
 plans.csv (chosen micro-batches and algorithms per kernel), planning_cost.csv (benchmark, DP and
-solver time), exactness.csv (max relative error per candidate and per executed plan) and
-failures.csv. Predicted times are count-weighted sums over each network's conv layers; measured
-network times are whole-network runs, never sums of layer times.
+solver time), exactness.csv (max relative error per candidate and per executed plan),
+failures.csv, and μ-cuDNN's own experiment on CUDA (empty elsewhere): cudnn_limits.csv (per
+workspace limit, policy, planner and kernel: the undivided baseline and the plan, benchmarked and
+executed) and cudnn_networks.csv (their network rollup, cudnn_plan.rollup). Predicted times are
+count-weighted sums over each network's conv layers; the CPU path's measured network times are
+whole-network runs, never sums of layer times (the cuDNN experiment times kernels one at a time:
+its network times are count-weighted sums of executed kernels, and say so).
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import pandas as pd
 
 from hpcdl.platform.results import write_table
 from hpcdl.platform.stages import ok_rows, read_or_empty
+from hpcdl.studies.microbatch.cudnn_plan import rollup
 
 # μ-cuDNN (Oyama et al., Cluster 2018) on a V100: a reference, not a bar on this machine
 SEED_SPEEDUP = {"alexnet": 1.60, "resnet18": 1.30, "deepbench": 1.60}
 RAW = ("bench", "plans", "budget", "execution", "network_rounds", "exactness", "planning")
+CUDNN_RAW = ("cudnn_engines", "cudnn_limits")
 
 
 NET_COLS = [
@@ -156,7 +162,7 @@ def failures(raws: dict[str, pd.DataFrame]) -> pd.DataFrame:
 def write(cfg: dict, study_dir: Path) -> None:
     started = time.time()
     study_dir = Path(study_dir)
-    raws = {k: read_or_empty(study_dir / "raw" / f"{k}.csv") for k in RAW}
+    raws = {k: read_or_empty(study_dir / "raw" / f"{k}.csv") for k in (*RAW, *CUDNN_RAW)}
     tables = study_dir / "tables"
     nets = network_speedup(raws["execution"], raws["network_rounds"], raws["plans"])
     write_table(nets, tables / "network_speedup.csv", cfg, started)
@@ -168,3 +174,6 @@ def write(cfg: dict, study_dir: Path) -> None:
     write_table(ok_rows(raws["planning"]), tables / "planning_cost.csv", cfg, started)
     write_table(exactness_table(raws["exactness"], raws["execution"]), tables / "exactness.csv", cfg, started)
     write_table(failures(raws), tables / "failures.csv", cfg, started)
+    limits = ok_rows(raws["cudnn_limits"])
+    write_table(limits, tables / "cudnn_limits.csv", cfg, started)
+    write_table(rollup(limits), tables / "cudnn_networks.csv", cfg, started)

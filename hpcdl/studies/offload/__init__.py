@@ -39,6 +39,13 @@ def _setting(cfg: dict) -> str:
             "budget")
 
 
+def _paper() -> dict:
+    """Its published results beside ours (paper.py; imported only when a page shows them)."""
+    from hpcdl.studies.offload.paper import PAPER
+
+    return PAPER
+
+
 SPEC = StudySpec(
     name="offload",
     title="Memory offload (optimizer state and activations to a slower tier)",
@@ -53,4 +60,5 @@ SPEC = StudySpec(
               "save, how much of the copy time hides behind compute, and how much larger a model fits?"),
     headline="tradeoff",
     setting=_setting,
+    paper=_paper,
 )

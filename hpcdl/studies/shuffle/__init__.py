@@ -36,6 +36,13 @@ def _setting(cfg: dict) -> str:
             f"at M={kk['world_size']} in {len(kk.get('seeds') or b['seeds'])} interleaved rounds")
 
 
+def _paper() -> dict:
+    """Its published results beside ours (paper.py; imported only when a page shows them)."""
+    from hpcdl.studies.shuffle.paper import PAPER
+
+    return PAPER
+
+
 SPEC = StudySpec(
     name="shuffle",
     title="Shuffle fraction (global / local / partial-Q, KAKURENBO)",
@@ -53,4 +60,5 @@ SPEC = StudySpec(
               "accuracy of global shuffling, and does hiding easy samples (KAKURENBO) save training time?"),
     headline="acc_gap_vs_q",
     setting=_setting,
+    paper=_paper,
 )
