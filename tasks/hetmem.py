@@ -3,18 +3,18 @@
     python -m tasks.hetmem --config configs/default.yaml          # local backend
     python -m hpcdl compss command hetmem --config FILE    # prints the runcompss command line
 
-Every app runs on hetmem.device, resolved here once (hpcdl.platform.device.study_device).
-On the CPU a task compiles the kernels, traces its app under valgrind lackey, simulates the two-tier
-reference (simulated: a CPU node has one memory tier), validates the differential estimator and runs
-the placement policies (hpcdl.studies.hetmem.compute). On CUDA a task holds one GPU and measures its
-app's placements on it instead: objects in GPU memory or in pinned host memory mapped into the GPU,
-the estimate and the policies at object granularity (hpcdl.studies.hetmem.gpu; no lackey, no
-simulation: the hardware is the reference). Writes raw/traces.csv (one row per app: tracing cost or
-the GPU's measurement cost, footprint, the bounds), raw/validation.csv (app x sampling period x
-placement: estimate vs reference) and raw/policies.csv (app x capacity x policy); every row names its
-`device` and its `reference` ("simulated" or "hardware: GPU HBM vs mapped pinned host"). A failing
-app becomes a failed row with its error; the others run. Every app's record is kept in
-<results>/hetmem/points/ as it finishes.
+Every app runs on hetmem.device, resolved here once (hpcdl.platform.device.study_device), and its
+task body is one call, hpcdl.studies.hetmem.compute.run_point. On the CPU a task compiles the
+kernels, traces its app under valgrind lackey, simulates the two-tier reference (simulated: a CPU
+node has one memory tier), validates the differential estimator and runs the placement policies. On
+CUDA a task holds one GPU and measures its app's placements on it instead: objects in GPU memory or
+in pinned host memory mapped into the GPU, the estimate and the policies at object granularity
+(hpcdl.studies.hetmem.gpu; no lackey, no simulation: the hardware is the reference). Writes
+raw/traces.csv (one row per app: tracing cost or the GPU's measurement cost, footprint, the bounds),
+raw/validation.csv (app x sampling period x placement: estimate vs reference) and raw/policies.csv
+(app x capacity x policy); every row names its `device` and its `reference` ("simulated" or
+"hardware: GPU HBM vs mapped pinned host"). A failing app becomes a failed row with its error; the
+others run. Every app's record is kept in <results>/hetmem/points/ as it finishes.
 """
 
 from __future__ import annotations
@@ -37,13 +37,7 @@ from hpcdl.studies.hetmem import compute, sweep
                         {"processorType": "GPU", "computingUnits": "$HPCDL_HETMEM_GPUS"}])
 @task(returns=1)
 def app_point(point: dict, block: dict, work_dir: str, slot) -> dict:
-    if point.get("device") == "cuda":
-        from hpcdl.studies.hetmem import gpu
-
-        return slot.run(gpu.run_app, point["name"], block, block["seed"])
-    return slot.run(
-        compute.run_app, point["name"], point["size"], point["iters"], block, work_dir, block["seed"]
-    )
+    return slot.run(compute.run_point, point, block, work_dir, block["seed"])
 
 
 def device_label(device: str, trace: dict | None) -> str:

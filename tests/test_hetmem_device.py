@@ -22,7 +22,7 @@ import yaml
 from hpcdl.platform.config import ConfigError, validate_config
 from hpcdl.platform.device import study_device
 from hpcdl.platform.procenv import child_env
-from hpcdl.studies.hetmem import claims, gpu, sweep, tables
+from hpcdl.studies.hetmem import claims, gpu, gpu_apps, gpu_placement, gpu_tiers, sweep, tables
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = pytest.mark.skipif(shutil.which("valgrind") is None or shutil.which("cc") is None,
@@ -117,7 +117,7 @@ def test_on_the_cpu_the_app_runs_the_simulated_path_with_its_numbers_and_names_t
 
 def test_placements_are_bounds_each_object_alone_then_distinct_random_subsets():
     names = ["a", "b", "c"]
-    plan = gpu.placements(names, 10, np.random.default_rng(0))
+    plan = gpu_placement.placements(names, 10, np.random.default_rng(0))
     assert [p[0] for p in plan[:5]] == ["all_fast", "all_slow", "object:a", "object:b", "object:c"]
     assert plan[0][2] == frozenset(names) and plan[1][2] == frozenset()
     assert [p[1] for p in plan] == ["bound"] * 2 + ["object"] * 3 + ["random_objects"] * 3
@@ -127,31 +127,32 @@ def test_placements_are_bounds_each_object_alone_then_distinct_random_subsets():
     assert set(sets) == {frozenset(c) for k in range(4) for c in itertools.combinations(names, k)}
     assert [p[0] for p in plan[5:]] == ["random#0", "random#1", "random#2"]
     # two objects: every subset is already a bound or an object alone
-    assert len(gpu.placements(["u", "v"], 4, np.random.default_rng(0))) == 4
+    assert len(gpu_placement.placements(["u", "v"], 4, np.random.default_rng(0))) == 4
     # the same seed, the same placements; none asked, none drawn
-    again = gpu.placements(names, 10, np.random.default_rng(0))
-    assert again == plan and len(gpu.placements(names, 0, np.random.default_rng(0))) == 5
+    again = gpu_placement.placements(names, 10, np.random.default_rng(0))
+    assert again == plan and len(gpu_placement.placements(names, 0, np.random.default_rng(0))) == 5
 
 
 def test_the_estimate_interpolates_by_the_share_of_moved_bytes():
     moved = {"a": 300.0, "b": 100.0, "c": 600.0}
-    assert gpu.byte_share(moved, {"a", "b"}) == pytest.approx(0.4)
-    assert gpu.estimate(moved, {"a", "b"}, 1.0, 6.0) == pytest.approx(0.4 * 1 + 0.6 * 6)
-    assert gpu.estimate(moved, set(moved), 1.0, 6.0) == 1.0 and gpu.estimate(moved, set(), 1.0, 6.0) == 6.0
+    assert gpu_placement.byte_share(moved, {"a", "b"}) == pytest.approx(0.4)
+    assert gpu_placement.estimate(moved, {"a", "b"}, 1.0, 6.0) == pytest.approx(0.4 * 1 + 0.6 * 6)
+    assert gpu_placement.estimate(moved, set(moved), 1.0, 6.0) == 1.0
+    assert gpu_placement.estimate(moved, set(), 1.0, 6.0) == 6.0
     with pytest.raises(ValueError, match=r"\['z'\] are not objects of the app \(a, b, c\)"):
-        gpu.byte_share(moved, {"a", "z"})
+        gpu_placement.byte_share(moved, {"a", "z"})
 
 
 def test_the_object_estimator_is_the_byte_share_estimate_on_every_whole_object_placement():
     sizes = {"a": 10 * 4096, "b": 3 * 4096 + 5, "c": 4096}
     moved = {"a": 50.0, "b": 400.0, "c": 7.0}
-    lay = gpu.object_layout(sizes)
+    lay = gpu_placement.object_layout(sizes)
     assert lay.names == ["a", "b", "c"] and lay.pages_of.tolist() == [10, 4, 1]
-    est = gpu.object_estimator(lay, moved, 2.0, 9.0)
+    est = gpu_placement.object_estimator(lay, moved, 2.0, 9.0)
     for k in range(4):
         for fast in itertools.combinations(sizes, k):
             got = est.estimate_one(lay.mask(fast_objects=fast))
-            assert got == pytest.approx(gpu.estimate(moved, fast, 2.0, 9.0), rel=1e-12), fast
+            assert got == pytest.approx(gpu_placement.estimate(moved, fast, 2.0, 9.0), rel=1e-12), fast
 
 
 def test_policies_choose_whole_objects_that_fit_each_capacity():
@@ -159,7 +160,7 @@ def test_policies_choose_whole_objects_that_fit_each_capacity():
     moved = {"big": 100.0, "hot": 1000.0, "warm": 200.0, "cold": 1.0}
     ag = {"capacities": [0.25, 0.75], "bins": 2, "migration_cost": 0.01, "invalid_penalty": 0.05,
           "max_steps": 6, "timesteps": 64, "rollouts": 2}
-    choices, train_s = gpu.policy_choices(sizes, moved, 1.0, 4.0, ag, 0, "toy")
+    choices, train_s = gpu_placement.policy_choices(sizes, moved, 1.0, 4.0, ag, 0, "toy")
     policies = ("greedy", "random", "ppo")
     assert [(c, p) for c, p, _ in choices] == [(c, p) for c in (0.25, 0.75) for p in policies]
     for cap, _, fast in choices:
@@ -176,7 +177,7 @@ def test_the_gpu_rows_go_through_the_tables_and_claims_as_hardware(tmp_path):
     `reference`, the speed table compares with a hardware run, the claims say they are about a GPU."""
     sizes = {"a": 8 * 4096, "b": 8 * 4096}
     moved = {"a": 3000.0, "b": 1000.0}
-    plan = gpu.placements(list(sizes), 4, np.random.default_rng(0))
+    plan = gpu_placement.placements(list(sizes), 4, np.random.default_rng(0))
     # step times that the estimate gets exactly right except object:b, 2 % off
     times = {frozenset(sizes): 1.0, frozenset(): 3.0, frozenset({"a"}): 1.5, frozenset({"b"}): 2.5 / 1.02}
     measured = {f: (t, 0.2) for f, t in times.items()}
@@ -229,11 +230,11 @@ def test_the_gpu_rows_go_through_the_tables_and_claims_as_hardware(tmp_path):
 
 # ---- the kernels' arithmetic (torch on CPU tensors: the same code the GPU runs) ---------------------------
 
-@pytest.mark.parametrize("app", sorted(gpu.APPS))
+@pytest.mark.parametrize("app", sorted(gpu_apps.APPS))
 def test_every_gpu_app_moves_bytes_of_every_object_and_its_step_changes_its_outputs(app):
     import torch
 
-    objs, step, moved = gpu.APPS[app](0.001)
+    objs, step, moved = gpu_apps.APPS[app](0.001)
     assert set(moved) == set(objs) and all(v > 0 for v in moved.values())
     before = {k: v.clone() for k, v in objs.items()}
     step(objs)
@@ -246,10 +247,10 @@ def test_every_gpu_app_moves_bytes_of_every_object_and_its_step_changes_its_outp
 def test_stream_cg_and_stencil_steps_compute_what_they_claim():
     import torch
 
-    o, step, _ = gpu.APPS["stream"](0.001)
+    o, step, _ = gpu_apps.APPS["stream"](0.001)
     step(o)
     assert torch.allclose(o["a"], o["b"] + 3.0 * o["c"], rtol=1e-15, atol=0)
-    o, step, _ = gpu.APPS["cg"](0.001)
+    o, step, _ = gpu_apps.APPS["cg"](0.001)
     a = torch.sparse_csr_tensor(o["rowptr"], o["colidx"], o["values"]).to_dense()
     assert torch.equal(a, a.T) and (a.diagonal() == 4).all()  # the permuted 2-D Laplacian
     energy = []  # CG minimises 1/2 x'Ax - b'x over growing Krylov spaces: it falls every iteration
@@ -259,7 +260,7 @@ def test_stream_cg_and_stencil_steps_compute_what_they_claim():
     # CG's invariant r = b - A x holds (b = 1), and the energy fell at every step
     assert torch.allclose(o["r"], 1 - a @ o["x"], atol=1e-10)
     assert energy[0] < 0 and all(e1 < e0 for e0, e1 in zip(energy, energy[1:], strict=False))
-    o, step, _ = gpu.APPS["stencil"](0.001)
+    o, step, _ = gpu_apps.APPS["stencil"](0.001)
     u = o["u"].numpy().copy()
 
     def sweep_np(src, dst):
@@ -281,9 +282,9 @@ def test_a_slow_object_is_pinned_host_memory_the_gpu_reads_and_writes_in_place()
     import torch
 
     dev = torch.device("cuda")
-    assert gpu.check_zero_copy(dev)
+    assert gpu_tiers.check_zero_copy(dev)
     values = torch.arange(4096, dtype=torch.float64)
-    slow = gpu.place(values, False, dev)
+    slow = gpu_tiers.place(values, False, dev)
     host = slow._hetmem_host
     assert slow.is_cuda and host.is_pinned() and slow.data_ptr() == host.data_ptr()
     slow.mul_(2.0)  # a GPU kernel writes host memory: the host sees it with no copy
@@ -291,11 +292,11 @@ def test_a_slow_object_is_pinned_host_memory_the_gpu_reads_and_writes_in_place()
     assert torch.equal(host, 2.0 * values)
     host[0] = -1.0  # and the GPU reads what the host wrote
     assert slow[0].item() == -1.0
-    fast = gpu.place(values, True, dev)  # device memory: a copy, not the host's buffer
+    fast = gpu_tiers.place(values, True, dev)  # device memory: a copy, not the host's buffer
     assert fast.is_cuda and not hasattr(fast, "_hetmem_host") and torch.equal(fast.cpu(), values)
     # the CG step runs on mapped index and value arrays (a sparse kernel on host memory)
-    o, step, _ = gpu.APPS["cg"](0.001)
-    on = {k: gpu.place(v.clone(), k in ("x", "r"), dev) for k, v in o.items()}
+    o, step, _ = gpu_apps.APPS["cg"](0.001)
+    on = {k: gpu_tiers.place(v.clone(), k in ("x", "r"), dev) for k, v in o.items()}
     step(on)
     step(o)
     assert torch.allclose(on["x"].cpu(), o["x"], atol=1e-12)

@@ -13,7 +13,7 @@ import pytest
 from hpcdl.platform.config import ConfigError, validate_config
 from hpcdl.platform.procenv import child_env
 from hpcdl.studies.malleable import cgroups, compute, policies, response
-from hpcdl.studies.malleable.driver import Driver
+from hpcdl.studies.malleable.driver import Driver, group_members
 from hpcdl.studies.malleable.job import read_log
 from hpcdl.studies.malleable.scheduler import CoScheduler
 
@@ -219,18 +219,6 @@ def test_crashed_job_is_recorded_failed_and_its_cores_go_to_the_others(tmp_path)
     assert {d["job"]: d["cores"] for d in first} == {"a": 1.0, "b": 1.0}  # the equal share before the crash
 
 
-def _group_members(pgid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            out.append(int(stat.parent.name))
-    return out
-
-
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
@@ -263,7 +251,7 @@ def test_killed_scheduler_leaves_no_job_running_and_no_cgroup(tmp_path):
         time.sleep(0.1)
     assert not any(_alive(p) for p in pids), "a job outlived its killed scheduler"
     drv.finish()
-    assert _group_members(drv.proc.pid) == []
+    assert group_members(drv.proc.pid) == []
     if cg_path is not None:
         assert not cg_path.exists(), "the killed scheduler's cgroups were left behind"
 

@@ -4,7 +4,7 @@ import pytest
 import runtime_tasks as rt
 
 from hpcdl.platform.task_runtime import compss_barrier, compss_wait_on, failure_reason, set_local_cores
-from hpcdl.platform.task_runtime.local import LocalFuture, TaskFailedError
+from hpcdl.platform.task_runtime.local_futures import LocalFuture, TaskFailedError
 from hpcdl.platform.task_runtime.units import resolve
 
 

@@ -114,7 +114,7 @@ def test_hybrid_training_equals_whole_batch_training(tmp_path):
 
 def test_collectives_calibrate_after_the_same_compute_gap_on_both_ranks():
     sizes = [1024, 65536]
-    per_rank = run_ranks("hpcdl.studies.spatial.calibration:collectives", 2,
+    per_rank = run_ranks("hpcdl.studies.spatial.calibration_comm:collectives", 2,
                          {"sizes_bytes": sizes, "repeats": 2, "gap_s": 0.002}, timeout_s=120)
     for rows in per_rank:
         kinds = ("allreduce", "allgather", "exchange")

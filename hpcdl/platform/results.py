@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import time
 from datetime import UTC, datetime
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 
@@ -21,13 +22,19 @@ PROVENANCE_PACKAGES = ("torch", "numpy", "pandas", "matplotlib", "snakemake", "o
                        "h5py", "jsonschema", "pycompss")
 
 
-def _current_umask() -> int:
+@cache
+def _umask() -> int:
+    """The process's umask, read once, on first use rather than at import. Linux shows it in
+    /proc/self/status; elsewhere reading it means setting it (to 0, for a moment) and back."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-_UMASK = _current_umask()
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
@@ -36,7 +43,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp creates 0600; results are meant to be shared
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp creates 0600; results are meant to be shared
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -7,9 +7,12 @@ placement agent on top (after Denoyelle, Gerofi et al., ISC 2022).
     reference    the SIMULATED reference: pycachesim hierarchy + two memory tiers with a timing model
     estimator    differential tracing from the sampled traces of the all-fast and all-slow runs
     agent        gymnasium placement env, greedy / random baselines, stable-baselines3 PPO
-    compute      what the task app's task body runs on the CPU: one application end to end
-    gpu          the CUDA path: the apps in torch, objects in GPU memory or mapped pinned host memory,
-                 measured on that hardware; the estimate and the agent at object granularity
+    compute      what the task app's task body runs (run_point): on the CPU one application end to
+                 end, on cuda the CUDA path's
+    gpu          the CUDA path: each app's placements measured on the task's GPU, and their rows
+    gpu_apps     the apps in torch, with named objects
+    gpu_tiers    objects in GPU memory or in pinned host memory mapped into the GPU (zero-copy)
+    gpu_placement  the placements, byte shares, estimate and agent at object granularity (pure)
     sweep        the points of a validated config (one per app) and the settings they compute from
     checks       config checks beyond the schema
     tables       raw/ -> tables/; figures: tables/ -> figures/; claims: tables/ -> claims

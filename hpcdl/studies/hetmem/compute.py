@@ -1,7 +1,8 @@
-"""What the hetmem task app's task body runs (tasks/hetmem.py): one application end to end (`run_app`).
+"""What the hetmem task app's task body runs (tasks/hetmem.py): one application end to end (`run_point`).
 
-It traces the app, simulates the reference, validates the estimator on many placements at every
-sampling rate, and places the app's data with the greedy, random and PPO policies.
+On the CPU (`run_app`) it traces the app, simulates the reference, validates the estimator on many
+placements at every sampling rate, and places the app's data with the greedy, random and PPO
+policies; on CUDA the app's placements are measured on the task's GPU (hpcdl.studies.hetmem.gpu).
 `build_estimator` is also what the benchmark and the tests build their estimators with.
 """
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdl.studies.hetmem import agent, reference
+from hpcdl.studies.hetmem import agent, gpu, reference
 from hpcdl.studies.hetmem.agent import derived_seed
 from hpcdl.studies.hetmem.estimator import DifferentialEstimator, sample_misses
 from hpcdl.studies.hetmem.layout import Layout, describe, range_pages_for
@@ -60,6 +61,14 @@ def _time_estimates(est: DifferentialEstimator, masks: list[np.ndarray], repeat:
         for m in masks:
             est.estimate_one(m)
     return (time.perf_counter() - t0) / (repeat * len(masks))
+
+
+def run_point(point: dict, block: dict, work_dir: str, seed: int) -> dict:
+    """One app point on its device (`point["device"]`, resolved by the task app): `run_app` on the
+    CPU, the CUDA path's `gpu.run_app` on cuda. Both return {"trace", "validation", "policies"}."""
+    if point.get("device") == "cuda":
+        return gpu.run_app(point["name"], block, seed)
+    return run_app(point["name"], point["size"], point["iters"], block, work_dir, seed)
 
 
 def run_app(app: str, size: int, iters: int, block: dict, work_dir: str, seed: int) -> dict:

@@ -11,16 +11,23 @@ the driver takes every job down with it.
 from __future__ import annotations
 
 import multiprocessing
+from functools import cache
 
-_CTX = multiprocessing.get_context("forkserver")
-_CTX.set_forkserver_preload(["hpcdl.studies.malleable._preload"])
+
+@cache
+def _context():
+    """The forkserver context, its preload set on first use: the preload list is the process's one
+    forkserver's, so setting it at import would change it for every importer of this module."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["hpcdl.studies.malleable._preload"])
+    return ctx
 
 
 def start_job(spec: dict):
     """Start one job process (a multiprocessing.Process: .pid, .sentinel, .exitcode)."""
     from hpcdl.studies.malleable.job import job_entry
 
-    proc = _CTX.Process(target=job_entry, args=(spec,), name=f"job-{spec['name']}")
+    proc = _context().Process(target=job_entry, args=(spec,), name=f"job-{spec['name']}")
     proc.start()
     return proc
 
@@ -31,6 +38,6 @@ def _noop() -> None:
 
 def warm_up() -> None:
     """Start the forkserver and wait until it has imported torch: not charged to the first job."""
-    proc = _CTX.Process(target=_noop, name="forkserver-warm-up")
+    proc = _context().Process(target=_noop, name="forkserver-warm-up")
     proc.start()  # returns once the forkserver, preload done, has forked it
     proc.join()

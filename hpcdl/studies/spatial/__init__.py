@@ -11,9 +11,11 @@
     load         the machine's other load during a timed phase, from /proc
     train        the rank function of one hybrid data x spatial training run
     exactness    rank functions comparing the partitioned ops and model with the whole ones
-    calibration  rank function of the microbenchmarks that calibrate the oracle
+    calibration  rank function of the microbenchmarks that calibrate the oracle (its parts:
+                 calibration_comm, calibration_compute, calibration_timing)
     perfmodel    the ParaDL-style oracle and its calibration fit (no other spatial module)
     papers       the oracle at exactly the papers' settings, on assumed or GPU-calibrated compute
+    paper        each published result (resources/papers.yaml) -> this run's table or claim, for the report
     gpucal       the GPU calibration at the papers' slab shapes (python -m hpcdl spatial calibrate)
     sweep        the scaling runs of a config, what each unit of work reads of it, and the layer
                  shapes of the held-out runs the oracle is judged on out of sample

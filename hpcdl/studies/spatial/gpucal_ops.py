@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from hpcdl.studies.spatial.calibration import optimizer_step_fn
+from hpcdl.studies.spatial.calibration_compute import optimizer_step_fn
 from hpcdl.studies.spatial.perfmodel import slabs
 
 LEAK = 0.2
