@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 CORES ?= 2
 CONFIG ?= configs/default.yaml
 REPORT ?= results/report.html
+REPORT_CSS := workflows/report/report.css
 FASHION_MNIST ?= /usr/share/datasets/fashion-mnist
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export MPLBACKEND := Agg
@@ -63,8 +64,9 @@ figures: $(STAMP) data tools
 	snakemake --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete --printshellcmds
 	$(MAKE) report
 
+# The report's stylesheet (workflows/report/report.css) fits every view to the window.
 report: $(STAMP)
-	snakemake --cores 1 --configfile $(CONFIG) --report $(REPORT)
+	snakemake --cores 1 --configfile $(CONFIG) --report $(REPORT) --report-stylesheet $(REPORT_CSS)
 
 test: $(STAMP) data browser tools
 	pytest -m "" --durations=25 tests

@@ -6,12 +6,12 @@ import os
 
 from snakemake.utils import min_version, validate
 
-from hpcdl.platform import gpu_records, wiring
-from hpcdl.platform.config import ConfigError, study_config, validate_config, write_full_schema
-from hpcdl.platform.results import atomic_write_json
-from hpcdl.platform.slurm import require_slurm_for
-from hpcdl.platform.study import registered
-from hpcdl.platform.verdict import write_verdict
+from hpcdl.platform.kit.atomic import atomic_write_json
+from hpcdl.platform.kit.config import ConfigError, study_config, validate_config, write_full_schema
+from hpcdl.platform.kit.study import registered
+from hpcdl.platform.orchestration import gpu_records, wiring
+from hpcdl.platform.orchestration.slurm import require_slurm_for
+from hpcdl.platform.orchestration.verdict import write_verdict
 
 min_version("9.0")
 
@@ -29,8 +29,8 @@ validate(config, write_full_schema(f"{workflow.basedir}/.snakemake/hpcdl/schema.
 RESULTS = CONFIG["results_dir"]
 # The declarations of the studies this config runs, in its order.
 STUDY_SPECS = {name: registered()[name] for name in CONFIG["studies"]}
-# What GPU runs measured, committed (hpcdl.platform.gpu_records): shown beside this run, never in
-# its verdict.
+# What GPU runs measured, committed (hpcdl.platform.orchestration.gpu_records): shown beside this run,
+# never in its verdict.
 GPU_RECORDS = gpu_records.records_root(CONFIG)
 # The config files as given (each study's report page names them as the run's setting).
 CONFIG_FILES = wiring.config_files_shown(map(str, workflow.configfiles), os.getcwd())

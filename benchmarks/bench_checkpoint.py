@@ -3,8 +3,9 @@
     python benchmarks/bench_checkpoint.py [--size-mib 256] [--repeats 3] [--csv out.csv]
 
 For each format, on a synthetic fp32 state of --size-mib: write bandwidth to durable bytes
-divided by the storage ceiling (the same bytes written sequentially + fsync'd into the same
-directory, measured right before each save), and the asynchronous save's blocking time
+divided by the storage ceiling (the same bytes written as a save writes them, one file in a fresh
+directory fsync'd the same way, probed right before and after each save after the same untimed
+page-cache warm-up; the faster probe is the ceiling), and the asynchronous save's blocking time
 divided by the synchronous save time. Scratch goes under results/ and is deleted.
 """
 
@@ -46,7 +47,7 @@ def main(argv=None) -> int:
         })
         print(f"  {fmt} done", file=sys.stderr, flush=True)
     emit(rows, a.csv)
-    print("\nbw_over_ceiling: write bandwidth to fsync'd bytes / sequential write+fsync of the same bytes"
+    print("\nbw_over_ceiling: write bandwidth to fsync'd bytes / the ceiling probe's (same bytes, as a save)"
           "\nasync_over_sync: training stall of an async save / time of a sync save (same format)")
     return 0
 

@@ -21,14 +21,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpcdl.platform.config import load_config  # noqa: E402
-from hpcdl.platform.results import atomic_write_text  # noqa: E402
+from hpcdl.platform.kit.atomic import atomic_write_text
+from hpcdl.platform.kit.config import load_config  # noqa: E402
 from hpcdl.studies.hpo import compute, driver, storage, sweep  # noqa: E402
 
 
 def grid_throughput(cfg: dict, results: Path) -> list[dict]:
     import tasks.hpo as app
-    from hpcdl.platform.task_runtime import BACKEND, compss_wait_on, failure_reason, set_local_cores
+    from hpcdl.platform.orchestration.task_runtime import (
+        BACKEND,
+        compss_wait_on,
+        failure_reason,
+        set_local_cores,
+    )
 
     hpo = cfg["hpo"]
     import os

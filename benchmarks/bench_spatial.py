@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 BENCH_DIR = str(Path(__file__).resolve().parent)
 
 from hpcdl.common.layers import build_spec  # noqa: E402
-from hpcdl.platform.device import DEVICES, resolve  # noqa: E402
-from hpcdl.platform.procenv import pythonpath  # noqa: E402
-from hpcdl.platform.rank_runtime.launch import run_ranks  # noqa: E402
-from hpcdl.platform.results import available_cores  # noqa: E402
+from hpcdl.platform.kit.device import DEVICES, resolve  # noqa: E402
+from hpcdl.platform.kit.procenv import pythonpath  # noqa: E402
+from hpcdl.platform.kit.rank_runtime.launch import run_ranks  # noqa: E402
+from hpcdl.platform.kit.results import available_cores  # noqa: E402
 from hpcdl.studies.spatial.data import ensure_dataset  # noqa: E402
 from hpcdl.studies.spatial.perfmodel.calibrate import fit_machine  # noqa: E402
 from hpcdl.studies.spatial.perfmodel.oracle import Strategy, predict  # noqa: E402

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hpcdl.platform.rank_runtime.placement import current
+from hpcdl.platform.kit.rank_runtime.placement import current
 from hpcdl.studies.shuffle.exchange import BackgroundExchange, DeviceExchange
 from hpcdl.studies.shuffle.exchange_plan import destinations
 

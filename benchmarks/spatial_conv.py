@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpcdl.platform.rank_runtime.placement import current
+from hpcdl.platform.kit.rank_runtime.placement import current
 from hpcdl.studies.spatial.devices import now
 from hpcdl.studies.spatial.halo import TIMERS
 from hpcdl.studies.spatial.model import SpatialConv3d, make_layout

@@ -44,7 +44,7 @@ sys.path[:0] = [str(ROOT / "envs"), str(ROOT)]
 import gpu_carry  # noqa: E402  (envs/ is not a package)
 import gpu_smoke_env  # noqa: E402
 
-from hpcdl.platform.procenv import child_env  # noqa: E402  (standard library only)
+from hpcdl.platform.kit.procenv import child_env  # noqa: E402  (standard library only)
 
 ARCHIVE_MAX_BYTES = 16 * 2**20
 CALL_BUDGET_S = 540  # 9 minutes: a device call's 10 less start-up and the archive
@@ -151,7 +151,7 @@ class Runner:
         check = ("import json, sys, jsonschema, pandas, torch\n"
                  "cuda = torch.cuda.is_available()\n"
                  f"if {not self.args.smoke} and not cuda: sys.exit('make gpu: torch sees no CUDA GPU here')\n"
-                 "from hpcdl.platform.device import cuda_record\n"
+                 "from hpcdl.platform.kit.device import cuda_record\n"
                  "rec = cuda_record() if cuda else {'device': 'cpu'}\n"
                  "rec.update(python=sys.executable, torch=torch.__version__, pandas=pandas.__version__)\n"
                  "text = json.dumps(rec, indent=1)\n"

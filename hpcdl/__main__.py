@@ -1,7 +1,7 @@
-"""`python -m hpcdl …`: the platform's command line (hpcdl.platform.cli)."""
+"""`python -m hpcdl …`: the platform's command line (hpcdl.platform.orchestration.cli)."""
 
 import sys
 
-from hpcdl.platform.cli import main
+from hpcdl.platform.orchestration.cli import main
 
 sys.exit(main())

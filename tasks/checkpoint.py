@@ -8,7 +8,7 @@ Writes raw/io.csv (save/load cost per format, mode, size, ranks), raw/resume.csv
 interval). checkpoint.device is resolved here, once: on cuda the state lives on the GPU, each task
 holds GPUs (HPCDL_CHECKPOINT_GPUS: the largest DCP launch's ranks, one each), and every point and
 row names the device. A failing point becomes a row with status=failed and its error; the rest runs.
-Every point's record is kept in <results>/checkpoint/points/ as it finishes (hpcdl.platform.points): a
+Every point's record is kept in <results>/checkpoint/points/ as it finishes (hpcdl.platform.kit.points): a
 rerun after a kill runs only the points not finished yet.
 """
 
@@ -20,11 +20,17 @@ import time
 
 import pandas as pd
 
-from hpcdl.platform.device import study_device
-from hpcdl.platform.points import StudyRun, failed_row
-from hpcdl.platform.results import write_table
-from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
-from hpcdl.platform.task_runtime.app import start_app
+from hpcdl.platform.kit.device import study_device
+from hpcdl.platform.kit.points import StudyRun, failed_row
+from hpcdl.platform.kit.results import write_table
+from hpcdl.platform.orchestration.task_runtime import (
+    compss_wait_on,
+    constraint,
+    failure_reason,
+    on_failure,
+    task,
+)
+from hpcdl.platform.orchestration.task_runtime.app import start_app
 from hpcdl.studies.checkpoint import compute, sweep
 
 

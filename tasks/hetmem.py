@@ -3,7 +3,7 @@
     python -m tasks.hetmem --config configs/default.yaml          # local backend
     python -m hpcdl compss command hetmem --config FILE    # prints the runcompss command line
 
-Every app runs on hetmem.device, resolved here once (hpcdl.platform.device.study_device), and its
+Every app runs on hetmem.device, resolved here once (hpcdl.platform.kit.device.study_device), and its
 task body is one call, hpcdl.studies.hetmem.compute.run_point. On the CPU a task compiles the
 kernels, traces its app under valgrind lackey, simulates the two-tier reference (simulated: a CPU
 node has one memory tier), validates the differential estimator and runs the placement policies. On
@@ -24,11 +24,17 @@ import time
 
 import pandas as pd
 
-from hpcdl.platform.device import study_device
-from hpcdl.platform.points import StudyRun, failed_row
-from hpcdl.platform.results import write_table
-from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
-from hpcdl.platform.task_runtime.app import start_app
+from hpcdl.platform.kit.device import study_device
+from hpcdl.platform.kit.points import StudyRun, failed_row
+from hpcdl.platform.kit.results import write_table
+from hpcdl.platform.orchestration.task_runtime import (
+    compss_wait_on,
+    constraint,
+    failure_reason,
+    on_failure,
+    task,
+)
+from hpcdl.platform.orchestration.task_runtime.app import start_app
 from hpcdl.studies.hetmem import compute, sweep
 
 

@@ -20,11 +20,11 @@ import sys
 import pandas as pd
 
 from hpcdl.common.fashion_mnist import load_split
-from hpcdl.platform.config import ConfigError
-from hpcdl.platform.device import study_device
-from hpcdl.platform.points import StudyRun
-from hpcdl.platform.results import write_table
-from hpcdl.platform.task_runtime import (
+from hpcdl.platform.kit.config import ConfigError
+from hpcdl.platform.kit.device import study_device
+from hpcdl.platform.kit.points import StudyRun
+from hpcdl.platform.kit.results import write_table
+from hpcdl.platform.orchestration.task_runtime import (
     BACKEND,
     compss_wait_on,
     constraint,
@@ -33,9 +33,9 @@ from hpcdl.platform.task_runtime import (
     set_local_cores,
     task,
 )
-from hpcdl.platform.task_runtime.app import start_app
-from hpcdl.platform.task_runtime.gpus import POOL_ENV, gpu_pool
-from hpcdl.platform.task_runtime.units import units_var
+from hpcdl.platform.orchestration.task_runtime.app import start_app
+from hpcdl.platform.orchestration.task_runtime.gpus import POOL_ENV, gpu_pool
+from hpcdl.platform.orchestration.task_runtime.units import units_var
 from hpcdl.studies.hpo import compute, driver, records, storage
 from hpcdl.studies.hpo.sweep import check_gpu_workers, plan_studies
 
@@ -64,17 +64,23 @@ def warm_up(data):
     return compute.warm_up(data)
 
 
-def _test_best(study, best_path, data) -> None:
-    """Test accuracy of the study's best trial, once (kept in the study so a rerun does not redo it)."""
+def _test_best(study, best_path, data, n_test: int) -> None:
+    """Test accuracy of the study's best trial on its `n_test` images, once (kept in the study so a rerun
+    does not redo it; a kept one from before the count was recorded gets it, for its interval)."""
     best = storage.load_best(best_path)
-    if best is None or study.user_attrs.get("test", {}).get("trial") == best["trial"]:
+    kept = study.user_attrs.get("test", {})
+    if best is not None and kept.get("trial") == best["trial"]:
+        if "n" not in kept:
+            study.set_user_attr("test", {**kept, "n": n_test})
+        return
+    if best is None:
         return
     acc = compss_wait_on(test_accuracy(best["params"], best["state"], data))
     if acc is not None:
-        study.set_user_attr("test", {"trial": best["trial"], "acc": acc})
+        study.set_user_attr("test", {"trial": best["trial"], "acc": acc, "n": n_test})
 
 
-def _run_studies(plans, hpo: dict, store, data, units: int, out) -> list:
+def _run_studies(plans, hpo: dict, store, data, units: int, out, n_test: int) -> list:
     studies = []
     cores = None
     for plan in plans:
@@ -85,7 +91,7 @@ def _run_studies(plans, hpo: dict, store, data, units: int, out) -> list:
             compss_wait_on([warm_up(data) for _ in range(plan.workers)])
         study = driver.run_study(plan, hpo, store, data, submit=train_chunk, wait=compss_wait_on,
                                  reason=failure_reason, study_dir=out)
-        _test_best(study, storage.best_state_path(out, plan.name), data)
+        _test_best(study, storage.best_state_path(out, plan.name), data, n_test)
         studies.append(study)
     return studies
 
@@ -108,7 +114,9 @@ def main(argv=None) -> None:
         _refuse(exc)
     run = StudyRun(cfg, "hpo")  # trials resume through the Optuna journal, not the point store
     out, started = run.dir, run.started
-    load_split(cfg["data"]["fashion_mnist_dir"], "test")  # fail early, with how-to-get, if data is missing
+    # fail early, with how-to-get, if data is missing; the count is the test accuracy's n (its interval)
+    n_test = len(load_split(cfg["data"]["fashion_mnist_dir"], "test")[1])
+    n_test = min(n_test, hpo["data"]["test_limit"] or n_test)
     data = compute.DataSpec(cfg["data"]["fashion_mnist_dir"], hpo["data"]["val_fraction"], hpo["seed"],
                             hpo["data"]["train_limit"], hpo["data"]["test_limit"], device)
     store = storage.study_storage(cfg)
@@ -117,7 +125,7 @@ def main(argv=None) -> None:
     except storage.DeviceMismatch as exc:
         _refuse(exc)
     print(f"[hpo] storage {storage.describe_storage(cfg)}; device {device}", file=sys.stderr, flush=True)
-    studies = _run_studies(plans, hpo, store, data, units, out)
+    studies = _run_studies(plans, hpo, store, data, units, out, n_test)
     set_local_cores(None)  # back to every core for whoever runs tasks after us in this process
     raw = out / "raw"
     write_table(pd.DataFrame([r for s in studies for r in records.trial_rows(s)]),

@@ -14,7 +14,7 @@ microbatch.cudnn.engines is true, a second task per network runs μ-cuDNN's own 
 table as its record) into cudnn_engines.csv and cudnn_limits.csv; elsewhere those two hold their
 header only. A failing network becomes a row with status=failed and its error in every table of its
 task; the rest runs. Every network's record is kept in
-<results>/microbatch/points/ as it finishes (hpcdl.platform.points): a rerun runs only what is not
+<results>/microbatch/points/ as it finishes (hpcdl.platform.kit.points): a rerun runs only what is not
 finished.
 """
 
@@ -25,11 +25,17 @@ import time
 
 import pandas as pd
 
-from hpcdl.platform.device import study_device
-from hpcdl.platform.points import StudyRun, failed_row
-from hpcdl.platform.results import write_table
-from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
-from hpcdl.platform.task_runtime.app import start_app
+from hpcdl.platform.kit.device import study_device
+from hpcdl.platform.kit.points import StudyRun, failed_row
+from hpcdl.platform.kit.results import write_table
+from hpcdl.platform.orchestration.task_runtime import (
+    compss_wait_on,
+    constraint,
+    failure_reason,
+    on_failure,
+    task,
+)
+from hpcdl.platform.orchestration.task_runtime.app import start_app
 from hpcdl.studies.microbatch import compute, cudnn_study, sweep
 
 RAW = ("bench", "plans", "budget", "execution", "network_rounds", "exactness", "planning")

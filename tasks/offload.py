@@ -9,7 +9,7 @@ forward / backward / optimizer / exposed transfer, bytes moved each way, hidden 
 weights' sha256), raw/timeline.csv (every span of the last measured step of each point) and
 raw/capacity.csv (largest depth under the fast-tier budget, per strategy). A failing point becomes
 a row with status=failed and its error; the rest runs. Every point's record is kept in
-<results>/offload/points/ as it finishes (hpcdl.platform.points).
+<results>/offload/points/ as it finishes (hpcdl.platform.kit.points).
 """
 
 from __future__ import annotations
@@ -20,11 +20,17 @@ import time
 
 import pandas as pd
 
-from hpcdl.platform.device import study_device
-from hpcdl.platform.points import StudyRun, failed_row
-from hpcdl.platform.results import write_table
-from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
-from hpcdl.platform.task_runtime.app import start_app
+from hpcdl.platform.kit.device import study_device
+from hpcdl.platform.kit.points import StudyRun, failed_row
+from hpcdl.platform.kit.results import write_table
+from hpcdl.platform.orchestration.task_runtime import (
+    compss_wait_on,
+    constraint,
+    failure_reason,
+    on_failure,
+    task,
+)
+from hpcdl.platform.orchestration.task_runtime.app import start_app
 from hpcdl.studies.offload import sweep
 
 

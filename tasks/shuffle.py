@@ -8,7 +8,7 @@ raw/points.csv (one row per point with its status and the study's device; a fail
 error). The device is `shuffle.device`, resolved once here; every point's ranks run on it.
 HPCDL_SHUFFLE_KILL="POINT:RANK:EPOCH" makes RANK of sweep point POINT ("*" = every partial point)
 die inside its exchange of EPOCH (fault-injection for tests). Every point's record is kept in
-<results>/shuffle/points/ as it finishes (hpcdl.platform.points): a rerun after a kill runs only the
+<results>/shuffle/points/ as it finishes (hpcdl.platform.kit.points): a rerun after a kill runs only the
 points not finished yet.
 """
 
@@ -19,11 +19,17 @@ import sys
 
 import pandas as pd
 
-from hpcdl.platform.device import study_device
-from hpcdl.platform.points import StudyRun, failed_row
-from hpcdl.platform.results import write_table
-from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
-from hpcdl.platform.task_runtime.app import start_app
+from hpcdl.platform.kit.device import study_device
+from hpcdl.platform.kit.points import StudyRun, failed_row
+from hpcdl.platform.kit.results import write_table
+from hpcdl.platform.orchestration.task_runtime import (
+    compss_wait_on,
+    constraint,
+    failure_reason,
+    on_failure,
+    task,
+)
+from hpcdl.platform.orchestration.task_runtime.app import start_app
 from hpcdl.studies.shuffle import compute, sweep
 from hpcdl.studies.shuffle import data as shuffle_data
 

@@ -12,7 +12,7 @@ beyond the repeats run at the end).
 Each task reserves the cores of the largest run (HPCDL_SPATIAL_UNITS) and the main program
 waits for each timed task before submitting the next, so no two timed runs overlap.
 Writes raw/{exactness,calibration,runs,iterations,ranks}.csv (+ provenance). Every result is kept in
-<results>/spatial/points/ as it finishes (hpcdl.platform.points): a rerun after a kill keeps the order and
+<results>/spatial/points/ as it finishes (hpcdl.platform.kit.points): a rerun after a kill keeps the order and
 reuses the exactness checks, calibration and runs already done whose parameters are unchanged.
 """
 
@@ -23,11 +23,17 @@ import sys
 
 import pandas as pd
 
-from hpcdl.platform.device import study_device
-from hpcdl.platform.points import StudyRun, failed_row
-from hpcdl.platform.results import available_cores, write_table
-from hpcdl.platform.task_runtime import compss_wait_on, constraint, failure_reason, on_failure, task
-from hpcdl.platform.task_runtime.app import start_app
+from hpcdl.platform.kit.device import study_device
+from hpcdl.platform.kit.points import StudyRun, failed_row
+from hpcdl.platform.kit.results import available_cores, write_table
+from hpcdl.platform.orchestration.task_runtime import (
+    compss_wait_on,
+    constraint,
+    failure_reason,
+    on_failure,
+    task,
+)
+from hpcdl.platform.orchestration.task_runtime.app import start_app
 from hpcdl.studies.spatial import compute, sweep
 
 

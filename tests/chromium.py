@@ -108,6 +108,25 @@ class Chromium:
             raise PageError(f"{expression[:200]}: {res['exceptionDetails']}")
         return res["result"].get("value")
 
+    def evaluate_in_frame(self, expression: str):
+        """Run JavaScript in the page's one child frame (the report shows an HTML result in an iframe
+        loaded from a data: URI, whose document the page's own scripts cannot reach): in an isolated
+        world of that frame, which shares its DOM. None while there is no such frame."""
+        frames = self.send("Page.getFrameTree", session=True)["frameTree"].get("childFrames", [])
+        if len(frames) != 1:
+            return None
+        world = self.send("Page.createIsolatedWorld", session=True, frameId=frames[0]["frame"]["id"])
+        res = self.send("Runtime.evaluate", session=True, expression=expression, returnByValue=True,
+                        contextId=world["executionContextId"])
+        if "exceptionDetails" in res:
+            raise PageError(f"{expression[:200]}: {res['exceptionDetails']}")
+        return res["result"].get("value")
+
+    def set_viewport(self, width: int, height: int) -> None:
+        """The page's viewport exactly width x height CSS pixels (--window-size sizes the window)."""
+        self.send("Emulation.setDeviceMetricsOverride", session=True, width=width, height=height,
+                  deviceScaleFactor=1, mobile=False)
+
     def wait_for(self, expression: str, timeout: float = 60, what: str = "") -> object:
         """Poll until `expression` is truthy in the page (the report renders in scripts after load)."""
         deadline = time.monotonic() + timeout

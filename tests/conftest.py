@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcdl.platform.procenv import pythonpath
+from hpcdl.platform.kit.procenv import pythonpath
 
 REPO = Path(__file__).resolve().parent.parent
 # The test-scale workflow run, once per session (tests/workflow_run.py).

@@ -52,8 +52,8 @@ def main(binding: str, study: str, config: str, out_json: str) -> None:
     recorder = Recorder(tempfile.mkdtemp(prefix="pycompss-master-"))
     COMPSs.compss = recorder
 
-    from hpcdl.platform.config import load_config
-    from hpcdl.platform.task_runtime.compss import gpus_assignments, units_assignments
+    from hpcdl.platform.kit.config import load_config
+    from hpcdl.platform.orchestration.task_runtime.compss import gpus_assignments, units_assignments
 
     cfg = load_config(config)
     words = units_assignments(study, cfg, resolve_now=True) + gpus_assignments(study, cfg, resolve_now=True)
@@ -61,9 +61,9 @@ def main(binding: str, study: str, config: str, out_json: str) -> None:
         name, value = word.split("=", 1)
         os.environ[name] = value
 
-    import hpcdl.platform.task_runtime
+    from hpcdl.platform.orchestration import task_runtime
 
-    assert hpcdl.platform.task_runtime.BACKEND == "compss", hpcdl.platform.task_runtime.BACKEND_INFO
+    assert task_runtime.BACKEND == "compss", task_runtime.BACKEND_INFO
     app = importlib.import_module(f"tasks.{study}")
     tasks = {name: obj for name, obj in vars(app).items()
              if inspect.isfunction(obj) and obj.__module__ == app.__name__ and hasattr(obj, "__wrapped__")}

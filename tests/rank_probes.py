@@ -1,5 +1,5 @@
 """Rank functions only the tests launch
-(hpcdl.platform.rank_runtime.launch.run_ranks("rank_probes:<name>", ...)): fault probes and the
+(hpcdl.platform.kit.rank_runtime.launch.run_ranks("rank_probes:<name>", ...)): fault probes and the
 layer-level exactness check. conftest.py puts tests/ on the ranks' PYTHONPATH."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hpcdl.common.layers import padding_for
-from hpcdl.platform.rank_runtime.placement import current
+from hpcdl.platform.kit.rank_runtime.placement import current
 from hpcdl.studies.spatial.devices import where
 from hpcdl.studies.spatial.exactness import rel_err, sum_over_layout, world_layout
 from hpcdl.studies.spatial.model import SpatialConv3d

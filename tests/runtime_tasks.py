@@ -3,7 +3,7 @@
 import os
 import time
 
-from hpcdl.platform.task_runtime import constraint, on_failure, task
+from hpcdl.platform.orchestration.task_runtime import constraint, on_failure, task
 
 
 @constraint(computing_units="1")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from hpcdl.platform.rank_runtime.placement import current
+from hpcdl.platform.kit.rank_runtime.placement import current
 from hpcdl.studies.shuffle import train
 from hpcdl.studies.shuffle.exchange import BackgroundExchange, DeviceExchange
 

@@ -117,7 +117,7 @@ def test_async_dcp_saves_on_ranks_keep_off_the_training_process_group(tmp_path):
     """With a process group initialised (2 gloo ranks) each rank's background DCP save runs alone,
     beside the main thread's all-reduces on the default group, and commits that rank's own state
     whole in that rank's own directory."""
-    from hpcdl.platform.rank_runtime.launch import run_ranks
+    from hpcdl.platform.kit.rank_runtime.launch import run_ranks
 
     out = run_ranks("checkpoint_rank_probes:async_dcp_saves_beside_collectives", 2,
                     {"root": str(tmp_path), "saves": 3, "reduces": 20}, timeout_s=180)
@@ -280,6 +280,28 @@ def test_synthetic_state_and_ceiling(tmp_path):
     assert sum(t.numel() for t in flat.values()) == 3 * instruments.LAYER_PARAMS // 2 + 7
     assert all(t.dtype == torch.float32 for t in flat.values())
     assert instruments.storage_ceiling(tmp_path, 3 << 20) > 0
+    assert instruments.storage_ceiling(tmp_path, state.tensor_bytes(flat), list(flat.values())) > 0
+    assert not any(tmp_path.iterdir())  # probes and page-cache warm-ups removed
+
+
+def test_ceiling_probe_writes_the_state_as_a_save_does(tmp_path):
+    """The probe is a fresh staging directory beside the checkpoints holding one file of exactly the
+    state's bytes, tensor after tensor (a save without its format's encoding); random data of the
+    same size when no tensors are given."""
+    flat = small_state()
+    nbytes = state.tensor_bytes(flat)
+    tmp, elapsed = instruments.write_probe(tmp_path, nbytes, list(flat.values()))
+    assert elapsed > 0 and tmp.parent == tmp_path and integrity.TMP_MARK in tmp.name
+    assert [p.name for p in tmp.iterdir()] == ["probe.bin"]
+    want = b"".join(t.contiguous().numpy().tobytes() for t in flat.values())
+    assert (tmp / "probe.bin").read_bytes() == want and len(want) == nbytes
+    other, _ = instruments.write_probe(tmp_path, 3 * (8 << 10) + 5, chunk=8 << 10)
+    assert (other / "probe.bin").stat().st_size == 3 * (8 << 10) + 5 and other != tmp
+
+
+def test_page_cache_warm_up_leaves_nothing_behind(tmp_path):
+    instruments.warm_pages(tmp_path, (1 << 20) + 3, chunk=1 << 16)
+    instruments.warm_pages(tmp_path, 0)
     assert not any(tmp_path.iterdir())
 
 
@@ -301,17 +323,35 @@ def test_run_point_records_every_measure_and_cleans_scratch(tmp_path, fmt, mode)
             assert r["ceiling_before_s"] > 0 and r["ceiling_after_s"] > 0 and r["ceiling_spread"] >= 0
             paired = r["write_bw_bytes_per_s"] / r["ceiling_bw_bytes_per_s"]
             assert r["bw_over_ceiling"] == pytest.approx(paired)
+            # the ceiling is the faster probe, and on the CPU it is all storage
+            faster = min(r["ceiling_before_s"], r["ceiling_after_s"])
+            assert r["ceiling_s"] == faster == r["storage_ceiling_s"]
+            assert np.isnan(r["d2h_ceiling_s"])
         else:  # nothing compares async bandwidth with the ceiling: no probe is paid for
             assert np.isnan(r["ceiling_s"]) and np.isnan(r["bw_over_ceiling"])
     assert not any(tmp_path.iterdir())
 
 
-def test_ceiling_pair_is_the_probes_combined_bandwidth_and_their_disagreement():
+def test_ceiling_pair_is_the_faster_probe_and_their_disagreement():
     mib = 2**20
     pair = compute.ceiling_pair(100 * mib, before_s=1.0, after_s=0.25, write_bw=50.0 * mib)
-    assert pair["ceiling_s"] == 0.625 and pair["ceiling_bw_bytes_per_s"] == pytest.approx(160 * mib)
-    assert pair["bw_over_ceiling"] == pytest.approx(50 / 160)
+    assert pair["ceiling_s"] == 0.25 and pair["ceiling_bw_bytes_per_s"] == pytest.approx(400 * mib)
+    assert pair["bw_over_ceiling"] == pytest.approx(50 / 400)
     assert pair["ceiling_spread"] == pytest.approx((400 - 100) / 250)  # |bw_a - bw_b| / their mean
+
+
+@pytest.mark.parametrize("slow_s", [0.55, 1.0, 4.0])
+def test_a_noisier_probe_never_raises_the_ratio(slow_s):
+    """One probe disturbed (slower) leaves the ratio where the undisturbed one puts it; probes that
+    disagree around the same mean lower it. The old mean-of-probes ceiling raised it instead: a save
+    at 0.9 of a 0.5 s probe read 4.05 beside a 4 s one."""
+    n, bw = 100 * 2**20, 180.0 * 2**20  # the save writes at 0.9 of the quiet probe's 200 MiB/s
+    quiet = compute.ceiling_pair(n, 0.5, 0.5, bw)["bw_over_ceiling"]
+    assert quiet == pytest.approx(0.9)
+    assert compute.ceiling_pair(n, 0.5, slow_s, bw)["bw_over_ceiling"] == pytest.approx(quiet)
+    assert compute.ceiling_pair(n, slow_s, 0.5, bw)["bw_over_ceiling"] == pytest.approx(quiet)
+    spread = slow_s - 0.5
+    assert compute.ceiling_pair(n, 0.5 - spread / 10, 0.5 + spread / 10, bw)["bw_over_ceiling"] < quiet
 
 
 def test_io_cost_ratio_is_the_median_of_per_repeat_paired_ratios():

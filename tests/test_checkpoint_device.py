@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 import torch
 
-from hpcdl.platform.config import validate_config
-from hpcdl.platform.device import visible_gpus
-from hpcdl.platform.study import spec
+from hpcdl.platform.kit.config import validate_config
+from hpcdl.platform.kit.device import visible_gpus
+from hpcdl.platform.kit.study import spec
 from hpcdl.studies.checkpoint import claims, compute, distributed, saver, sweep, tables, training
 from hpcdl.studies.checkpoint.formats import FORMATS
 from hpcdl.studies.checkpoint.instruments import CEILINGS, synthetic_state

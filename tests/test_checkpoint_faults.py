@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from hpcdl.platform.config import ConfigError, load_config
+from hpcdl.platform.kit.config import ConfigError, load_config
 from hpcdl.studies.checkpoint import integrity, saver
 from hpcdl.studies.checkpoint.formats import FORMATS
 
@@ -116,7 +116,7 @@ def test_task_app_end_to_end_with_a_failing_point(tmp_path, write_config, test_c
     block = _block(test_config, sizes={"min_params": 4096, "max_params": 262144, "points": 2},
                    scratch_limit_mb=2, dcp_ranks=[2])
     path = write_config(studies=["checkpoint"], checkpoint=block)
-    from hpcdl.platform.cli import main as cli
+    from hpcdl.platform.orchestration.cli import main as cli
     from tasks import checkpoint as app
 
     app.main(["--config", str(path)])

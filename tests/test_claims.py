@@ -17,11 +17,13 @@ import microbatch_cudnn_tables
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
-from hpcdl.platform.claims import claim, declared, every, not_measured, write_claims
-from hpcdl.platform.config import STUDIES
+from hpcdl.platform.kit.claims import claim, declared, every, not_measured, write_claims
+from hpcdl.platform.kit.config import studies, validate_config
 from hpcdl.studies.shuffle.compute import SAMPLE_BYTES
 
+REPO = Path(__file__).resolve().parents[1]
 OUTCOMES = ("passed", "failed", "not_measured")
 
 
@@ -40,7 +42,7 @@ CKPT_CFG = {
         "modes": ["sync", "async"],
         "dcp_ranks": [2],
         "sizes": {"min_params": 1024, "max_params": 1024, "points": 1},
-        "claims": {"async_max_ratio": 0.10, "bandwidth_min_ratio": 0.90},
+        "claims": {"async_max_ratio": 0.10, "bandwidth_min_ratio": 0.90, "ceiling_tolerance": 0.05},
     }
 }
 
@@ -109,6 +111,19 @@ def _ckpt_sync(fmt):
     return lambda d: (d["format"] == fmt) & (d["mode"] == "sync") & (d["ranks"] == 1)
 
 
+def test_checkpoint_defective_ceiling_names_the_bandwidths(tmp_path):
+    def faster(c, t):  # safetensors-like: a save at 3 GB/s beside a 2 GB/s ceiling (the faster probe)
+        for col, v in (("bw_over_ceiling", 1.5), ("write_bw_bytes_per_s", 3e9),
+                       ("ceiling_bw_bytes_per_s", 2e9)):
+            _set(t, "tables/io_cost.csv", _ckpt_sync("npz"), col, v)
+    c = _find(_run("checkpoint", faster, tmp_path), "bandwidth_vs_ceiling")
+    assert c["status"] == "not_measured" and not c["passed"]
+    assert "npz writes at 1.50x of it (write 3000 MB/s, ceiling 2000 MB/s)" in c["reason"]
+    m = c["measured"]
+    assert m["median_mb_per_s"]["npz"] == {"write": 3000.0, "ceiling": 2000.0} and m["tolerance"] == 0.05
+    assert "faster of the two probes" in c["statement"]
+
+
 # ------------------------------------------------------------------------------------------- hpo
 HPO_CFG = {
     "hpo": {
@@ -137,6 +152,7 @@ def _hpo() -> tuple[dict, dict]:
                 "study": ["random", "grid-2w"],
                 "val_acc": [0.9, 0.8],
                 "test_acc": [0.88, np.nan],
+                "test_n": [10000, np.nan],
                 "overall_best": [True, False],
             }
         ),
@@ -320,7 +336,7 @@ SPATIAL_CFG = {
         "held_out": ["train-d1x1x1"],  # off the strong grid: the oracle's out-of-sample run
         "exactness": {"tolerance": 1e-10, "layouts": [[1, 2, 1]]},
         "claims": {"min_efficiency": 0.85, "max_oracle_error": 0.15, "loss_drop": 0.8},
-        "extrapolate": {"grid": 512, "gpus": [4, 16]},
+        "extrapolate": {"grid": 512, "batch_size": 16, "gpus": [4, 16]},
         "machine": {"peak_tflops": 7.8, "memory_gb": 16},
         "gpu_calibration": {"tolerance": 0.10},
     }
@@ -396,6 +412,38 @@ def _spatial_pick(t, strategy):
     ext.loc[top, "chosen"] = ext.loc[top, "strategy"] == strategy
 
 
+def _oracle_repeats(per_run: dict[str, list[float]]):
+    """Kept repeats of each run with these oracle errors (tables/oracle_repeats.csv)."""
+    rows = [{"run": r, "repeat": i, "oracle_error": e}
+            for r, errs in per_run.items() for i, e in enumerate(errs)]
+    return lambda c, t: t.__setitem__("tables/oracle_repeats.csv", pd.DataFrame(rows))
+
+
+def _all_held_out(errors: dict[str, float], bound: float = 0.10):
+    """Every training run held out, with these errors: the mean can pass while one run misses."""
+    def mutate(c, t):
+        c["spatial"]["held_out"] = list(errors)
+        c["spatial"]["claims"]["max_oracle_error"] = bound
+        for run, e in errors.items():
+            _set(t, "tables/runs.csv", lambda d, run=run: d["run"] == run, "oracle_error", e)
+    return mutate
+
+
+def _real_extrapolation(**extrapolate):
+    """configs/default.yaml's spatial block with these spatial.extrapolate keys, through validate_config,
+    and the oracle's extrapolation table it produces (tables.extrapolation)."""
+    from hpcdl.studies.spatial.tables import extrapolation
+
+    raw = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
+    raw["spatial"]["extrapolate"].update(extrapolate)
+    block = validate_config(raw)["spatial"]
+
+    def mutate(c, t):
+        c["spatial"].update(extrapolate=block["extrapolate"], machine=block["machine"])
+        t["tables/extrapolation.csv"] = extrapolation(block)
+    return mutate
+
+
 # ---------------------------------------------------------------------------------------- hetmem
 HETMEM_CFG = {"hetmem": {"apps": [{"name": "stream", "size": 64, "iters": 1},
                                   {"name": "cg", "size": 8, "iters": 1}],
@@ -408,8 +456,9 @@ def _hetmem() -> tuple[dict, dict]:
     val = pd.DataFrame([{"app": a, "placement": p, "sample_every": n, "error": e, "reference": "simulated",
                          "estimate_s": 1e-5, "reference_s": 0.5}
                         for a in apps for n in (1, 10) for p, e in (("all_fast", 0.0), ("object:x", 0.03))])
-    # one estimate 10 us, one native run of the app 3 ms (its compute phase 0.1 ms): 300x
-    speed = pd.DataFrame([{"app": a, "estimate_s": 1e-5, "native_run_s": 3e-3, "native_compute_s": 1e-4,
+    # one estimate 10 us; the kernel's compute phase 3 ms (300x), its whole process 0.15 s (98 %
+    # start-up); one simulated reference run 0.5 s (50000x)
+    speed = pd.DataFrame([{"app": a, "estimate_s": 1e-5, "native_run_s": 0.15, "native_compute_s": 3e-3,
                            "simulated_reference_s": 0.5, "reference": "native run"} for a in apps])
     pol = pd.DataFrame([{"app": a, "capacity": c, "policy": p, "gap_to_all_fast": 0.02 if c == 0.75 else 0.3}
                         for a in apps for c in (0.25, 0.75) for p in ("greedy", "random", "ppo")])
@@ -438,12 +487,23 @@ def test_hetmem_error_is_judged_per_app_and_names_the_worst_app(tmp_path):
     assert m["per_app_mean_abs_error"]["cg"] == pytest.approx(0.015)
 
 
-def test_hetmem_speed_compares_an_estimate_with_the_native_run_not_the_simulator(tmp_path):
+def test_hetmem_speed_compares_an_estimate_with_the_kernel_and_the_simulator_not_process_start_up(tmp_path):
     c = _find(_run("hetmem", None, tmp_path), "estimate_100x_faster")
     m = c["measured"]
-    assert c["status"] == "passed" and m["reference"] == "native run" and "native" in c["statement"]
-    assert m["speedup"] == {"stream": 300.0, "cg": 300.0}  # 3 ms native run / 10 us estimate
-    assert m["speedup_vs_compute_phase"] == {"stream": 10.0, "cg": 10.0}
+    assert c["status"] == "passed" and "process start-up excluded" in c["statement"]
+    assert "against full-system simulators only" in c["statement"]
+    assert m["speedup_vs_kernel"] == {"stream": 300.0, "cg": 300.0}  # 3 ms compute phase / 10 us estimate
+    assert m["speedup_vs_simulator"] == {"stream": 50000.0, "cg": 50000.0}
+    assert m["process_startup_share"] == {"stream": 0.98, "cg": 0.98}
+    assert m["holds"] == {"stream vs kernel": True, "stream vs simulator": True, "cg vs kernel": True,
+                          "cg vs simulator": True}
+
+    def startup_bound(c, t):  # the kernel computes for 0.5 ms of a 0.15 s process: 15000x the process
+        _set(t, "tables/speed.csv", lambda d: d["app"] == "cg", "native_compute_s", 5e-4)
+    c = _find(_run("hetmem", startup_bound, tmp_path / "startup"), "estimate_100x_faster")
+    m = c["measured"]
+    assert c["status"] == "failed" and m["holds"]["cg vs kernel"] is False and m["holds"]["cg vs simulator"]
+    assert m["speedup_vs_kernel"]["cg"] == 50.0 and m["speedup_vs_process_run"]["cg"] == 15000.0
 
 
 # ------------------------------------------------------------------------------------ microbatch
@@ -566,8 +626,11 @@ def _malleable_point(t, experiment, variant, status="failed",
 OFFLOAD_CFG = {"offload": {"strategies": ["none", "optimizer", "activations", "both"], "device": "cpu",
                            "model": {"depths": [4, 8]}, "capacity": {"budget_mb": 24},
                            "claims": {"memory_max_ratio": 0.3, "hidden_min": 0.7, "capacity_min_ratio": 3.0,
-                                      "cross_check_factor": 1.5}}}
+                                      "cross_check_factor": 1.5, "slow_tier_min_slowdown": 1.5}}}
 OFFLOAD_RSS = "anonymous RSS high-water mark"
+# each measured step's hidden fraction around the point's: 95 % intervals 0.80 +- 0.026, 0.90 +- 0.026,
+# 0.75 +- 0.013
+OFFLOAD_STEPS = {0.8: "0.78 0.80 0.82 0.80", 0.9: "0.88 0.90 0.92 0.90", 0.75: "0.74 0.75 0.76 0.75"}
 
 
 def _offload() -> tuple[dict, dict]:
@@ -579,15 +642,38 @@ def _offload() -> tuple[dict, dict]:
             rows.append({"strategy": s, "depth": d, "tier": "ram>file", "peak_fast_bytes": mem * d,
                          "peak_measured_by": OFFLOAD_RSS, "peak_accounted_bytes": mem * d * 4 // 5,
                          "peak_extra_rss_bytes": mem * d, "step_s": 0.1, "hidden_frac": hidden,
+                         "hidden_frac_steps": OFFLOAD_STEPS.get(hidden, ""),
                          "weights_sha256": f"sha-{d}", "status": "ok", "error": ""})
     caps = pd.DataFrame({"strategy": ["none", "optimizer", "activations", "both"],
                          "max_depth": [7, 8, 19, 29],
                          "max_params": [7, 8, 19, 29], "budget_mb": 24, "capped_at_max_depth": False,
                          "peak_fast_bytes_at_max": 24 << 20, "peak_accounted_bytes_at_max": 20 << 20,
                          "peak_measured_by": OFFLOAD_RSS, "status": "ok"})
+    # the slow tier 5x (write) and 3.3x (read) slower than the fast one, as a device would be
+    tiers = pd.DataFrame([{"device": "cpu", "tier_pair": "ram>file", "io_mode": "dontneed", "tier": t,
+                           "medium": "RAM" if t == "fast" else "files", "direction": d,
+                           "probe_bytes": 64 << 20, "points": 8, "bandwidth_bytes_per_s": bw,
+                           "bandwidth_min_bytes_per_s": bw, "bandwidth_max_bytes_per_s": bw,
+                           "slowdown": 10e9 / bw if t == "slow" else np.nan}
+                          for t, d, bw in (("fast", "write", 10e9), ("fast", "read", 10e9),
+                                           ("slow", "write", 2e9), ("slow", "read", 3e9))])
     tables = {"tables/tradeoff.csv": pd.DataFrame(rows), "tables/capacity.csv": caps,
+              "tables/tiers.csv": tiers,
               "tables/failures.csv": pd.DataFrame(columns=["kind", "point", "error"])}
     return copy.deepcopy(OFFLOAD_CFG), tables
+
+
+def _offload_slow_tier(t, direction, bw):
+    """The slow tier's `direction` measured at `bw` bytes/s (the fast tier's is 10 GB/s)."""
+    sel = lambda d: (d["tier"] == "slow") & (d["direction"] == direction)  # noqa: E731
+    _set(t, "tables/tiers.csv", sel, "bandwidth_bytes_per_s", bw)
+    _set(t, "tables/tiers.csv", sel, "slowdown", 10e9 / bw)
+
+
+def _offload_steps(t, strategy, hidden, steps, depth=8):
+    sel = lambda d: (d["strategy"] == strategy) & (d["depth"] == depth)  # noqa: E731
+    _set(t, "tables/tradeoff.csv", sel, "hidden_frac", hidden)
+    _set(t, "tables/tradeoff.csv", sel, "hidden_frac_steps", steps)
 
 
 def _offload_failed(t, strategy, depth, error="BudgetExceeded: fast tier over budget"):
@@ -655,17 +741,31 @@ CASES = [
         ),
         ["npz", "scratch limit exceeded"],
     ),
-    # a format faster than the ceiling beyond its measured noise: the ceiling is defective, never a pass
+    # a format faster than the ceiling beyond the fixed tolerance: the ceiling is defective, never a pass
     (
         "checkpoint",
         "bandwidth_vs_ceiling",
         "not_measured",
         lambda c, t: _set(t, "tables/io_cost.csv", _ckpt_sync("npz"), "bw_over_ceiling", 1.10),
-        ["ceiling is defective", "npz writes at 1.10x", "noise 0.040"],
+        ["ceiling is defective", "npz writes at 1.10x", "ceiling_tolerance 0.05", "disagree by 0.040"],
     ),
-    # within the ceiling's noise above 1 is at the ceiling: judged against the threshold
+    # noisy probes excuse nothing: 1.5x beside probes disagreeing by 0.64 (the old allowance, 1 + the
+    # probes' disagreement, passed it) is a defective ceiling
+    (
+        "checkpoint",
+        "bandwidth_vs_ceiling",
+        "not_measured",
+        lambda c, t: (_set(t, "tables/io_cost.csv", lambda d: d["mode"] == "sync", "ceiling_spread", 0.64),
+                      _set(t, "tables/io_cost.csv", _ckpt_sync("npz"), "bw_over_ceiling", 1.5)),
+        ["ceiling is defective", "npz writes at 1.50x", "disagree by 0.640"],
+    ),
+    # within the fixed tolerance above 1 is at the ceiling: judged against the threshold
     ("checkpoint", "bandwidth_vs_ceiling", "passed",
      lambda c, t: _set(t, "tables/io_cost.csv", _ckpt_sync("npz"), "bw_over_ceiling", 1.03), None),
+    # the tolerance comes from the config
+    ("checkpoint", "bandwidth_vs_ceiling", "passed",
+     lambda c, t: (c["checkpoint"]["claims"].__setitem__("ceiling_tolerance", 0.2),
+                   _set(t, "tables/io_cost.csv", _ckpt_sync("npz"), "bw_over_ceiling", 1.10)), None),
     # the thresholds come from the config
     ("checkpoint", "bandwidth_vs_ceiling", "failed",
      lambda c, t: c["checkpoint"]["claims"].__setitem__("bandwidth_min_ratio", 0.97), None),
@@ -739,6 +839,20 @@ CASES = [
         lambda c, t: _set(t, "tables/best_config.csv", lambda d: d["overall_best"], "test_acc", np.nan),
         ["random", "no test accuracy"],
     ),
+    (   # the run of #40: 0.8544 on 10000 images, about 1.2 standard errors above 0.85
+        "hpo",
+        "hpo.best_test_acc",
+        "straddles",
+        lambda c, t: _set(t, "tables/best_config.csv", lambda d: d["overall_best"], "test_acc", 0.8544),
+        None,
+    ),
+    (   # a table from before the test set's size was recorded: no interval, so no verdict
+        "hpo",
+        "hpo.best_test_acc",
+        "not_measured",
+        lambda c, t: t.update({"tables/best_config.csv": t["tables/best_config.csv"].drop(columns="test_n")}),
+        ["no test-set size (test_n)", "rerun the hpo study"],
+    ),
     ("hpo", "hpo.pruning", "passed", None, None),
     (
         "hpo",
@@ -790,6 +904,8 @@ CASES = [
     ("shuffle", "held_at_most_1_plus_Q_N_over_M", "passed", None, None),
     ("shuffle", "held_at_most_1_plus_Q_N_over_M", "failed",
      lambda c, t: _final_set(t, _point("partial", 0.1, "skewed"), "samples_held_max", 221), None),
+    ("shuffle", "held_at_most_1_plus_Q_N_over_M", "failed",    # a row beyond the staged copies' (1+2Q)N/M
+     lambda c, t: _final_set(t, _point("partial", 0.1, "skewed"), "held_rows_max", 241), None),
     ("shuffle", "held_at_most_1_plus_Q_N_over_M", "not_measured",
      lambda c, t: _shuffle_failed(
          t, _point("partial", 0.1, "skewed"), "ExchangeError: rank 1: shuffle exchange of epoch 1 failed"),
@@ -870,6 +986,13 @@ CASES = [
         lambda c, t: _set(t, "tables/runs.csv", lambda d: d["run"] == "train-d1x1x1", "oracle_error", -0.6),
         None,
     ),
+    # per run: a mean |error| of 7.5 % under the 10 % bound, one run at -12.5 %
+    ("spatial", "oracle_error", "failed",
+     _all_held_out({"strong-d1x1x1": 0.05, "strong-d1x2x1": -0.125, "train-d1x1x1": 0.05}), None),
+    # per run on the interval of its repeats: wide (straddles), tight inside, tight outside the bound
+    ("spatial", "oracle_error", "straddles", _oracle_repeats({"train-d1x1x1": [0.02, 0.12]}), None),
+    ("spatial", "oracle_error", "passed", _oracle_repeats({"train-d1x1x1": [0.049, 0.051]}), None),
+    ("spatial", "oracle_error", "failed", _oracle_repeats({"train-d1x1x1": [0.30, 0.31]}), None),
     (
         "spatial",
         "oracle_error",
@@ -904,6 +1027,11 @@ CASES = [
     ),
     ("spatial", "oracle_picks_spatial", "passed", None, None),
     ("spatial", "oracle_picks_spatial", "failed", lambda c, t: _spatial_pick(t, "data"), None),
+    # from real configs: default.yaml's CosmoFlow 512^3 at mini-batch 16 picks data x spatial; at 32^3 and
+    # mini-batch 256 the model finds data x filter faster at 2048 GPUs
+    ("spatial", "oracle_picks_spatial", "passed", _real_extrapolation(), None),
+    ("spatial", "oracle_picks_spatial", "failed", _real_extrapolation(grid=32, batch_size=256), None),
+    ("spatial", "oracle_picks_spatial", "straddles", _oracle_repeats({"train-d1x1x1": [0.02, 0.12]}), None),
     (
         "spatial",
         "oracle_picks_spatial",
@@ -928,14 +1056,19 @@ CASES = [
     ("hetmem", "estimate_error_le_5pct", "not_measured", lambda c, t: _hetmem_failed(t, "cg"),
      ["app cg failed", "truncated trace at byte offset 12"]),
     ("hetmem", "estimate_100x_faster", "passed", None, None),
+    # the kernel's own compute 0.5 ms (50x), though its process (0.15 s, start-up) is 15000x
     ("hetmem", "estimate_100x_faster", "failed",
-     lambda c, t: _set(t, "tables/speed.csv", lambda d: d["app"] == "cg", "native_run_s", 2e-4), None),
+     lambda c, t: _set(t, "tables/speed.csv", lambda d: d["app"] == "cg", "native_compute_s", 5e-4), None),
+    # the simulated reference (the paper's comparator) only 50x slower
+    ("hetmem", "estimate_100x_faster", "failed",
+     lambda c, t: _set(t, "tables/speed.csv", lambda d: d["app"] == "stream", "simulated_reference_s", 5e-4),
+     None),
     ("hetmem", "estimate_100x_faster", "not_measured",
      lambda c, t: _hetmem_failed(t, "stream", "ToolMissing: tracer (valgrind) 'valgrind' not found"),
      ["app stream failed", "not found"]),
     ("hetmem", "estimate_100x_faster", "not_measured",
-     lambda c, t: _set(t, "tables/speed.csv", lambda d: d["app"] == "cg", "native_run_s", np.nan),
-     ["app cg: its native run was not timed"]),
+     lambda c, t: _set(t, "tables/speed.csv", lambda d: d["app"] == "cg", "native_compute_s", np.nan),
+     ["cg vs kernel: app cg: its kernel's compute phase was not timed"]),
     ("hetmem", "placement_near_all_fast", "passed", None, None),
     ("hetmem", "placement_near_all_fast", "failed",
      lambda c, t: _set(t, "tables/policies.csv", lambda d: (d["app"] == "cg") & (d["policy"] != "random"),
@@ -1057,10 +1190,30 @@ CASES = [
     ("offload", "memory_ratio", "not_measured",
      lambda c, t: (_offload_failed(t, "both", 8), _offload_failed_also(t)),
      ["strategy=both, depth=8", "BudgetExceeded"]),
+    # the slow tier reads as fast as RAM (the page cache): not measured on this host, whatever the ratio
+    ("offload", "memory_ratio", "not_measured", lambda c, t: _offload_slow_tier(t, "read", 9.5e9),
+     ["on this host the slow tier (files) is not slower than the fast tier", "slow_tier_min_slowdown 1.5x",
+      "read 9.5 GB/s vs the fast tier's 10 GB/s (1.053x slower)"]),
+    ("offload", "memory_ratio", "not_measured",
+     lambda c, t: t.__setitem__("tables/tiers.csv", t["tables/tiers.csv"].iloc[0:0]),
+     ["tiers' bandwidths were not measured in this run"]),
+    # the threshold comes from the config: a slow tier 3.3x slower fails a 4x requirement
+    ("offload", "memory_ratio", "not_measured",
+     lambda c, t: c["offload"]["claims"].__setitem__("slow_tier_min_slowdown", 4.0),
+     ["read 3 GB/s vs the fast tier's 10 GB/s (3.333x slower)"]),
     ("offload", "hidden_fraction", "passed", None, None),
     ("offload", "hidden_fraction", "failed",
-     lambda c, t: _set(t, "tables/tradeoff.csv", lambda d: (d["strategy"] == "optimizer") & (d["depth"] == 8),
-                       "hidden_frac", 0.4), None),
+     lambda c, t: _offload_steps(t, "optimizer", 0.4, "0.38 0.40 0.42 0.40"), None),
+    # 0.7007 against 0.70 (the audit's case): its steps' interval crosses the line
+    ("offload", "hidden_fraction", "straddles",
+     lambda c, t: _offload_steps(t, "optimizer", 0.7007, "0.66 0.74 0.70 0.7028"), None),
+    ("offload", "hidden_fraction", "not_measured",
+     lambda c, t: _offload_steps(t, "both", 0.8, "0.8 nan"),
+     ["both: 1 measured step(s) with a transfer; an interval needs 2"]),
+    ("offload", "hidden_fraction", "not_measured",
+     lambda c, t: t.__setitem__("tables/tradeoff.csv",
+                                t["tables/tradeoff.csv"].drop(columns="hidden_frac_steps")),
+     ["predates the per-step hidden fractions"]),
     ("offload", "hidden_fraction", "not_measured", lambda c, t: _offload_failed(t, "activations", 8),
      ["strategy=activations, depth=8 failed", "BudgetExceeded"]),
     ("offload", "weights_equal", "passed", None, None),
@@ -1075,6 +1228,9 @@ CASES = [
      lambda c, t: _set(t, "tables/capacity.csv", lambda d: d["strategy"] == "both", "max_params", 14), None),
     ("offload", "capacity_ratio", "not_measured", lambda c, t: _offload_capacity_failed(t, "none"),
      ["strategy=none", "is full"]),
+    ("offload", "capacity_ratio", "not_measured",
+     lambda c, t: (_offload_slow_tier(t, "write", 9e9), _offload_capacity_failed(t, "none")),
+     ["write 9 GB/s vs the fast tier's 10 GB/s (1.111x slower)", "strategy=none", "is full"]),
 ]
 
 
@@ -1115,7 +1271,7 @@ def test_claim_outcome(study, cid, outcome, mutate, words, tmp_path):
         ), f"{cid}: evidence names no threshold: {sorted(c['measured'])}"
 
 
-@pytest.mark.parametrize("study", STUDIES)
+@pytest.mark.parametrize("study", studies())
 def test_baseline_passes_every_claim_and_emits_only_declared_ids(study, tmp_path):
     claims = _run(study, None, tmp_path)
     declared_ids = importlib.import_module(f"hpcdl.studies.{study}.claims").CLAIMS
@@ -1130,7 +1286,7 @@ def test_every_declared_claim_has_a_pass_fail_and_missing_case():
     """... and a straddling case for every claim judged on an interval (the module's INTERVAL_CLAIMS)."""
     covered = {(s, c, o) for s, c, o, _, _ in CASES}
     absent = []
-    for study in STUDIES:
+    for study in studies():
         module = importlib.import_module(f"hpcdl.studies.{study}.claims")
         for cid in module.CLAIMS:
             wanted = OUTCOMES + (("straddles",) if cid in getattr(module, "INTERVAL_CLAIMS", ()) else ())
@@ -1154,22 +1310,25 @@ def test_kakurenbo_evidence_lists_every_fraction_with_rounds_and_interval(tmp_pa
     assert "hiding fractions F in [0.1, 0.2]: at every F" in c["statement"]
 
 
-def test_kakurenbo_time_is_judged_only_in_the_methods_regime(tmp_path):
+def test_kakurenbo_time_is_judged_at_every_f_with_the_regime_beside_it(tmp_path):
     # The fixture's compute is 90 % of each run's time, hidden samples skip 90 % of F and the overhead is
     # 3 % of the run. F=0.2 (8.0 s against 10.05 s): 16.2 % of work skipped less 2.4 % overhead, in the
-    # regime (min_net_saving 5 %). F=0.02 at 9.9, 10.1, 9.8 s: 1.6 % skipped less 3 %, outside it, however
-    # noisy the wall time (the two F=0 runs of each round differ by +1 %, -2 %, +1 %).
+    # regime (min_net_saving 5 %). F=0.02 at 9.9, 10.1, 9.8 s: 1.6 % skipped less 3 %, outside it. The
+    # regime used to leave such an F out of the time verdict (#40: the gate was set after F=0.1 failed);
+    # now its wall time is judged too, and its noisy saving (1.5 %, 0 %, 1.5 %) makes the claim straddle.
     c = _find(_run("shuffle", _kk_times(0.02, (9.9, 10.1, 9.8)), tmp_path), "kakurenbo_saves_time")
     low = c["measured"]["work_and_overhead"]["F=0.02"]
     assert low["net_saving"]["mean"] == pytest.approx(0.0162 - 0.0297, abs=1e-3)
-    assert not low["time_judged"] and c["measured"]["work_and_overhead"]["F=0.2"]["time_judged"]
-    assert c["status"] == "passed" and c["measured"]["min_net_saving"] == 0.05
+    assert not low["in_regime"] and c["measured"]["work_and_overhead"]["F=0.2"]["in_regime"]
+    assert c["measured"]["holds"] == {"F=0.02": "straddles", "F=0.2": True}
+    assert c["status"] == "straddles" and c["measured"]["min_net_saving"] == 0.05
     assert c["measured"]["timing_resolution"] == pytest.approx(0.0425, abs=0.001)
+    assert "Every F is judged" in c["statement"]
 
-    def strict(c, t):  # a floor above F=0.2's net saving leaves no F in the regime
+    def strict(c, t):  # a floor above every F's net saving no longer takes the claim out of measurement
         c["shuffle"]["kakurenbo"]["min_net_saving"] = 0.2
     c = _find(_run("shuffle", strict, tmp_path / "strict"), "kakurenbo_saves_time")
-    assert c["status"] == "not_measured" and "reach 20% of F=0's time" in c["reason"]
+    assert c["status"] == "passed" and not c["measured"]["work_and_overhead"]["F=0.2"]["in_regime"]
     assert c["measured"]["work_and_overhead"]["F=0.2"]["net_saving"]["mean"] == pytest.approx(0.138, abs=2e-3)
 
 
@@ -1195,7 +1354,9 @@ def test_held_claim_compares_measured_samples_with_the_real_bound(tmp_path):
     pid = _point("partial", 0.1, "random")
     assert c["measured"]["bound"][pid] == pytest.approx(200 + 20)  # ceil(400/2) + 0.1*400/2
     assert c["measured"]["samples_held_max"][pid] == 220
-    assert c["measured"]["buffer_rows_max"][pid] == 240  # staged copies are extra rows
+    assert c["measured"]["buffer_rows_max"][pid] == 240  # staged copies are extra rows...
+    assert c["measured"]["bound_rows"][pid] == pytest.approx(200 + 2 * 20)  # ...against their own bound
+    assert "(1+2Q)*N/M sample rows" in c["statement"] and "distinct samples" in c["statement"]
 
 
 def test_oracle_pick_fails_when_the_oracle_misses_this_run(tmp_path):
@@ -1205,6 +1366,56 @@ def test_oracle_pick_fails_when_the_oracle_misses_this_run(tmp_path):
     assert c["measured"]["oracle_mean_abs_error"] == pytest.approx(0.4)
     assert "spatial.machine" in c["statement"] and "not measured here" in c["statement"]
     assert c["measured"]["target_machine"] == SPATIAL_CFG["spatial"]["machine"]
+
+
+def test_oracle_error_judges_each_held_out_run_and_names_the_worst_beside_the_mean(tmp_path):
+    claims = _run("spatial", _all_held_out({"strong-d1x1x1": 0.05, "strong-d1x2x1": -0.125,
+                                             "train-d1x1x1": 0.05}), tmp_path)
+    c, pick = _find(claims, "oracle_error"), _find(claims, "oracle_picks_spatial")
+    m = c["measured"]
+    assert m["mean_abs_error"] == pytest.approx(0.075) and m["mean_abs_error"] <= m["threshold"] == 0.10
+    assert c["status"] == "failed" and m["worst_run"] == {"run": "strong-d1x2x1", "error": -0.125}
+    assert m["holds"] == {"strong-d1x1x1": True, "strong-d1x2x1": False, "train-d1x1x1": True}
+    assert "every held-out run" in c["statement"] and "worst run" in c["statement"]
+    # the pick is trusted only as far as every held-out run was predicted
+    assert pick["status"] == "failed" and pick["measured"]["holds"]["oracle_error strong-d1x2x1"] is False
+
+
+def test_oracle_error_interval_is_over_each_runs_repeats(tmp_path):
+    c = _find(_run("spatial", _oracle_repeats({"train-d1x1x1": [0.02, 0.12]}), tmp_path), "oracle_error")
+    iv = c["measured"]["per_run_interval"]["train-d1x1x1"]
+    assert iv["per_pair"] == {"repeat 0": 0.02, "repeat 1": 0.12} and iv["n"] == 2
+    # t(0.975, 1 dof) = 12.706: 0.07 +- 12.706 x 0.0707 / sqrt(2) crosses the 15 % bound
+    assert iv["mean"] == pytest.approx(0.07) and iv["ci95"] == [pytest.approx(-0.565, abs=1e-3),
+                                                                 pytest.approx(0.705, abs=1e-3)]
+    assert c["status"] == "straddles" and c["measured"]["holds"] == {"train-d1x1x1": "straddles"}
+    assert c["measured"]["worst_run"]["interval"] == iv
+
+
+def test_oracle_pick_fail_case_comes_from_a_real_config(tmp_path):
+    """default.yaml with spatial.extrapolate grid 32 and mini-batch 256, validated: at 2048 GPUs the oracle
+    finds data x filter faster than any spatial split, and the claim fails on the pick alone."""
+    c = _find(_run("spatial", _real_extrapolation(grid=32, batch_size=256), tmp_path), "oracle_picks_spatial")
+    m = c["measured"]
+    assert c["status"] == "failed" and m["holds"]["pick at 2048 GPUs is spatial"] is False
+    assert m["holds"]["oracle_error train-d1x1x1"] is True
+    assert m["picked"] == "data x filter" and m["picked_family"] == "filter"
+    assert m["contested"] and m["feasible_rivals"] == ["filter"]
+    assert m["families_at_scale"]["data x spatial"].startswith("fits: data x spatial")
+    assert m["families_at_scale"]["data"].startswith("mini-batch: 256 samples < 2048 GPUs")
+    assert "32^3, mini-batch 256" in c["statement"]
+
+
+def test_oracle_pick_at_the_default_scale_lists_why_every_other_family_cannot_run(tmp_path):
+    c = _find(_run("spatial", _real_extrapolation(), tmp_path), "oracle_picks_spatial")
+    m = c["measured"]
+    assert c["status"] == "passed" and m["picked_family"] == "data x spatial" and not m["contested"]
+    fam = m["families_at_scale"]
+    assert set(fam) == {"data", "spatial", "data x spatial", "filter", "channel"}
+    assert fam["data"] == "mini-batch: 16 samples < 2048 GPUs (pure data parallelism needs a sample per GPU)"
+    assert fam["filter"].startswith("channels: conv0 has 16 output channels < filter split 2048")
+    assert "mini-batch: 16 samples < 32 data groups" in fam["filter"]
+    assert fam["channel"].startswith("channels: conv0 has 4 input channels < channel split 2048")
 
 
 def test_oracle_error_is_the_held_out_runs_with_the_in_sample_error_beside_it(tmp_path):
@@ -1368,8 +1579,8 @@ def test_offload_weights_names_the_strategies_it_compares(tmp_path):
 
 @pytest.mark.parametrize("name", ["default.yaml", "paper.yaml", "test.yaml"])
 def test_the_repo_configs_tuned_notes_name_declared_claims(repo, name):
-    from hpcdl.platform.claims import attach_tuned
-    from hpcdl.platform.config import load_config
+    from hpcdl.platform.kit.claims import attach_tuned
+    from hpcdl.platform.kit.config import load_config
 
     cfg = load_config(repo / "configs" / name)
     for study in cfg["studies"]:

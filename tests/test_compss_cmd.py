@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcdl.platform.config import ConfigError
-from hpcdl.platform.procenv import child_env
-from hpcdl.platform.task_runtime import compss
+from hpcdl.platform.kit.config import ConfigError
+from hpcdl.platform.kit.procenv import child_env
+from hpcdl.platform.orchestration.task_runtime import compss
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -171,7 +171,7 @@ def test_enqueue_cli_prints_the_command_with_an_absolute_config(tmp_path):
 
 
 def test_schema_fills_compss_defaults_and_names_bad_keys(test_config):
-    from hpcdl.platform.config import validate_config
+    from hpcdl.platform.kit.config import validate_config
 
     cfg = validate_config({**test_config, "compss": {"queue": "gp"}})
     assert cfg["compss"]["python_interpreter"] == "python3" and cfg["compss"]["computing_units"] is None
@@ -183,7 +183,7 @@ def test_schema_fills_compss_defaults_and_names_bad_keys(test_config):
 
 
 def _compss_cfg(test_config, tmp_path):
-    from hpcdl.platform.config import validate_config
+    from hpcdl.platform.kit.config import validate_config
 
     cfg = {**test_config, "results_dir": str(tmp_path / "results")}
     for study in cfg["studies"]:
@@ -229,7 +229,7 @@ def test_a_var_setting_is_expanded_by_the_shell_that_runs_the_rule(test_config, 
 
 
 def test_enqueue_resolves_a_var_setting_now_or_names_it(test_config, tmp_path, monkeypatch):
-    from hpcdl.platform.task_runtime.units import UnitsError
+    from hpcdl.platform.orchestration.task_runtime.units import UnitsError
 
     cfg = _compss_cfg(test_config, tmp_path)
     cfg["hpo"]["computing_units"] = "$HPCDL_TEST_CORES"
@@ -252,10 +252,10 @@ def test_command_cli_prints_the_rule_command(tmp_path):
     assert out.stdout.rstrip().endswith(f"--config {cfg_file})")
 
 
-# -- GPUs: HPCDL_<STUDY>_GPUS (hpcdl.platform.task_runtime.gpus) ---------------------------------------
+# -- GPUs: HPCDL_<STUDY>_GPUS (hpcdl.platform.orchestration.task_runtime.gpus) -------------------------
 
 def _gpu_cfg(test_config, tmp_path, device, **compss_block):
-    from hpcdl.platform.config import validate_config
+    from hpcdl.platform.kit.config import validate_config
 
     cfg = {**test_config, "results_dir": str(tmp_path / "results"),
            "spatial": {**test_config["spatial"], "runtime": "compss", "device": device}}
@@ -295,7 +295,7 @@ def test_auto_is_resolved_by_the_shell_that_runs_the_rule(test_config, tmp_path)
     path = f"{bindir}:{Path(sys.executable).parent}:/usr/bin:/bin"
     env = child_env(REPO, PATH=path)
     out = subprocess.run(["bash", "-c", cmd], env=env, cwd=REPO, capture_output=True, text=True, check=True)
-    from hpcdl.platform.task_runtime.gpus import task_gpus
+    from hpcdl.platform.orchestration.task_runtime.gpus import task_gpus
 
     assert out.stdout.strip() == f"gpus={task_gpus('spatial', cfg)}"
 

@@ -3,11 +3,11 @@
 import pytest
 import yaml
 
-from hpcdl.platform.config import (
-    STUDIES,
+from hpcdl.platform.kit.config import (
     ConfigError,
     check_inside,
     load_config,
+    studies,
     study_config,
     validate_config,
 )
@@ -30,7 +30,7 @@ def test_defaults_are_filled():
 
 
 @pytest.mark.parametrize("bad, key, allowed", [
-    ({"studies": ["nope"]}, "studies[0]", ", ".join(STUDIES)),
+    ({"studies": ["nope"]}, "studies[0]", ", ".join(studies())),
     ({"results_dir": "../elsewhere"}, "results_dir", "relative path"),
     ({"unknown_key": 1}, "unknown_key", "known keys"),
     ({"data": {"fashion_mnist_dir": 5}}, "data.fashion_mnist_dir", "type string"),
@@ -72,7 +72,7 @@ def test_study_config_keeps_only_its_block(repo):
 
 
 def test_task_app_command_line_exits_2_with_the_key(tmp_path, capsys):
-    from hpcdl.platform.config import config_from_args
+    from hpcdl.platform.kit.config import config_from_args
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("studies: [nope]\n")
@@ -102,11 +102,11 @@ def test_snakemakes_schema_file_accepts_the_repo_configs_tuned_notes(repo, tmp_p
     """Snakemake validates the config against write_full_schema's files, not against load_schema()."""
     from snakemake.utils import validate
 
-    from hpcdl.platform.config import read_config_file, write_full_schema
+    from hpcdl.platform.kit.config import read_config_file, write_full_schema
 
     schema = write_full_schema(tmp_path / "schema.yaml")
     cfg = read_config_file(repo / "configs" / "default.yaml")
-    assert any(cfg[s].get("tuned") for s in STUDIES if s in cfg), "default.yaml has no tuned note to check"
+    assert any(cfg[s].get("tuned") for s in studies() if s in cfg), "default.yaml has no tuned note to check"
     validate(cfg, str(schema))
     cfg["shuffle"]["tuned"][0]["colour"] = "red"
     with pytest.raises(Exception, match="colour"):

@@ -1,4 +1,4 @@
-"""The one device mechanism (hpcdl.platform.device): the schema key every study block takes, its
+"""The one device mechanism (hpcdl.platform.kit.device): the schema key every study block takes, its
 resolution and errors, the backend from the device, one rank per GPU, the Slurm resources, and the
 device in every table's provenance. Tests marked `cuda` need a GPU and skip without one."""
 
@@ -12,9 +12,14 @@ import pandas as pd
 import pytest
 import yaml
 
-from hpcdl.platform import wiring
-from hpcdl.platform.config import SHARED_BLOCK_KEYS, ConfigError, block_schema, load_config, validate_config
-from hpcdl.platform.device import (
+from hpcdl.platform.kit.config import (
+    SHARED_BLOCK_KEYS,
+    ConfigError,
+    block_schema,
+    load_config,
+    validate_config,
+)
+from hpcdl.platform.kit.device import (
     LayoutError,
     check_layout,
     dist_backend,
@@ -23,10 +28,12 @@ from hpcdl.platform.device import (
     study_device,
     visible_gpus,
 )
-from hpcdl.platform.rank_runtime.launch import build_command, run_ranks
-from hpcdl.platform.rank_runtime.placement import local_rank_and_world
-from hpcdl.platform.results import read_sidecars, write_table
-from hpcdl.platform.study import registered, spec
+from hpcdl.platform.kit.rank_runtime.launch import build_command, run_ranks
+from hpcdl.platform.kit.rank_runtime.placement import local_rank_and_world
+from hpcdl.platform.kit.results import write_table
+from hpcdl.platform.kit.sidecars import read_sidecars
+from hpcdl.platform.kit.study import registered, spec
+from hpcdl.platform.orchestration import wiring
 from hpcdl.studies.spatial.sweep import expand as expand_spatial
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,7 +158,7 @@ def test_local_ranks_from_the_slurm_step_layout(monkeypatch):
 def test_real_cpu_ranks_run_gloo_on_host_tensors(monkeypatch):
     for var in ("SLURM_JOB_ID", "HPCDL_LAUNCHER"):
         monkeypatch.delenv(var, raising=False)
-    seen = run_ranks("hpcdl.platform.rank_runtime.probes:allreduce_sum", 2, {"value": 1.0},
+    seen = run_ranks("hpcdl.platform.kit.rank_runtime.probes:allreduce_sum", 2, {"value": 1.0},
                      timeout_s=120, device="cpu")
     assert [r["sum"] for r in seen] == [3.0, 3.0]
     assert {(r["backend"], r["compute"], r["tensor_device"]) for r in seen} == {("gloo", "cpu", "cpu")}
@@ -161,9 +168,9 @@ def test_real_cpu_ranks_run_gloo_on_host_tensors(monkeypatch):
 def test_cuda_ranks_without_gpus_are_refused_before_any_rank_starts(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     with pytest.raises(LayoutError, match="2 ranks per node on 0 visible GPU"):
-        run_ranks("hpcdl.platform.rank_runtime.probes:allreduce_sum", 2, {}, device="cuda")
+        run_ranks("hpcdl.platform.kit.rank_runtime.probes:allreduce_sum", 2, {}, device="cuda")
     with pytest.raises(ValueError, match="resolved device"):
-        run_ranks("hpcdl.platform.rank_runtime.probes:allreduce_sum", 2, {}, device="auto")
+        run_ranks("hpcdl.platform.kit.rank_runtime.probes:allreduce_sum", 2, {}, device="auto")
 
 
 def test_srun_gives_each_rank_its_own_gpu(tmp_path):
@@ -203,7 +210,7 @@ def test_run_rule_asks_slurm_for_one_gpu_per_rank(test_config):
 # ---- provenance -----------------------------------------------------------------------------------
 
 def test_tables_record_the_device_and_derived_tables_copy_it(tmp_path, test_config):
-    from hpcdl.platform.config import study_config
+    from hpcdl.platform.kit.config import study_config
 
     cfg = study_config(validate_config(test_config), "spatial")
     study = tmp_path / "spatial"
@@ -222,7 +229,7 @@ def test_tables_record_the_device_and_derived_tables_copy_it(tmp_path, test_conf
 
 @pytest.mark.cuda
 def test_cuda_resolves_and_is_recorded(test_config):
-    from hpcdl.platform.device import cuda_record
+    from hpcdl.platform.kit.device import cuda_record
 
     assert resolve("cuda", "x.device") == "cuda"
     rec = cuda_record()
@@ -235,7 +242,7 @@ def test_cuda_resolves_and_is_recorded(test_config):
 def test_cuda_ranks_all_reduce_over_nccl_on_their_gpu(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     n = min(visible_gpus(), 2)
-    seen = run_ranks("hpcdl.platform.rank_runtime.probes:allreduce_sum", n, {"value": 1.0},
+    seen = run_ranks("hpcdl.platform.kit.rank_runtime.probes:allreduce_sum", n, {"value": 1.0},
                      timeout_s=180, device="cuda")
     assert [r["sum"] for r in seen] == [n * (n + 1) / 2] * n
     assert {r["backend"] for r in seen} == {"nccl"}
@@ -247,8 +254,8 @@ def test_ranks_sharing_one_gpu_run_gloo_when_allowed(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     n = visible_gpus() + 1
     with pytest.raises(LayoutError):
-        run_ranks("hpcdl.platform.rank_runtime.probes:allreduce_sum", n, {}, device="cuda")
-    seen = run_ranks("hpcdl.platform.rank_runtime.probes:allreduce_sum", n, {"value": 1.0},
+        run_ranks("hpcdl.platform.kit.rank_runtime.probes:allreduce_sum", n, {}, device="cuda")
+    seen = run_ranks("hpcdl.platform.kit.rank_runtime.probes:allreduce_sum", n, {"value": 1.0},
                      timeout_s=180, device="cuda", gpu_sharing=True)
     assert {r["backend"] for r in seen} == {"gloo"} and {r["tensor_device"] for r in seen} == {"cpu"}
     assert {r["compute"] for r in seen} <= {f"cuda:{i}" for i in range(visible_gpus())}

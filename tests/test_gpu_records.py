@@ -1,5 +1,5 @@
-"""GPU records (hpcdl.platform.gpu_records): a `make gpu` run's records imported, read back and shown by
-the report beside this run, never in its verdict (docs/architecture.md, "Report").
+"""GPU records (hpcdl.platform.orchestration.gpu_records): a `make gpu` run's records imported, read back and
+shown by the report beside this run, never in its verdict (docs/architecture.md, "Report").
 
 Every record here is HAND-MADE in tmp_path, in the layout envs/gpu_run.py leaves (device.json, one
 folder per study with claims.json and its tables' CSVs and sidecars copied flat, calibration/,
@@ -17,19 +17,25 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hpcdl.platform import about, cli, gpu_records
-from hpcdl.platform.claims import claim, not_measured, write_claims
-from hpcdl.platform.gpu_records import RecordError, gpu_slug, import_records, read_records, record_inputs
-from hpcdl.platform.study import StudySpec
-from hpcdl.platform.verdict import main as verdict_main
-from hpcdl.platform.verdict import render_html, verdict
+from hpcdl.platform.kit.claims import claim, not_measured, write_claims
+from hpcdl.platform.kit.device import gpu_slug
+from hpcdl.platform.kit.study import StudySpec
+from hpcdl.platform.orchestration import about, cli, gpu_records
+from hpcdl.platform.orchestration.gpu_records import (
+    RecordError,
+    import_records,
+    read_records,
+    record_inputs,
+)
+from hpcdl.platform.orchestration.verdict import main as verdict_main
+from hpcdl.platform.orchestration.verdict import render_html, verdict
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "envs"))
 import gpu_run  # noqa: E402  (envs/ is not a package: the archive is made as `make gpu` makes it)
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-# What hpcdl.platform.device.cuda_record() plus gpu_run's additions say on an H200 (hand-made).
+# What hpcdl.platform.kit.device.cuda_record() plus gpu_run's additions say on an H200 (hand-made).
 DEVICE = {"gpu_model": "NVIDIA H200", "gpu_count": 1, "gpu_capability": "9.0",
           "gpu_memory_bytes": 150_000_000_000, "driver": "580.65.06", "cuda": "13.0", "cudnn": "91900",
           "nccl": "2.27.7", "python": "/opt/venv/bin/python3", "torch": "2.11.0+cu130", "pandas": "2.3.3"}
@@ -89,7 +95,7 @@ def test_gpu_slug_is_the_models_short_name():
     assert gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
     assert gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
     assert gpu_slug("NVIDIA GeForce RTX 4090") == "rtx4090"
-    with pytest.raises(RecordError, match="no folder name in the GPU model 'NVIDIA'"):
+    with pytest.raises(ValueError, match="no short name in the GPU model 'NVIDIA'"):
         gpu_slug("NVIDIA")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdl.platform.procenv import child_env
+from hpcdl.platform.kit.procenv import child_env
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "envs"))

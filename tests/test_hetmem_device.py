@@ -19,9 +19,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from hpcdl.platform.config import ConfigError, validate_config
-from hpcdl.platform.device import study_device
-from hpcdl.platform.procenv import child_env
+from hpcdl.platform.kit.config import ConfigError, validate_config
+from hpcdl.platform.kit.device import study_device
+from hpcdl.platform.kit.procenv import child_env
 from hpcdl.studies.hetmem import claims, gpu, gpu_apps, gpu_placement, gpu_tiers, sweep, tables
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,7 +42,7 @@ def _no_gpu() -> bool:
 # ---- routing -------------------------------------------------------------------------------------------
 
 def test_the_study_declares_its_cuda_path_and_a_gpu_per_task(test_config):
-    from hpcdl.platform.study import spec
+    from hpcdl.platform.kit.study import spec
 
     s = spec("hetmem")
     assert s.devices == ("cpu", "cuda") and s.task_gpus(_cfg(test_config)) == 1

@@ -12,7 +12,7 @@ import torch
 import yaml
 from optuna.trial import TrialState
 
-from hpcdl.platform.config import ConfigError, validate_config
+from hpcdl.platform.kit.config import ConfigError, validate_config
 from hpcdl.studies.hpo import compute, driver, space, storage, sweep
 from hpcdl.studies.hpo.compute import DataSpec
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from hpcdl.platform.config import load_config
+from hpcdl.platform.kit.config import load_config
 from hpcdl.studies.hpo.storage import INTERRUPTED, journal_path, open_storage
 
 
@@ -92,6 +92,8 @@ def test_app_end_to_end_with_a_failing_trial(repo, tmp_path, write_config, test_
         scaling["n_trials"].iloc[0] / scaling["elapsed_s"].iloc[0] * 60)
     best = pd.read_csv(out / "tables" / "best_config.csv")
     assert best["overall_best"].sum() == 1 and best["test_acc"].between(0.0, 1.0).all()
+    # each study's best trial names the test images its accuracy counts: the interval's n
+    assert (best.dropna(subset=["test_acc"])["test_n"] == hpo["data"]["test_limit"]).all()
     for fig in (
         "best_so_far",
         "grid_scaling",
@@ -103,6 +105,10 @@ def test_app_end_to_end_with_a_failing_trial(repo, tmp_path, write_config, test_
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     claims = json.loads((out / "claims.json").read_text())
     assert [c["id"] for c in claims["claims"]] == ["hpo.grid_speedup", "hpo.best_test_acc", "hpo.pruning"]
+    acc = claims["claims"][1]
+    interval = acc["measured"]["test_acc"]
+    assert interval["n"] == hpo["data"]["test_limit"] and interval["ci95"][0] <= interval["mean"]
+    assert acc["confirmation"]["seeds"] == [hpo["seed"]] and acc["confirmation"]["key"] == "seed"
 
 
 def _poll(config, cfg, proc, n_complete, timeout=180):

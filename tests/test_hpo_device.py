@@ -14,8 +14,14 @@ import pandas as pd
 import pytest
 import torch
 
-from hpcdl.platform.config import ConfigError, validate_config
-from hpcdl.platform.task_runtime.gpus import POOL_ENV, declared_gpus, gpu_pool, gpus_var, task_gpus
+from hpcdl.platform.kit.config import ConfigError, validate_config
+from hpcdl.platform.orchestration.task_runtime.gpus import (
+    POOL_ENV,
+    declared_gpus,
+    gpu_pool,
+    gpus_var,
+    task_gpus,
+)
 from hpcdl.studies.hpo import claims, compute, driver, records, storage, sweep, tables
 from hpcdl.studies.hpo.compute import DataSpec
 from hpcdl.studies.hpo.figures import scaling_figure
@@ -56,7 +62,7 @@ class _Now:
 # ---- routing: the device from the config to the rows ----------------------------------------------
 
 def test_hpo_declares_a_cuda_path_and_one_gpu_per_task(cfg):
-    from hpcdl.platform.study import spec
+    from hpcdl.platform.kit.study import spec
 
     assert spec("hpo").devices == ("cpu", "cuda")
     assert declared_gpus("hpo", cfg) == 1
@@ -225,7 +231,7 @@ def test_a_trial_trains_on_the_gpu_with_its_data_held_there(torch_globals):
 def test_two_trials_in_the_pool_run_at_once_on_distinct_gpus(monkeypatch):
     if len(gpu_pool()) < 2:
         pytest.skip("needs two GPUs in the local pool (one is visible)")
-    from hpcdl.platform.task_runtime import compss_wait_on, set_local_cores
+    from hpcdl.platform.orchestration.task_runtime import compss_wait_on, set_local_cores
     from tasks import hpo as app
 
     monkeypatch.setenv("HPCDL_HPO_UNITS", "1")

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpcdl.platform.procenv import child_env
+from hpcdl.platform.kit.procenv import child_env
 
 REPO = Path(__file__).resolve().parent.parent
 HPCDL = REPO / "hpcdl"
@@ -115,10 +115,39 @@ def test_the_probe_sees_a_forkserver_preload_where_one_is_set(tmp_path):
 
 
 def test_result_files_take_the_umask_of_the_first_write_not_of_the_import(tmp_path):
-    """results reads the umask when it first writes (reading it used to set it, at import)."""
-    code = ("import os, sys\nfrom hpcdl.platform.results import atomic_write_bytes\nos.umask(0o027)\n"
+    """The atomic writer reads the umask when it first writes (reading it used to set it, at import)."""
+    code = ("import os, sys\nfrom hpcdl.platform.kit.atomic import atomic_write_bytes\nos.umask(0o027)\n"
             "p = atomic_write_bytes(sys.argv[1], b'x')\nprint(oct(os.stat(p).st_mode & 0o777))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "f.bin")], cwd=REPO,
                          env=child_env(REPO), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "0o640"
+
+
+def _loaded_after(statement: str) -> list[str]:
+    """The hpcdl modules a fresh interpreter holds after running `statement`."""
+    code = (f"import json, sys\n{statement}\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('hpcdl'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=child_env(REPO), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_config_module_loads_no_study():
+    """The list of studies is a function (config.studies()), so importing the config module (as every
+    task app, stage and rank that validates a block does) imports none of the eight study packages;
+    asking for the list does."""
+    assert not [m for m in _loaded_after("import hpcdl.platform.kit.config") if m.startswith("hpcdl.studies")]
+    after_call = _loaded_after("from hpcdl.platform.kit.config import studies\nstudies()")
+    assert "hpcdl.studies.checkpoint" in after_call and "hpcdl.studies.spatial" in after_call
+
+
+def test_the_platforms_face_loads_each_name_on_first_use():
+    """`import hpcdl.platform` loads nothing behind it; asking for one name loads that name's module
+    (and what it imports), not the rest of the study wing."""
+    assert _loaded_after("import hpcdl.platform") == ["hpcdl", "hpcdl.platform"]
+    loaded = _loaded_after("from hpcdl.platform import failed_because")
+    assert "hpcdl.platform.kit.stages" in loaded
+    others = {"config", "claims", "points", "results", "rank_runtime.launch"}
+    assert not {f"hpcdl.platform.kit.{m}" for m in others} & set(loaded)

@@ -1,4 +1,4 @@
-"""The one interval method (hpcdl.platform.intervals) against known cases."""
+"""The one interval method (hpcdl.platform.kit.intervals) against known cases."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hpcdl.platform import intervals
+from hpcdl.platform.kit import intervals
 
 
 def test_t_interval_matches_the_textbook_case():

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcdl.platform.rank_runtime import launch
-from hpcdl.platform.rank_runtime.launch import RankFailure, build_command, run_ranks
+from hpcdl.platform.kit.rank_runtime import launch
+from hpcdl.platform.kit.rank_runtime.launch import RankFailure, build_command, run_ranks
 
 _os_free_port = launch.free_port
 
@@ -45,7 +45,7 @@ def fake_tools(tmp_path: Path, monkeypatch, scontrol_job: str = "", hostnames: s
 
 def test_fork_command_exact(tmp_path):
     cmd = build_command(3, "pkg.mod:fn", tmp_path, slurm=False, master_addr="127.0.0.1", master_port=29511)
-    assert cmd == [sys.executable, "-m", "hpcdl.platform.rank_runtime.forked", "3", "pkg.mod:fn",
+    assert cmd == [sys.executable, "-m", "hpcdl.platform.kit.rank_runtime.forked", "3", "pkg.mod:fn",
                    str(tmp_path)]
 
 
@@ -54,14 +54,14 @@ def test_torchrun_command_exact(tmp_path):
                         local="torchrun")
     assert cmd == [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=3",
                    "--master-addr=127.0.0.1", "--master-port=29511", "--max-restarts=0",
-                   "--monitor-interval=0.5", "-m", "hpcdl.platform.rank_runtime.entry", "pkg.mod:fn",
+                   "--monitor-interval=0.5", "-m", "hpcdl.platform.kit.rank_runtime.entry", "pkg.mod:fn",
                    str(tmp_path)]
 
 
 def test_srun_command_exact(tmp_path):
     cmd = build_command(2, "pkg.mod:fn", tmp_path, slurm=True, master_addr="node1", master_port=1)
     assert cmd == ["srun", "--ntasks=2", "--kill-on-bad-exit=1", "--export=ALL", sys.executable,
-                   "-m", "hpcdl.platform.rank_runtime.entry", "pkg.mod:fn", str(tmp_path)]
+                   "-m", "hpcdl.platform.kit.rank_runtime.entry", "pkg.mod:fn", str(tmp_path)]
 
 
 def test_srun_asks_for_cpus_only_when_ranks_are_threaded(tmp_path):
@@ -82,7 +82,8 @@ def test_outside_slurm_forks_the_ranks_unless_told_otherwise(clean_env):
 @pytest.mark.parametrize("launcher", ["fork", "torchrun"])
 def test_both_local_launchers_run_real_ranks(launcher, clean_env):
     clean_env.setenv("HPCDL_LAUNCHER", launcher)
-    results = run_ranks("hpcdl.platform.rank_runtime.probes:allreduce_sum", 3, {"value": 1.0}, timeout_s=120)
+    results = run_ranks("hpcdl.platform.kit.rank_runtime.probes:allreduce_sum", 3, {"value": 1.0},
+                        timeout_s=120)
     assert [r["rank"] for r in results] == [0, 1, 2]
     assert all(r["world_size"] == 3 and r["sum"] == pytest.approx(6.0) for r in results)
 
@@ -158,7 +159,8 @@ def test_exchange_dir_is_shared_under_slurm(tmp_path, clean_env):
 
 
 def test_two_ranks_allreduce_locally(clean_env):
-    results = run_ranks("hpcdl.platform.rank_runtime.probes:allreduce_sum", 2, {"value": 1.5}, timeout_s=120)
+    results = run_ranks("hpcdl.platform.kit.rank_runtime.probes:allreduce_sum", 2, {"value": 1.5},
+                        timeout_s=120)
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["world_size"] == 2 for r in results)
     assert all(r["sum"] == pytest.approx(1.5 * (1 + 2)) for r in results)
@@ -209,7 +211,7 @@ def test_taken_rendezvous_port_is_retried_on_a_new_port(clean_env, capsys):
     with _held_port() as taken:
         ports = iter([taken])
         clean_env.setattr(launch, "free_port", lambda: next(ports, None) or _os_free_port())
-        results = run_ranks("hpcdl.platform.rank_runtime.probes:allreduce_sum", 2, {"value": 2.0},
+        results = run_ranks("hpcdl.platform.kit.rank_runtime.probes:allreduce_sum", 2, {"value": 2.0},
                             timeout_s=120)
     assert [r["sum"] for r in results] == [pytest.approx(6.0)] * 2
     err = capsys.readouterr().err
@@ -220,7 +222,8 @@ def test_port_taken_on_both_attempts_fails_with_the_launcher_error(clean_env, ca
     with _held_port() as taken:
         clean_env.setattr(launch, "free_port", lambda: taken)
         with pytest.raises(RankFailure, match="failed \\(exit 1\\) via fork") as info:
-            run_ranks("hpcdl.platform.rank_runtime.probes:allreduce_sum", 2, {"value": 2.0}, timeout_s=120)
+            run_ranks("hpcdl.platform.kit.rank_runtime.probes:allreduce_sum", 2, {"value": 2.0},
+                      timeout_s=120)
     assert not info.value.group_formed
     assert capsys.readouterr().err.count("retrying once") == 1
 

@@ -1,5 +1,6 @@
-"""The three layers of hpcdl and the two runtimes (docs/architecture.md, "Layers"), checked on the
-imports: studies -> common -> the platform's pure parts, never the other way."""
+"""The three layers of hpcdl, the platform's two wings and its one door, and the two runtimes
+(docs/architecture.md, "Layers"), checked on the imports: studies -> common -> the platform's face ->
+the study wing (hpcdl.platform.kit) <- the orchestration wing, never the other way, and no cycle."""
 
 from __future__ import annotations
 
@@ -12,15 +13,13 @@ from pathlib import Path
 
 import pytest
 
+import hpcdl.platform as face
+
 HPCDL = Path(__file__).resolve().parent.parent / "hpcdl"
 STUDIES = sorted(p.parent.name for p in (HPCDL / "studies").glob("*/__init__.py"))
 # "module:function" rank targets name a module as surely as an import does
 TARGET = re.compile(r"^(hpcdl(?:\.\w+)+):\w+$")
-# What compute code and shared code may use of the platform: no task runtime, no workflow-facing parts.
-PLATFORM_PURE = ("hpcdl.platform.config", "hpcdl.platform.results", "hpcdl.platform.claims",
-                 "hpcdl.platform.intervals", "hpcdl.platform.points", "hpcdl.platform.stages",
-                 "hpcdl.platform.study", "hpcdl.platform.device", "hpcdl.platform.rank_runtime",
-                 "hpcdl.platform.procenv")
+FACE, KIT, ORCHESTRATION = "hpcdl.platform", "hpcdl.platform.kit", "hpcdl.platform.orchestration"
 
 
 def imported(path: Path) -> set[str]:
@@ -44,23 +43,158 @@ def _within(name: str, prefixes) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
+def names_from_the_face(folder: Path) -> set[str]:
+    """Every name `from hpcdl.platform import ...` brings into the modules under `folder`."""
+    return {a.name for f in folder.rglob("*.py") for node in ast.walk(ast.parse(f.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module == FACE and node.level == 0
+            for a in node.names}
+
+
+# -- the import graph --------------------------------------------------------------------------------
+
+def module_files(root: Path, package: str) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of `package` (a folder under `root`)."""
+    out = {}
+    for f in sorted((root / package).rglob("*.py")):
+        parts = f.relative_to(root).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:`: they never run, so they cannot close a cycle
+    (the face's imports for type checkers, a type named in an annotation)."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skip
+
+
+def import_graph(root: Path, package: str = "hpcdl") -> dict[str, set[str]]:
+    """module -> the modules of `package` it imports, at module level or inside a function alike.
+    `from x import y` is an edge to x.y where y is a submodule, else to x."""
+    modules = module_files(root, package)
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        skip = _type_checking_only(tree)
+        edges = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's package, up level - 1
+                    pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                    base = ".".join(pkg[: len(pkg) - node.level + 1] + ([node.module] if node.module else []))
+                for a in node.names:
+                    if f"{base}.{a.name}" in modules:
+                        edges.add(f"{base}.{a.name}")
+                    elif base in modules:
+                        edges.add(base)
+        graph[name] = edges - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of `graph` as [a, b, ..., a], or [] where there is none (depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return []
+
+
+def test_hpcdl_has_no_import_cycle():
+    graph = import_graph(HPCDL.parent)
+    assert len(graph) > 150 and sum(map(len, graph.values())) > 200  # the whole package was read
+    cycle = find_cycle(graph)
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path):
+    """The check above can fail: a -> b (module level), b -> c (`from pkg import c`, a submodule),
+    c -> a (inside a function) is found and printed; the same package without c's import is clean."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import thing\n")
+    (pkg / "b.py").write_text("from pkg import c\nthing = 1\n")
+    (pkg / "c.py").write_text("def f():\n    from pkg.a import thing\n    return thing\n")
+    (pkg / "d.py").write_text("from typing import TYPE_CHECKING\n"
+                              "if TYPE_CHECKING:\n    from pkg.a import x\n")
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.b"] == {"pkg.c"} and graph["pkg.d"] == set()
+    assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.c", "pkg.a"]
+    (pkg / "c.py").write_text("def f():\n    return 1\n")
+    assert find_cycle(import_graph(tmp_path, "pkg")) == []
+
+
+# -- the face and the two wings ----------------------------------------------------------------------
+
+def test_studies_and_shared_code_reach_the_platform_only_through_its_face():
+    for folder in (HPCDL / "studies", HPCDL / "common"):
+        for file, names in imports_under(folder).items():
+            bad = sorted(n for n in names if _within(n, (FACE,)) and n != FACE)
+            assert not bad, f"hpcdl/{file} imports {bad}: use `from hpcdl.platform import ...`"
+
+
+def test_the_face_exports_exactly_what_studies_and_shared_code_use_from_the_study_wing():
+    used = names_from_the_face(HPCDL / "studies") | names_from_the_face(HPCDL / "common")
+    assert set(face.__all__) == set(face.EXPORTS) == used
+    for name, (module, attr) in face.EXPORTS.items():
+        assert _within(module, (KIT,)), f"hpcdl.platform.{name} comes from {module}, not the study wing"
+        assert getattr(face, name) is getattr(__import__(module, fromlist=[attr]), attr)
+    # type checkers see the same names from the same modules
+    checked = {}
+    for node in ast.walk(ast.parse((HPCDL / "platform" / "__init__.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and _within(node.module, (KIT,)):
+            checked |= {a.asname or a.name: (node.module, a.name) for a in node.names}
+    assert checked == face.EXPORTS
+    with pytest.raises(AttributeError, match="has no attribute 'task_app_command'"):
+        face.task_app_command  # noqa: B018  (the orchestration wing is not behind the door)
+
+
+def test_the_study_wing_never_imports_the_orchestration_wing():
+    for file, names in imports_under(HPCDL / "platform" / "kit").items():
+        bad = sorted(n for n in names if not _within(n, (KIT,)))
+        assert not bad, f"hpcdl/{file} imports {bad}: the study wing uses only itself"
+
+
 def test_the_platform_imports_no_study_and_nothing_shared():
     for file, names in imports_under(HPCDL / "platform").items():
         bad = sorted(n for n in names if _within(n, ("hpcdl.studies", "hpcdl.common")))
         assert not bad, f"hpcdl/{file} imports {bad}"
 
 
-def test_shared_code_imports_no_study_and_only_the_platforms_pure_parts():
+def test_shared_code_imports_no_study():
     for file, names in imports_under(HPCDL / "common").items():
-        bad = sorted(n for n in names if not _within(n, ("hpcdl.common", *PLATFORM_PURE)))
+        bad = sorted(n for n in names if not _within(n, ("hpcdl.common",)) and n != FACE)
         assert not bad, f"hpcdl/{file} imports {bad}"
 
 
 @pytest.mark.parametrize("study", STUDIES)
-def test_a_study_imports_itself_shared_code_and_the_platforms_pure_parts_only(study):
+def test_a_study_imports_itself_shared_code_and_the_face_only(study):
     own = f"hpcdl.studies.{study}"
     for file, names in imports_under(HPCDL / "studies" / study).items():
-        bad = sorted(n for n in names if not _within(n, (own, "hpcdl.common", *PLATFORM_PURE)))
+        bad = sorted(n for n in names if not _within(n, (own, "hpcdl.common")) and n != FACE)
         assert not bad, f"hpcdl/{file} imports {bad}"
 
 
@@ -78,29 +212,29 @@ def test_the_library_never_imports_the_workflow_or_pycompss_outside_the_task_run
         rel = file.relative_to(HPCDL)
         names = imported(file)
         assert not {n for n in names if n.split(".")[0] in ("snakemake", "tasks", "workflows")}, rel
-        if rel.parts[:2] != ("platform", "task_runtime"):
+        if rel.parts[:3] != ("platform", "orchestration", "task_runtime"):
             assert not {n for n in names if n.split(".")[0] == "pycompss"}, rel
 
 
 def test_the_rank_runtime_knows_nothing_of_tasks():
-    # it may place ranks by the device mechanism and build their environment (pure: no tasks, no workflow)
-    for file, names in imports_under(HPCDL / "platform" / "rank_runtime").items():
-        allowed = ("hpcdl.platform.rank_runtime", "hpcdl.platform.device", "hpcdl.platform.procenv")
+    # it may place ranks by the device mechanism and build their environment (no tasks, no workflow)
+    allowed = (f"{KIT}.rank_runtime", f"{KIT}.device", f"{KIT}.procenv")
+    for file, names in imports_under(HPCDL / "platform" / "kit" / "rank_runtime").items():
         bad = sorted(n for n in names if not _within(n, allowed))
         assert not bad, f"hpcdl/{file} imports {bad}"
 
 
 def test_importing_a_study_loads_no_task_backend():
-    """Every module of every study imported in one fresh interpreter: no part of the task runtime
-    (backend detection, the local pool, the PyCOMPSs binding) is loaded."""
+    """Every module of every study imported in one fresh interpreter: nothing of the orchestration
+    wing (the task runtime's backend detection and local pool, the CLI), PyCOMPSs or Snakemake."""
     modules = [f"hpcdl.studies.{s}" + ("" if f.stem == "__init__" else f".{f.stem}")
                for s in STUDIES for f in sorted((HPCDL / "studies" / s).glob("*.py"))
                # _preload: a forkserver preamble that ties the importing process to its parent
                if f.stem == "__init__" or not f.stem.startswith("_")]
     code = ("import importlib, json, sys\n"
             f"for m in {modules!r}: importlib.import_module(m)\n"
-            "print(json.dumps(sorted(n for n in sys.modules if n.startswith(('hpcdl.platform.task_runtime', "
-            "'pycompss', 'hpcdl.platform.cli', 'snakemake')))))")
+            f"print(json.dumps(sorted(n for n in sys.modules if n.startswith(({ORCHESTRATION!r}, "
+            "'pycompss', 'snakemake')))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=HPCDL.parent)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcdl.platform.config import ConfigError, validate_config
-from hpcdl.platform.procenv import child_env
+from hpcdl.platform.kit.config import ConfigError, validate_config
+from hpcdl.platform.kit.procenv import child_env
 from hpcdl.studies.malleable import cgroups, compute, policies, response
 from hpcdl.studies.malleable.driver import Driver, group_members
 from hpcdl.studies.malleable.job import read_log

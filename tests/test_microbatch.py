@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +18,10 @@ import torch
 import yaml
 from torch import nn
 
-from hpcdl.platform.config import ConfigError, load_config
-from hpcdl.platform.procenv import child_env
-from hpcdl.platform.stages import read_or_empty
-from hpcdl.studies.microbatch import ilp
+from hpcdl.platform.kit.config import ConfigError, load_config
+from hpcdl.platform.kit.procenv import child_env
+from hpcdl.platform.kit.stages import read_or_empty
+from hpcdl.studies.microbatch import bench, ilp
 from hpcdl.studies.microbatch.algorithms import ALGORITHMS, ALL_KERNELS, FUSED, KERNELS, KernelCall, verify
 from hpcdl.studies.microbatch.bench import benchmark_layer
 from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
@@ -284,6 +285,23 @@ def test_the_forced_backend_is_the_one_that_runs():
         assert "slow_conv2d" in verify(call, kernel, ALGORITHMS["native-nhwc"], 4)
 
 
+def test_bench_times_plans_on_the_wall_clock_even_on_one_cpu_thread():
+    """Time a call spends off its thread counts: a call that sleeps 20 ms (no CPU time at all) is
+    timed at >= 20 ms, and every raw table's `clock` column says wall. On one thread the study used
+    the thread's CPU time before, which timed such a call at ~0."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert bench.clock("cpu") == (time.perf_counter, "wall")
+        assert bench.clock("cuda")[1] == "wall (synchronised)"
+        timed = bench.time_rounds([lambda i: time.sleep(0.02), lambda i: None], "cpu", repeats=2, warmup=0)
+    finally:
+        torch.set_num_threads(threads)
+    (slept, slept_median, slept_wall), (idle, _, _) = timed
+    assert slept >= 0.02 and slept_median >= 0.02 and slept_wall >= 0.04
+    assert idle < slept
+
+
 def test_benchmark_rows_record_backend_workspace_and_skip_an_unavailable_backend():
     call = KernelCall(SMALL, 4, "cpu")
     rows = pd.DataFrame(
@@ -340,8 +358,8 @@ def test_workloads_have_the_papers_shapes():
 
 def test_each_network_point_runs_on_the_device_the_app_resolved(test_config):
     """The app resolves microbatch.device once; its points (and so their stored results) name it."""
-    from hpcdl.platform.config import validate_config
-    from hpcdl.platform.study import spec
+    from hpcdl.platform.kit.config import validate_config
+    from hpcdl.platform.kit.study import spec
     from hpcdl.studies.microbatch.sweep import network_points
 
     cfg = validate_config(test_config)

@@ -19,7 +19,7 @@ import sys
 import pandas as pd
 import pytest
 
-from hpcdl.platform.config import ConfigError, validate_config
+from hpcdl.platform.kit.config import ConfigError, validate_config
 from hpcdl.studies.microbatch import alignment as al
 from hpcdl.studies.microbatch import limits
 from hpcdl.studies.microbatch.cudnn_engines import PACKAGE, enabled

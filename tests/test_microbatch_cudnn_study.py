@@ -18,7 +18,7 @@ import microbatch_cudnn_tables as hand
 import pandas as pd
 import pytest
 
-from hpcdl.platform.stages import read_or_empty
+from hpcdl.platform.kit.stages import read_or_empty
 from hpcdl.studies.microbatch import claims, cudnn_claims, cudnn_plan, engine_table, sweep, tables
 from hpcdl.studies.microbatch.dp import KernelDP, policy_sizes
 

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from hpcdl.platform.config import load_config
+from hpcdl.platform.kit.config import load_config
 from hpcdl.studies.microbatch import engine_table, limits
 from hpcdl.studies.microbatch.dp import policy_sizes
 from hpcdl.studies.microbatch.workloads import alexnet, resnet18
@@ -32,7 +32,7 @@ def test_gpu_slugs_and_the_gpu_configs_setting():
     assert engine_table.gpu_slug("NVIDIA H200") == "h200"
     assert engine_table.gpu_slug("NVIDIA A100-SXM4-40GB") == "a100"
     assert engine_table.gpu_slug("NVIDIA GeForce RTX 4090") == "rtx4090"
-    with pytest.raises(ValueError, match="no file-name slug"):
+    with pytest.raises(ValueError, match="no short name in the GPU model 'NVIDIA'"):
         engine_table.gpu_slug("NVIDIA")
     s = engine_table.setting(load_config(ROOT / "configs" / "gpu.yaml"))
     assert s["networks"] == ["alexnet", "resnet18"] and s["batch_size"] == 64 and s["image_size"] == 224

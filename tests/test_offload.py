@@ -15,9 +15,9 @@ import pytest
 import torch
 import yaml
 
-from hpcdl.platform.claims import write_claims
-from hpcdl.platform.config import ConfigError, validate_config
-from hpcdl.platform.procenv import child_env
+from hpcdl.platform.kit.claims import write_claims
+from hpcdl.platform.kit.config import ConfigError, validate_config
+from hpcdl.platform.kit.procenv import child_env
 from hpcdl.studies.offload import claims as offload_claims
 from hpcdl.studies.offload import figures, tables
 from hpcdl.studies.offload.accounting import BudgetExceeded, TensorTooLarge
@@ -78,7 +78,7 @@ def test_on_cuda_every_strategy_trains_to_none_weights_and_offload_lowers_the_al
 def test_points_run_on_the_device_the_app_resolved(test_config):
     """The app resolves offload.device once: every point names it, and save_on_cpu (a CUDA strategy)
     is a point only there."""
-    from hpcdl.platform.study import spec
+    from hpcdl.platform.kit.study import spec
     from hpcdl.studies.offload.sweep import capacity_points, sweep_points
 
     cfg = validate_config(test_config)
@@ -89,6 +89,9 @@ def test_points_run_on_the_device_the_app_resolved(test_config):
     assert {p["device"] for p in on_cpu} == {"cpu"} and "save_on_cpu" not in {p["strategy"] for p in on_cpu}
     assert {p["spec"]["device"] for p in capacity_points(cfg, "cuda")} == {"cuda"}
     assert spec("offload").task_gpus(cfg) == 1
+    # every sweep point measures both tiers after its run; a capacity trial does not
+    assert {(p["tier_probe"]["bytes"], p["tier_probe"]["rounds"]) for p in on_cpu} == {(64 << 20, 3)}
+    assert all("tier_probe" not in p["spec"] for p in capacity_points(cfg, "cpu"))
 
 
 def test_fast_tier_accounts_every_kind_and_offload_lowers_the_peak(tmp_path):
@@ -326,6 +329,15 @@ def test_task_app_end_to_end_tables_figures_claims(tmp_path, repo, test_config):
     }
     assert claims["weights_equal"]["status"] == "passed"
     assert set(claims) == {"memory_ratio", "hidden_fraction", "weights_equal", "capacity_ratio"}
+    # both tiers measured by every point, each way; the memory claims carry the bandwidths they were
+    # judged (or not) on
+    tier_table = pd.read_csv(study / "tables" / "tiers.csv")
+    assert len(tier_table) == 4 and (tier_table["points"] == 4).all()
+    assert (tier_table["bandwidth_bytes_per_s"] > 0).all()
+    for cid in ("memory_ratio", "capacity_ratio"):
+        assert set(claims[cid]["measured"]["slow_tier_slowdown"]) == {"write", "read"}, claims[cid]
+    steps_hidden = steps[steps["strategy"] != "none"]["hidden_frac_steps"].str.split()
+    assert (steps_hidden.str.len() == 2).all()  # test.yaml: 3 steps, 1 warm-up
     # an explicit slow-tier directory that is missing: exit 2 naming the key and path, nothing written
     cfg["offload"]["slow_tier"] = {"dir": str(tmp_path / "absent"), "io_mode": "page_cache"}
     cfg["results_dir"] = str(tmp_path / "r2")

@@ -1,5 +1,5 @@
-"""Paper vs ours (hpcdl.platform.paper_vs_ours) and the landing page that lists every claim
-(hpcdl.platform.claim_lines, verdict, about, claims pages): docs/architecture.md, "Report".
+"""Paper vs ours (hpcdl.platform.orchestration.paper_vs_ours) and the landing page that lists every claim
+(hpcdl.platform.orchestration.claim_lines, verdict, about, claims pages): docs/architecture.md, "Report".
 
 resources/papers.yaml is the real file. Every run, table, claim and GPU record here is HAND-MADE in
 tmp_path (no study measured these numbers): they exercise each study's real mapping
@@ -17,13 +17,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from hpcdl.platform import about, paper_vs_ours
-from hpcdl.platform.claim_lines import AMBER, readable
-from hpcdl.platform.claims import claim, every, not_measured, write_claims
-from hpcdl.platform.gpu_records import import_records
-from hpcdl.platform.paper_vs_ours import PAPERS, PapersError, compare, load, rows, study_rows
-from hpcdl.platform.study import Ours, StudySpec, registered
-from hpcdl.platform.verdict import write_verdict
+from hpcdl.platform.kit.claims import claim, every, not_measured, write_claims
+from hpcdl.platform.kit.study import Ours, StudySpec, registered
+from hpcdl.platform.orchestration import about, paper_vs_ours
+from hpcdl.platform.orchestration.claim_lines import AMBER, readable
+from hpcdl.platform.orchestration.gpu_records import import_records
+from hpcdl.platform.orchestration.paper_vs_ours import PAPERS, PapersError, compare, load, rows, study_rows
+from hpcdl.platform.orchestration.verdict import write_verdict
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "papers" / "published.yaml"
@@ -294,8 +294,13 @@ def test_the_about_page_opens_with_the_studys_rows(tmp_path):
                                                 "strategies": ["none", "both"],
                                                 "capacity": {"budget_mb": 64}}},
                        res / "offload", ["configs/default.yaml"]).read_text()
+    # Under the title, the question and the answer, which counts the rows; then the rows themselves.
     table = page.index("id='hpcdl-paper'")
-    assert page.index("<h2>") < table < page.index("class='question'")
+    assert page.index("<h1") < page.index("class='question'") < page.index("class='answer'") < table
+    answer = re.search(r"<p class='answer'>(.*?)</p>", page).group(1)
+    assert answer.endswith("1 of 2 claims hold: memory_ratio; not measured: capacity_ratio. Of its "
+                           "papers&#x27; 3 published results: 1 reproduced within its tolerance, 1 not "
+                           "reproducible on this hardware, 1 not yet measured (the table below)."), answer
     assert re.findall(r"data-paper='(\w+)'", page) == ["memory_4x", "throughput_13pct", "zero_offload_10x"]
     assert "laptop scale" in page and "not reproducible on this hardware (needs AxoNN" in page
 

@@ -1,4 +1,5 @@
-"""The point store (hpcdl.platform.points): keys, records written by the task body, reuse, retries, summary.
+"""The point store (hpcdl.platform.kit.points): keys, records written by the task body, reuse, retries,
+summary.
 
 The main program here is a StudyRun whose "tasks" run inline (submit calls the body, wait returns
 the values), so every test exercises the real store on real files; tests/test_points_resume.py
@@ -12,9 +13,9 @@ import json
 import numpy as np
 import pytest
 
-from hpcdl.platform import points
-from hpcdl.platform.config import load_config
-from hpcdl.platform.points import StudyRun, failed_row, point_key, read_record
+from hpcdl.platform.kit import points
+from hpcdl.platform.kit.config import load_config
+from hpcdl.platform.kit.points import StudyRun, failed_row, point_key, read_record
 from hpcdl.studies.spatial import sweep as spatial_sweep
 
 

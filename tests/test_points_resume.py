@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 from raw_tables import assert_same_raw_tables
 
-from hpcdl.platform.points import executions
+from hpcdl.platform.kit.points import executions
 
 REPO = Path(__file__).resolve().parent.parent
 HANG_GUARD_S = 300  # only bounds a hung run; no assertion depends on how long anything takes

@@ -2,7 +2,7 @@
 
 On the GPU image the packages `make gpu-carry` brings live on PYTHONPATH; a task app started with
 PYTHONPATH replaced by the repository had no jsonschema. Every place that starts a child builds its
-environment through hpcdl.platform.procenv.
+environment through hpcdl.platform.kit.procenv.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdl.platform.procenv import PACKAGE_ROOT, child_env, pythonpath
+from hpcdl.platform.kit.procenv import PACKAGE_ROOT, child_env, pythonpath
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,7 +44,7 @@ def test_a_child_started_through_the_helper_imports_the_carried_packages_and_hpc
     site.mkdir()
     (site / "carried_probe.py").write_text("VALUE = 42\n")
     caller = child_env(site, base={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-    code = "import carried_probe, hpcdl.platform.procenv as p; print(carried_probe.VALUE, p.PACKAGE_ROOT)"
+    code = "import carried_probe, hpcdl.platform.kit.procenv as p; print(carried_probe.VALUE, p.PACKAGE_ROOT)"
     out = subprocess.run([sys.executable, "-c", code], env=child_env(PACKAGE_ROOT, base=caller),
                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -77,4 +77,4 @@ def test_no_code_of_the_project_replaces_pythonpath_by_hand():
     files = [f for d in ("hpcdl", "tasks", "tests", "benchmarks", "envs")
              for f in sorted((REPO / d).rglob("*.py"))]
     bad = [hit for f in files if f.name not in ("test_procenv.py", "procenv.py") for hit in _replacements(f)]
-    assert not bad, f"PYTHONPATH set without hpcdl.platform.procenv (prepend, never replace): {bad}"
+    assert not bad, f"PYTHONPATH set without hpcdl.platform.kit.procenv (prepend, never replace): {bad}"

@@ -26,10 +26,11 @@ import pytest
 import yaml
 from raw_tables import assert_same_raw_tables
 
-from hpcdl.platform.config import STUDIES  # the registry's: a new study is checked here or fails below
-from hpcdl.platform.procenv import child_env
+from hpcdl.platform.kit.config import studies
+from hpcdl.platform.kit.procenv import child_env
 
 REPO = Path(__file__).resolve().parent.parent
+STUDIES = studies()  # the registry's: a new study is checked here or fails below
 
 
 def _find_binding() -> Path | None:
@@ -208,8 +209,8 @@ def test_master_context_registers_every_task_with_its_constraints(study, tmp_pat
     assert set(rec["submitted"]) == on_cpu, "every task (but the CUDA-only ones) must be called at least once"
     env = rec["units_env"]
     # GPUs per task: the study's tasks hold them where its device (auto here) resolves to cuda
-    from hpcdl.platform.config import load_config
-    from hpcdl.platform.task_runtime.gpus import declared_gpus, gpus_var, task_gpus
+    from hpcdl.platform.kit.config import load_config
+    from hpcdl.platform.orchestration.task_runtime.gpus import declared_gpus, gpus_var, task_gpus
 
     loaded = load_config(cfg)
     gpu_study, gpus = declared_gpus(study, loaded) > 0, task_gpus(study, loaded)
@@ -243,7 +244,7 @@ def test_master_context_registers_every_task_with_its_constraints(study, tmp_pat
 
 def _detect_in_subprocess(setup: str, env: dict | None = None) -> dict:
     code = (f"import sys; sys.path[:0] = [{str(BINDING)!r}, {str(REPO)!r}]\n{setup}\n"
-            "import json, hpcdl.platform.task_runtime as r\n"
+            "import json, hpcdl.platform.orchestration.task_runtime as r\n"
             "print(json.dumps({**r.BACKEND_INFO.as_dict(), 'task': r.task.__module__}))")
     proc = subprocess.run([sys.executable, "-c", code], env=env or _env(), capture_output=True, text=True,
                           timeout=120)
@@ -266,7 +267,7 @@ def test_detection_picks_local_outside_the_runtime_even_with_the_binding_importa
     info = _detect_in_subprocess("")
     assert info["name"] == "local" and info["pycompss_importable"] is True
     assert "not running under the COMPSs runtime" in info["why"]
-    assert info["task"] == "hpcdl.platform.task_runtime.local"
+    assert info["task"] == "hpcdl.platform.orchestration.task_runtime.local"
 
 
 def test_forced_pycompss_outside_the_runtime_is_the_sequential_binding():

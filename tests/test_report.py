@@ -1,13 +1,14 @@
 """The report's front page (docs/architecture.md, "Report").
 
-- hpcdl.platform.verdict on synthetic results: claims passed / total, failing claims with their measured
-  values, not-measured claims with their reason, a study without claims.json as "not run", what ran
+- hpcdl.platform.orchestration.verdict on synthetic results: claims passed / total, failing claims with their
+measured values, not-measured claims with their reason, a study without claims.json as "not run", what ran
   from run_summary.json or (without one) from the raw tables' status column, provenance.
 - The real report of the test-scale workflow rendered in headless Chromium (slow).
 """
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -16,10 +17,10 @@ import pandas as pd
 import pytest
 from chromium import Chromium, chromium_or_skip
 
-from hpcdl.platform.about import ABOUT, CLAIMS, report_label
-from hpcdl.platform.claims import STATUSES, claim, not_measured, write_claims
-from hpcdl.platform.study import registered
-from hpcdl.platform.verdict import EVIDENCE_CHARS, RUN_SUMMARY, main, render_html, verdict
+from hpcdl.platform.kit.claims import STATUSES, claim, not_measured, write_claims
+from hpcdl.platform.kit.study import registered
+from hpcdl.platform.orchestration.about import ABOUT, CLAIMS, report_label
+from hpcdl.platform.orchestration.verdict import EVIDENCE_CHARS, RUN_SUMMARY, main, render_html, verdict
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -112,8 +113,13 @@ def test_html_table(results):
     assert ">CPU: unknown model (2 cores)</td>" in row
     assert ">7.0 min</td>" in row
     assert "data-claim='a1'" not in alpha  # passing claims are counted, not listed
-    # A study's title links to its report category through the report app.
-    assert "href='javascript:app.showCategory(&quot;Alpha study&quot;)'" in alpha
+    # A study's title opens its report category and its about page through the report app, in one
+    # state update (its category alone where the report has no such page).
+    link = re.search(r"<a href='(javascript:[^']*)' data-about='([^']*)'>Alpha study</a>", alpha)
+    assert link and link.group(2) == str(results / "alpha" / "about.html")
+    js = html.unescape(link.group(1))
+    assert js.count("app.setView(") == 1 and "category:\"Alpha study\"" in js and "content:'html'" in js
+    assert js.endswith(":app.showCategory(\"Alpha study\"))")
 
     beta = _tbody(page, "beta")
     assert "color:green'>1/1</b>" in beta and "ok 4 · failed 1 · skipped ?" in beta

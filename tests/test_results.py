@@ -11,15 +11,9 @@ from datetime import datetime
 import pandas as pd
 import pytest
 
-from hpcdl.platform.results import (
-    atomic_write_text,
-    config_hash,
-    git_commit,
-    provenance_path,
-    read_table,
-    save_figure,
-    write_table,
-)
+from hpcdl.platform.kit.atomic import atomic_write_text
+from hpcdl.platform.kit.results import config_hash, git_commit, read_table, save_figure, write_table
+from hpcdl.platform.kit.sidecars import provenance_path
 
 
 def test_atomic_write_leaves_no_temp_and_keeps_old_file_on_error(tmp_path, monkeypatch):

@@ -3,9 +3,14 @@
 import pytest
 import runtime_tasks as rt
 
-from hpcdl.platform.task_runtime import compss_barrier, compss_wait_on, failure_reason, set_local_cores
-from hpcdl.platform.task_runtime.local_futures import LocalFuture, TaskFailedError
-from hpcdl.platform.task_runtime.units import resolve
+from hpcdl.platform.orchestration.task_runtime import (
+    compss_barrier,
+    compss_wait_on,
+    failure_reason,
+    set_local_cores,
+)
+from hpcdl.platform.orchestration.task_runtime.local_futures import LocalFuture, TaskFailedError
+from hpcdl.platform.orchestration.task_runtime.units import resolve
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +77,7 @@ def test_default_on_failure_is_retry_as_in_pycompss(tmp_path):
 
 
 def test_on_failure_management_is_mandatory_as_in_pycompss():
-    from hpcdl.platform.task_runtime.local import on_failure
+    from hpcdl.platform.orchestration.task_runtime.local import on_failure
 
     with pytest.raises(TypeError, match="management"):
         on_failure(returns=None)

@@ -15,10 +15,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hpcdl.platform.procenv import child_env
-from hpcdl.platform.task_runtime.app import RuntimeSelectionError, check_backend
-from hpcdl.platform.task_runtime.backend import BackendInfo, detect
-from hpcdl.platform.task_runtime.units import UnitsError, apply_units, resolve
+from hpcdl.platform.kit.procenv import child_env
+from hpcdl.platform.orchestration.task_runtime.app import RuntimeSelectionError, check_backend
+from hpcdl.platform.orchestration.task_runtime.backend import BackendInfo, backend_info, detect
+from hpcdl.platform.orchestration.task_runtime.units import UnitsError, apply_units, resolve
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -96,8 +96,9 @@ def test_bad_units_settings_name_the_key(value, message):
 
 
 def test_provenance_records_the_backend_and_derived_tables_their_tasks_backend(tmp_path):
-    from hpcdl.platform.results import write_table
+    from hpcdl.platform.kit.results import write_table
 
+    backend_info()  # as every task app does first (start_app): the runtime records its choice
     started = time.time()
     raw = write_table(pd.DataFrame({"x": [1]}), tmp_path / "s" / "raw" / "points.csv", {"a": 1}, started)
     side = json.loads(raw.with_name("points.provenance.json").read_text())
@@ -107,3 +108,25 @@ def test_provenance_records_the_backend_and_derived_tables_their_tasks_backend(t
     side = json.loads(derived.with_name("t.provenance.json").read_text())
     raw_runtime = json.loads(raw.with_name("points.provenance.json").read_text())["runtime"]
     assert side["task_runtime"] == [raw_runtime]
+
+
+def test_a_process_that_chose_no_task_backend_writes_no_runtime(tmp_path):
+    """The study wing never asks the task runtime: a table written where no task app chose a backend
+    (a stage, a notebook) names none; once the runtime has chosen, the next table names it."""
+    code = ("import json, sys, pandas as pd\n"
+            "from hpcdl.platform.kit.results import write_table\n"
+            "def side(name):\n"
+            "    p = write_table(pd.DataFrame({'x': [1]}), f'{sys.argv[1]}/{name}.csv', {'a': 1}, 0.0)\n"
+            "    return json.loads(p.with_name(f'{name}.provenance.json').read_text())\n"
+            "before = side('before')\n"
+            "loaded = sorted(m for m in sys.modules if m.startswith('hpcdl.platform.orchestration'))\n"
+            "from hpcdl.platform.orchestration.task_runtime.backend import backend_info\n"
+            "backend_info()\n"
+            "print(json.dumps({'before': before.get('runtime'), 'loaded': loaded, "
+            "'after': side('after').get('runtime')}))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=child_env(REPO),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["before"] is None and got["loaded"] == []
+    assert got["after"]["name"] == "local" and "why" in got["after"]

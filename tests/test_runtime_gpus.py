@@ -19,10 +19,16 @@ from pathlib import Path
 import pytest
 import runtime_tasks as rt
 
-from hpcdl.platform.config import ConfigError, validate_config
-from hpcdl.platform.task_runtime import compss_wait_on, set_local_cores
-from hpcdl.platform.task_runtime.gpus import GpuError, apply_gpus, gpu_pool, resolve_gpus, task_gpus
-from hpcdl.platform.task_runtime.local import processor_units
+from hpcdl.platform.kit.config import ConfigError, validate_config
+from hpcdl.platform.orchestration.task_runtime import compss_wait_on, set_local_cores
+from hpcdl.platform.orchestration.task_runtime.gpus import (
+    GpuError,
+    apply_gpus,
+    gpu_pool,
+    resolve_gpus,
+    task_gpus,
+)
+from hpcdl.platform.orchestration.task_runtime.local import processor_units
 
 REPO = Path(__file__).resolve().parent.parent
 

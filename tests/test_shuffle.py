@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from references import apply_exchange
 
-from hpcdl.platform.config import ConfigError, validate_config
+from hpcdl.platform.kit.config import ConfigError, validate_config
 from hpcdl.studies.shuffle import exchange_plan, kakurenbo, partition, sweep
 
 
@@ -136,15 +136,16 @@ def test_kakurenbo_fraction_outside_0_1_is_rejected(bad):
 
 
 def test_repo_configs_expand_to_the_documented_sweeps(repo):
-    from hpcdl.platform.config import load_config
+    from hpcdl.platform.kit.config import load_config
 
     default = sweep.expand(load_config(repo / "configs" / "default.yaml")["shuffle"])
     by_id = {p["point"]: p for p in default}
     assert len(default) == len(by_id) == 15
     seeds = lambda pid: [r["seed"] for r in by_id[pid]["runs"]]  # noqa: E731
-    assert seeds("global-q1-shared-M4") == [0, 1, 2]                # once, serves both partitionings
-    assert seeds("partial-q0.1-skewed-M8") == seeds("local-q0-random-M8") == [0, 1, 2]   # the claims' Q
-    assert seeds("partial-q0.5-skewed-M4") == [0]                   # the rest of the Q sweep
+    # confirmation seeds (#40): none of those earlier runs tuned on
+    assert seeds("global-q1-shared-M4") == [7, 8, 9]                # once, serves both partitionings
+    assert seeds("partial-q0.1-skewed-M8") == seeds("local-q0-random-M8") == [7, 8, 9]   # the claims' Q
+    assert seeds("partial-q0.5-skewed-M4") == [7]                   # the rest of the Q sweep
     kk = by_id["kakurenbo-M1"]["runs"]
     assert {r["kakurenbo_fraction"] for r in kk} == {0, 0.1, 0.2, 0.3}
     assert len(kk) == 1 + 5 * 5                                     # warm-up + 5 rounds x (F=0, 3 F, F=0)

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from references import apply_exchange
 
-from hpcdl.platform.config import ConfigError, validate_config
-from hpcdl.platform.device import Placement, dist_backend, visible_gpus
-from hpcdl.platform.rank_runtime.launch import RankFailure, run_ranks
+from hpcdl.platform.kit.config import ConfigError, validate_config
+from hpcdl.platform.kit.device import Placement, dist_backend, visible_gpus
+from hpcdl.platform.kit.rank_runtime.launch import RankFailure, run_ranks
 from hpcdl.studies.shuffle import compute, partition, tables, train
 from hpcdl.studies.shuffle import data as shuffle_data
 

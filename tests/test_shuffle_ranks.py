@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from references import apply_exchange
 
-from hpcdl.platform.rank_runtime.launch import RankFailure, run_ranks
+from hpcdl.platform.kit.rank_runtime.launch import RankFailure, run_ranks
 from hpcdl.studies.shuffle import data as shuffle_data
 from hpcdl.studies.shuffle import exchange_plan, partition
 from hpcdl.studies.shuffle.compute import SAMPLE_BYTES
@@ -89,7 +89,7 @@ def _tiny_config(write_config, **shuffle):
 
 @pytest.mark.slow
 def test_task_app_end_to_end(write_config, tmp_path):
-    from hpcdl.platform.cli import main as cli
+    from hpcdl.platform.orchestration.cli import main as cli
     from tasks.shuffle import main
 
     cfg_path = _tiny_config(write_config)

@@ -30,8 +30,13 @@ import pandas as pd
 import pytest
 from slurm_cluster import slurm_cluster, slurm_two_nodes, unavailable  # noqa: F401  (session fixtures)
 
-from hpcdl.platform.procenv import pythonpath
-from hpcdl.platform.slurm import SLURM_CLIENTS, SlurmUnavailable, require_slurm, require_slurm_for
+from hpcdl.platform.kit.procenv import pythonpath
+from hpcdl.platform.orchestration.slurm import (
+    SLURM_CLIENTS,
+    SlurmUnavailable,
+    require_slurm,
+    require_slurm_for,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "slurm" / "Snakefile"
@@ -337,7 +342,7 @@ def assert_spans_both_nodes(record: dict, two_nodes, ranks_per_node: list[int]) 
 @pytest.mark.slurm
 def test_ranks_probe_spans_two_nodes(slurm_two_nodes, tmp_path):  # noqa: F811
     record = run_across_nodes(slurm_two_nodes, tmp_path / "probe",
-                              "hpcdl.platform.rank_runtime.probes:allreduce_sum", 4, {"value": 1.0},
+                              "hpcdl.platform.kit.rank_runtime.probes:allreduce_sum", 4, {"value": 1.0},
                               ["--ntasks-per-node=2"])
     assert_spans_both_nodes(record, slurm_two_nodes, [2, 2])
     results = [r["result"] for r in record["ranks"]]
@@ -348,7 +353,7 @@ def test_ranks_probe_spans_two_nodes(slurm_two_nodes, tmp_path):  # noqa: F811
 @pytest.mark.slurm
 def test_spatial_run_across_two_nodes_equals_the_one_node_run(slurm_two_nodes, tmp_path,  # noqa: F811
                                                               monkeypatch):
-    from hpcdl.platform.rank_runtime.launch import run_ranks
+    from hpcdl.platform.kit.rank_runtime.launch import run_ranks
     from hpcdl.studies.spatial.data import ensure_dataset
 
     data = ensure_dataset(tmp_path / "data", (16, 12, 8), 8, 0, (0.5, 2.0), (-3.0, -1.0))
@@ -371,7 +376,7 @@ def test_spatial_run_across_two_nodes_equals_the_one_node_run(slurm_two_nodes, t
 @pytest.mark.slurm
 def test_shuffle_partial_exchange_across_two_nodes_equals_the_one_node_run(slurm_two_nodes,  # noqa: F811
                                                                            tmp_path, monkeypatch):
-    from hpcdl.platform.rank_runtime.launch import run_ranks
+    from hpcdl.platform.kit.rank_runtime.launch import run_ranks
     from hpcdl.studies.shuffle import data as shuffle_data
 
     data = shuffle_data.prepare("/usr/share/datasets/fashion-mnist", tmp_path / "cache", n_train=301,

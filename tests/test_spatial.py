@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
-from hpcdl.common.layers import build_spec, cosmoflow_spec, layer_key, n_params, padding_for
-from hpcdl.platform.config import ConfigError, validate_config
+from hpcdl.common.layers import build_spec, layer_key, n_params, padding_for
+from hpcdl.platform.kit.config import ConfigError, validate_config
 from hpcdl.studies.spatial.calibration_compute import compute_timings
 from hpcdl.studies.spatial.data import SlabReader, ensure_dataset, grf
 from hpcdl.studies.spatial.partition import plan_axis, split_sizes
@@ -16,7 +14,6 @@ from hpcdl.studies.spatial.perfmodel.calibrate import fit_layer, fit_line, fit_m
 from hpcdl.studies.spatial.perfmodel.oracle import (
     Machine,
     Strategy,
-    extrapolate,
     fresh_bytes,
     predict,
     t_allreduce,
@@ -264,22 +261,6 @@ def test_fresh_bytes_are_the_largest_feature_maps_and_their_gradients():
     assert gpu.fault_time(fresh_bytes(spec, 4)) == 0  # a caching allocator reuses device memory
 
 
-def test_extrapolation_picks_spatial_for_cosmoflow():
-    spec = cosmoflow_spec((4, 512, 512, 512), [16, 32, 64, 128, 256, 256, 256], dense=[2048, 256], outputs=4)
-    machine = Machine.from_description({"peak_tflops": 7.8, "efficiency": 0.5, "memory_gb": 16,
-                                        "memory_gbs": 900, "intra_gbs": 50, "inter_gbs": 12.5,
-                                        "alpha_intra_s": 5e-6, "alpha_inter_s": 1e-5, "gpus_per_node": 4,
-                                        "io_gbs": 2.0})
-    rows = extrapolate(spec, 16, machine, [4, 64, 2048])
-    data = [r for r in rows if r["family"] == "data"]
-    assert data and not any(r["feasible"] for r in data)  # one 512^3 sample does not fit a 16 GB GPU
-    picks = {r["gpus"]: r for r in rows if r["chosen"]}
-    assert 4 not in picks  # 16 samples of 512^3 need more than 4 GPUs' memory
-    assert "spatial" in picks[2048]["strategy"] and "spatial" in picks[64]["strategy"]
-    assert picks[2048]["total_s"] < picks[64]["total_s"] / 5
-    assert all(math.isfinite(r["total_s"]) for r in rows)
-
-
 def test_interquartile_mean_drops_both_tails():
     from hpcdl.studies.spatial.calibration_timing import interquartile_mean
 
@@ -290,7 +271,7 @@ def test_interquartile_mean_drops_both_tails():
 # ---- the oracle out of sample (spatial.held_out) --------------------------------------------------
 
 def _default_block():
-    from hpcdl.platform.config import load_config
+    from hpcdl.platform.kit.config import load_config
 
     return load_config("configs/default.yaml")["spatial"]
 
@@ -356,7 +337,7 @@ def test_config_held_out_must_be_exactly_the_unseen_runs(held_out, words):
 def test_oracle_parity_figure_splits_held_out_from_in_sample(tmp_path):
     import pandas as pd
 
-    from hpcdl.platform.stages import pyplot
+    from hpcdl.platform.kit.stages import pyplot
     from hpcdl.studies.spatial.figures import _plot_oracle
 
     df = pd.DataFrame({"run": ["strong-d1x1x1", "weak-d1x1x1", "ceiling-d1x2x1"],
@@ -375,7 +356,7 @@ def test_spatial_hands_nccl_only_gpu_tensors_and_gloo_only_host_tensors(monkeypa
     all-reduces on (devices.comm_device) is a GPU exactly when the group runs NCCL, the rank's own."""
     import torch
 
-    from hpcdl.platform.device import LayoutError, rank_placement
+    from hpcdl.platform.kit.device import LayoutError, rank_placement
     from hpcdl.studies.spatial.devices import comm_device
 
     monkeypatch.delenv("HPCDL_GPU_PER_RANK_BOUND", raising=False)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from hpcdl.platform.cli import main as cli
+from hpcdl.platform.orchestration.cli import main as cli
 from tasks.spatial import main as app
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from hpcdl.platform.config import ConfigError, validate_config
+from hpcdl.platform.kit.config import ConfigError, validate_config
 from hpcdl.studies.spatial import gpucal_plan, papers
 from hpcdl.studies.spatial.claims import claim_compute_term
 from hpcdl.studies.spatial.perfmodel import gpu_table, slabs

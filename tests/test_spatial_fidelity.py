@@ -12,13 +12,13 @@ import pandas as pd
 import pytest
 
 from hpcdl.common.layers import n_params, unet3d_spec
-from hpcdl.platform.rank_runtime.launch import run_ranks
+from hpcdl.platform.kit.rank_runtime.launch import run_ranks
 from hpcdl.studies.spatial.data import ensure_dataset
 from hpcdl.studies.spatial.load import PhaseLoad, other_load_cores
 from hpcdl.studies.spatial.papers import paper_predictions
 from hpcdl.studies.spatial.perfmodel.calibrate import fit_machine
 from hpcdl.studies.spatial.perfmodel.oracle import Machine, Strategy, predict
-from hpcdl.studies.spatial.tables import _summaries, calibration_rows, phase_loads
+from hpcdl.studies.spatial.tables import _summaries, calibration_rows, phase_loads, repeat_times
 
 
 def test_other_load_of_a_busy_process_outside_the_run_is_seen_in_proc_stat():
@@ -59,6 +59,25 @@ def test_disturbed_phase_is_left_out_and_reported():
     # every phase disturbed: the least loaded one is kept, and the run is flagged
     all_bad = _summaries(runs, iters, ranks, warmup=1, statistic="median", threshold=0.01).iloc[0]
     assert all_bad["disturbed"] and all_bad["time_per_iter_s"] == pytest.approx(0.02)
+
+
+def test_repeat_times_give_each_kept_repeat_its_own_time():
+    """The oracle claim's run-to-run spread: one time per undisturbed repeat, by the run's own statistic."""
+    iters = pd.DataFrame(_iters("weak-d1x2x1", 0, 0.03, 0.09) + _iters("weak-d1x2x1", 1, 0.02, 0.045)
+                         + _iters("weak-d1x2x1", 2, 0.025, 0.05))
+    slow = iters["iteration"] == 5
+    iters.loc[slow, "total_s"] *= 3  # one slow iteration per repeat: the fastest quarter leaves it out
+    runs = pd.DataFrame([{"run": "weak-d1x2x1", "status": "ok", "repeat": r} for r in range(3)])
+    got = repeat_times(runs, iters, warmup=1, statistic="best_quartile", threshold=0.3).set_index("repeat")
+    assert list(got.index) == [1, 2]  # repeat 0 ran under a core of other load: left out
+    assert got["time_per_iter_s"].tolist() == pytest.approx([0.02, 0.025])
+    assert (got["iterations_timed"] == 5).all()
+    assert (got["other_load_cores"] < 0.3).all()  # the kept phases are under the bar
+    med = repeat_times(runs, iters, warmup=1, statistic="median", threshold=0.3)
+    assert med["time_per_iter_s"].tolist() == pytest.approx([0.02, 0.025])
+    mean_of_5 = repeat_times(runs[runs["repeat"] == 1], iters[iters["repeat"] == 1], warmup=1,
+                             statistic="min", threshold=0.3)
+    assert mean_of_5["time_per_iter_s"].tolist() == pytest.approx([0.02])
 
 
 def test_calibration_keeps_the_fastest_undisturbed_round():
@@ -126,7 +145,7 @@ def test_fat_tree_taper_beyond_a_rack():
 
 
 def test_paper_predictions_at_exactly_the_papers_settings(test_config):
-    from hpcdl.platform.config import validate_config
+    from hpcdl.platform.kit.config import validate_config
 
     block = validate_config(test_config)["spatial"]
     rows = pd.DataFrame(paper_predictions(block))

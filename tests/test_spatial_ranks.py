@@ -14,7 +14,7 @@ import pytest
 from references import reference_losses
 
 from hpcdl.common.layers import build_spec
-from hpcdl.platform.rank_runtime.launch import RankFailure, run_ranks
+from hpcdl.platform.kit.rank_runtime.launch import RankFailure, run_ranks
 from hpcdl.studies.spatial.data import ensure_dataset
 
 TOL = 1e-10
@@ -124,7 +124,7 @@ def test_collectives_calibrate_after_the_same_compute_gap_on_both_ranks():
 
 
 def test_calibration_gap_is_a_config_key_with_a_default(test_config):
-    from hpcdl.platform.config import validate_config
+    from hpcdl.platform.kit.config import validate_config
 
     cfg = validate_config(test_config)
     assert cfg["spatial"]["calibration"]["comm_gap_ms"] == 2.0
@@ -133,7 +133,7 @@ def test_calibration_gap_is_a_config_key_with_a_default(test_config):
 # ---- the same on CUDA (skipped without a GPU) -------------------------------------------------
 
 def _gpus() -> int:
-    from hpcdl.platform.device import visible_gpus
+    from hpcdl.platform.kit.device import visible_gpus
 
     return visible_gpus()
 

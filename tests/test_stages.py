@@ -1,9 +1,11 @@
-"""The platform's side of the analysis stages: shared helpers (hpcdl/platform/stages.py), the rules'
-files and commands (hpcdl/platform/wiring.py) and the CLI (hpcdl/platform/cli.py)."""
+"""The platform's side of the analysis stages: shared helpers (hpcdl/platform/kit/stages.py), the rules'
+files and commands (hpcdl/platform/orchestration/wiring.py) and the CLI
+(hpcdl/platform/orchestration/cli.py)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -12,16 +14,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hpcdl.platform import about, stages, wiring
-from hpcdl.platform.results import (
-    available_cores,
-    cpu_model,
-    measured_on,
-    save_figure,
-    study_measured_on,
-    write_table,
-)
-from hpcdl.platform.study import StudySpec, registered
+from hpcdl.platform.kit import stages
+from hpcdl.platform.kit.results import available_cores, cpu_model, save_figure, write_table
+from hpcdl.platform.kit.sidecars import measured_on, study_measured_on
+from hpcdl.platform.kit.study import StudySpec, registered
+from hpcdl.platform.orchestration import about, wiring
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -99,8 +96,18 @@ def test_every_file_a_stage_reads_is_its_input():
         wiring.stage_inputs("res", TOY, cfg, "plot")
     assert wiring.stage_command("toy", "claims", "res/toy/config.json") == \
         "python -m hpcdl toy claims --config res/toy/config.json"
-    assert wiring.stage_command("toy", "about", "res/toy/config.json", ["configs/a b.yaml"]) == \
-        "python -m hpcdl toy about --config res/toy/config.json --config-files 'configs/a b.yaml'"
+    for stage in ("figures", "about"):  # the run's scale, in the captions and on the about page
+        assert wiring.stage_command("toy", stage, "res/toy/config.json", ["configs/a b.yaml"]) == \
+            f"python -m hpcdl toy {stage} --config res/toy/config.json --config-files 'configs/a b.yaml'"
+    assert wiring.stage_command("toy", "claims", "res/toy/config.json", ["configs/a.yaml"]) == \
+        "python -m hpcdl toy claims --config res/toy/config.json"
+    # The figures stage writes the run's part of each caption beside its figure; the about page reads
+    # the headline figure, that part and the caption file.
+    assert wiring.caption_files("res", TOY) == [f"res/toy/figures/{f}.run.rst" for f in TOY.figures]
+    assert wiring.headline_files("res", INTRODUCED) == [
+        "res/toy/figures/bars.png", "res/toy/figures/bars.run.rst",
+        str(REPO / "workflows" / "report" / "toy" / "bars.rst")]
+    assert wiring.headline_files("res", TOY) == []  # no headline figure declared
 
 
 def test_the_config_files_are_shown_once_and_relative_where_they_can_be(tmp_path):
@@ -116,18 +123,24 @@ INTRODUCED = StudySpec(name="toy", title="Toy <study>", raw_tables=("points",), 
                        headline="bars", setting=lambda cfg: f"{cfg['toy']['n']} points")
 
 
-def test_a_study_opens_with_its_question_setting_and_headline(tmp_path):
-    cfg = {"results_dir": "res", "toy": {"n": 7}}
+def test_a_study_opens_with_its_question_answer_setting_and_headline(tmp_path):
+    cfg = {"results_dir": "res", "toy": {"n": 7, "seed": 3}}
     write_table(pd.DataFrame({"x": [1]}), tmp_path / "raw" / "points.csv", {"k": 1}, time.time())
-    question, setting, answer = about.sentences(INTRODUCED, cfg, tmp_path, ["configs/test.yaml"])
-    assert question == "Do squares grow faster than lines?"
-    assert setting == (f"This run: configs/test.yaml (results in res); 7 points; measured on "
-                       f"CPU: {cpu_model()} ({available_cores()} cores).")
-    assert answer.startswith("The figure 'bars' answers it")
-    page = about.write(INTRODUCED, cfg, tmp_path, ["configs/test.yaml"]).read_text()
-    assert "<h2>Toy &lt;study&gt;</h2>" in page and "<b>Question.</b> Do squares grow" in page
+    device = f"CPU: {cpu_model()} ({available_cores()} cores)"
+    none = tmp_path / "none.yaml"  # no published results to set beside it
+    page = about.write(INTRODUCED, cfg, tmp_path, ["configs/test.yaml"], papers=none).read_text()
+    # The full title heads the page (the menu lists the short one); then the question and the answer.
+    assert "<h1 class='study-title' data-study='toy'>Toy &lt;study&gt;</h1>" in page
+    assert "<p class='question'><b>Question.</b> Do squares grow faster than lines?</p>" in page
+    assert ("<b>Answer.</b> No answer from this run yet: the study has no claims.json (its claims stage has "
+            "not run).") in page
+    setting = re.search(r"<p class='setting'><b>Setting.</b> (.*?)</p>", page).group(1)
+    assert setting == (f"test scale (configs/test.yaml), results in res; 7 points; seeds: toy.seed 3; "
+                       f"measured on {device}.")
+    assert "The headline figure bars has not been drawn" in page
     # Without provenance the page says so instead of naming a device.
-    assert "an unknown device" in about.sentences(INTRODUCED, cfg, tmp_path / "none", [])[1]
+    bare = about.write(INTRODUCED, cfg, tmp_path / "none", [], papers=none).read_text()
+    assert "measured on an unknown device (no provenance sidecars)" in bare
     # The category lists the page, the headline, the other figures, the claims.
     labels = [about.report_label(INTRODUCED, i) for i in ("claims", "area", "curve", "bars", "about")]
     assert sorted(labels) == ["0 · about this study", "1 · bars", "2 · area", "2 · curve", "3 · claims"]

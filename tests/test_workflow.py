@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from workflow_run import REPO, snakemake
 
-from hpcdl.platform.claims import SHOWN
-from hpcdl.platform.study import registered
+from hpcdl.platform.kit.claims import SHOWN
+from hpcdl.platform.kit.sidecars import study_measured_on
+from hpcdl.platform.kit.study import registered
 
 
 @pytest.mark.slow
@@ -47,7 +48,13 @@ def test_whole_workflow_and_report(test_scale_workflow):
         for figure in (study_dir / "figures").glob("*.png"):
             entry = shown[figure.name]
             assert _decoded(entry) == figure.read_bytes(), figure
-            _assert_caption(entry, REPO / "workflows" / "report" / study / f"{figure.stem}.rst")
+            # The caption opens with the run's part: this run's scale, device and seeds, or "Model".
+            run_part = figure.with_name(f"{figure.stem}.run.rst")
+            words = run_part.read_text()
+            assert words.startswith(("**This run:** test scale",
+                                     "**Model, not measured:** computed at test scale")), (figure, words)
+            assert "configs/test.yaml" in words and study_measured_on(study_dir) in words, (figure, words)
+            _assert_caption(entry, REPO / "workflows" / "report" / study / f"{figure.stem}.rst", run_part)
         entry = shown["claims.html"]
         _assert_caption(entry, REPO / "workflows" / "report" / study / "claims.rst")
         table = _decoded(entry).decode()
@@ -115,12 +122,17 @@ def _decoded(entry: dict) -> bytes:
     return base64.b64decode(data)
 
 
-def _assert_caption(entry: dict, rst: Path) -> None:
-    """The caption shown is the figure's caption file (its first words, markup removed)."""
-    words = re.sub(r"[`*]", "", rst.read_text()).split()[:12]
+def _assert_caption(entry: dict, rst: Path, run_part: Path | None = None) -> None:
+    """The caption shown is the figure's caption file (its first words after the line that includes the
+    run's part, markup removed), under the run's part as the figures stage wrote it (`run_part`)."""
+    lines = [ln for ln in rst.read_text().splitlines() if not ln.startswith(".. include::")]
+    words = re.sub(r"[`*]", "", "\n".join(lines)).split()[:12]
     text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", entry["caption"])).split())
     text = re.sub(r" ([,.;:])", r"\1", text)   # a tag removed before punctuation left a space
     assert " ".join(words) in text, (rst.name, text[:300])
+    if run_part is not None:
+        shown = " ".join(re.sub(r"[`*\\]", "", run_part.read_text()).split())
+        assert text.startswith(shown), (rst.name, shown, text[:300])
 
 
 def test_lint_is_clean(tmp_path):

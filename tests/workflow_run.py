@@ -1,8 +1,9 @@
 """pytest plugin (registered in conftest.py): one real test-scale Snakemake run, shared by the suite.
 
 `test_scale_workflow` (session scope) runs `snakemake --cores 2` with configs/test.yaml in a fresh
-directory and then `--report`, once per session: tests/test_workflow.py checks the outputs and the
-report's embedded data, tests/test_report.py renders the same report in Chromium. Running the
+directory and then `--report` with the report's stylesheet (as `make report`), once per session:
+tests/test_workflow.py checks the outputs and the report's embedded data, tests/test_report.py
+renders the same report in Chromium. Running the
 workflow once keeps `make test` within its time budget. The processes' results are returned, not
 asserted, so each test fails with snakemake's own output.
 """
@@ -21,6 +22,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile")]
 TEST_CONFIG = REPO / "configs" / "test.yaml"
+REPORT_CSS = REPO / "workflows" / "report" / "report.css"  # as the Makefile's `report` target gives it
 
 
 def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -48,5 +50,6 @@ def test_scale_workflow(tmp_path_factory) -> WorkflowRun:
     studies = yaml.safe_load(TEST_CONFIG.read_text())["studies"]
     run = snakemake(workdir, "--cores", "2")
     report = workdir / "results" / "report.html"
-    made = snakemake(workdir, "--report", str(report)) if run.returncode == 0 else None
+    made = snakemake(workdir, "--report", str(report), "--report-stylesheet", str(REPORT_CSS)) \
+        if run.returncode == 0 else None
     return WorkflowRun(workdir, studies, run, report, made)

@@ -1,18 +1,21 @@
 # The rules of every study, generated from its declaration (hpcdl/studies/<study>/__init__.py: SPEC,
-# see hpcdl/platform/study.py): run (the PyCOMPSs task app) -> tables -> figures (each with its
-# caption in report/<study>/<figure>.rst) -> claims (claims.json / claims.html), and the page that
-# opens the study in the report (about.html); first, the study's config file. The files and
-# commands come from hpcdl.platform.wiring; adding a study edits nothing here. Snakemake evaluates a
-# `shell:` expression when the job runs, after this loop has moved on, so everything study-specific
-# a command needs goes in through `params` (evaluated here, per rule).
+# see hpcdl/platform/kit/study.py): run (the PyCOMPSs task app) -> tables -> figures (each with its
+# caption in report/<study>/<figure>.rst, whose first line includes the run's part, written beside the
+# figure by the figures stage: hpcdl.platform.orchestration.captions) -> claims (claims.json /
+# claims.html), and the page that opens the study in the report (about.html); first, the study's
+# config file. Each entry's category is the study's short title (StudySpec.category), the menu's. The
+# files and commands come from hpcdl.platform.orchestration.wiring; adding a study edits nothing here.
+# Snakemake evaluates a `shell:` expression when the job runs, after this loop has moved on, so
+# everything study-specific a command needs goes in through `params` (evaluated here, per rule).
 # Every report entry of a study has a label that orders its category: its about page (rule
-# <study>_about, hpcdl.platform.about), its headline figure, the other figures, its claims.
-# The about page opens with the study's published results beside this run's
-# (hpcdl.platform.paper_vs_ours: resources/papers.yaml, the run's claims and tables) and shows its
-# committed GPU records (hpcdl.platform.gpu_records): all of them its inputs.
+# <study>_about, hpcdl.platform.orchestration.about), its headline figure, the other figures, its claims.
+# The about page answers the study's question from its claims, shows its headline figure with its
+# caption, sets its published results beside this run's (hpcdl.platform.orchestration.paper_vs_ours:
+# resources/papers.yaml, the run's claims and tables) and shows its committed GPU records
+# (hpcdl.platform.orchestration.gpu_records): all of them its inputs.
 # Uses (from the Snakefile): CONFIG, CONFIG_FILES, RESULTS, STUDY_SPECS, GPU_RECORDS, CONDA_ENV, wiring,
 # gpu_records, study_config, atomic_write_json; all_cores (common.smk).
-from hpcdl.platform import paper_vs_ours
+from hpcdl.platform.orchestration import paper_vs_ours
 
 
 # The study's slice of the validated config, as the file its app and stages read. Snakemake reruns
@@ -81,10 +84,11 @@ for _spec in STUDY_SPECS.values():
             wiring.stage_inputs(RESULTS, _spec, CONFIG, "figures"),
         output:
             [
-                report(path, category=_spec.title, caption=f"report/{_spec.name}/{figure}.rst",
+                report(path, category=_spec.category, caption=f"report/{_spec.name}/{figure}.rst",
                        labels=wiring.report_label(_spec, figure))
                 for figure, path in zip(_spec.figures, wiring.figure_files(RESULTS, _spec))
             ],
+            wiring.caption_files(RESULTS, _spec),
         log:
             f"{_dir}/logs/figures.log",
         threads: 1
@@ -94,7 +98,7 @@ for _spec in STUDY_SPECS.values():
         conda:
             CONDA_ENV
         params:
-            cmd=wiring.stage_command(_spec.name, "figures", _cfg),
+            cmd=wiring.stage_command(_spec.name, "figures", _cfg, CONFIG_FILES),
         shell:
             "{params.cmd} > {log} 2>&1"
 
@@ -107,7 +111,7 @@ for _spec in STUDY_SPECS.values():
             json=f"{_dir}/claims.json",
             html=report(
                 f"{_dir}/claims.html",
-                category=_spec.title,
+                category=_spec.category,
                 caption=f"report/{_spec.name}/claims.rst",
                 labels=wiring.report_label(_spec, "claims"),
             ),
@@ -131,18 +135,19 @@ for _spec in STUDY_SPECS.values():
             wiring.stage_inputs(RESULTS, _spec, CONFIG, "about"),
             f"{_dir}/claims.json",
             wiring.table_files(RESULTS, _spec),
+            wiring.headline_files(RESULTS, _spec),
             paper_vs_ours.paper_inputs(),
             gpu_records.record_inputs(GPU_RECORDS, [_spec.name]),
         output:
             report(
                 wiring.about_file(RESULTS, _spec),
-                category=_spec.title,
+                category=_spec.category,
                 caption="report/about.rst",
                 labels=wiring.report_label(_spec, "about"),
             ),
         log:
             f"{_dir}/logs/about.log",
-        # a page of a table and three sentences: not worth a cluster job
+        # a page of a table, a figure and a few sentences: not worth a cluster job
         localrule: True
         threads: 1
         conda:

@@ -1,0 +1,114 @@
+"""The platform as a study sees it: `from hpcdl.platform import write_table, claim, ...`.
+
+The platform has two wings (docs/architecture.md, "Layers"):
+
+- `hpcdl.platform.kit`: what a study may use: config types, tables and their provenance, claims and
+  intervals, device records, the point store, what the analysis stages share, the study declaration,
+  a child process's environment and the rank runtime;
+- `hpcdl.platform.orchestration`: what runs the studies: the CLI, the rules' wiring, Slurm, the
+  verdict and the report pages, and the task runtime. It may use the kit; the kit never uses it.
+
+This module is the one door studies (hpcdl/studies/) and shared code (hpcdl/common/) go through: it
+exports exactly the kit's names they use, and nothing of the orchestration wing
+(tests/test_layering.py checks both). Each name is imported from its module on first use, so
+`import hpcdl.platform` loads nothing else; type checkers read the imports below.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpcdl.platform.kit.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+    from hpcdl.platform.kit.claims import claim, every, not_measured
+    from hpcdl.platform.kit.config import ConfigError, check_inside, load_config
+    from hpcdl.platform.kit.confirmation import confirmed_on, deterministic, unseeded
+    from hpcdl.platform.kit.device import Placement, cuda_record, gpu_slug
+    from hpcdl.platform.kit.device import resolve as resolved_device
+    from hpcdl.platform.kit.intervals import (
+        CONFIDENCE,
+        above,
+        all_of,
+        below,
+        mean_interval,
+        paired,
+        proportion_interval,
+    )
+    from hpcdl.platform.kit.procenv import PACKAGE_ROOT, child_env
+    from hpcdl.platform.kit.rank_runtime.launch import run_ranks
+    from hpcdl.platform.kit.rank_runtime.placement import current as current_placement
+    from hpcdl.platform.kit.results import (
+        config_hash,
+        cpu_model,
+        git_commit,
+        mark_no_data,
+        read_table,
+        save_figure,
+        write_table,
+    )
+    from hpcdl.platform.kit.sidecars import provenance_path, run_sidecars
+    from hpcdl.platform.kit.stages import (
+        FAILURE_COLUMNS,
+        failed_because,
+        failures_table,
+        last_error_line,
+        ok_rows,
+        pyplot,
+        read_or_empty,
+        read_tables,
+        started_at,
+        why_point_missing,
+    )
+    from hpcdl.platform.kit.study import Ours, RunFiles, StudySpec, computing_units_of
+
+# kit module -> the names exported from it
+_MODULES = {
+    "atomic": ("atomic_write_bytes", "atomic_write_json", "atomic_write_text"),
+    "claims": ("claim", "every", "not_measured"),
+    "config": ("ConfigError", "check_inside", "load_config"),
+    "confirmation": ("confirmed_on", "deterministic", "unseeded"),
+    "device": ("Placement", "cuda_record", "gpu_slug", "resolved_device"),
+    "intervals": ("CONFIDENCE", "above", "all_of", "below", "mean_interval", "paired", "proportion_interval"),
+    "procenv": ("PACKAGE_ROOT", "child_env"),
+    "rank_runtime.launch": ("run_ranks",),
+    "rank_runtime.placement": ("current_placement",),
+    "results": ("config_hash", "cpu_model", "git_commit", "mark_no_data", "read_table", "save_figure",
+                "write_table"),
+    "sidecars": ("provenance_path", "run_sidecars"),
+    "stages": ("FAILURE_COLUMNS", "failed_because", "failures_table", "last_error_line", "ok_rows", "pyplot",
+               "read_or_empty", "read_tables", "started_at", "why_point_missing"),
+    "study": ("Ours", "RunFiles", "StudySpec", "computing_units_of"),
+}
+# names the face gives apart from their module's (a bare `current` or `resolve` says nothing here)
+_RENAMED = {"current_placement": "current", "resolved_device": "resolve"}
+# face name -> (module, attribute)
+EXPORTS: dict[str, tuple[str, str]] = {
+    name: (f"hpcdl.platform.kit.{module}", _RENAMED.get(name, name))
+    for module, names in _MODULES.items() for name in names
+}
+
+__all__ = [
+    "CONFIDENCE", "FAILURE_COLUMNS", "PACKAGE_ROOT", "ConfigError", "Ours", "Placement", "RunFiles",
+    "StudySpec", "above", "all_of", "atomic_write_bytes", "atomic_write_json", "atomic_write_text",
+    "below", "check_inside", "child_env", "claim", "computing_units_of", "config_hash", "confirmed_on",
+    "cpu_model", "cuda_record", "current_placement", "deterministic", "every", "failed_because",
+    "failures_table", "git_commit", "gpu_slug", "last_error_line", "load_config", "mark_no_data",
+    "mean_interval", "not_measured", "ok_rows", "paired", "proportion_interval", "provenance_path", "pyplot",
+    "read_or_empty", "read_table", "read_tables", "resolved_device", "run_ranks", "run_sidecars",
+    "save_figure", "started_at", "unseeded", "why_point_missing", "write_table",
+]
+
+
+def __getattr__(name: str):
+    try:
+        module, attr = EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

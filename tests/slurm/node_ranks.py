@@ -12,7 +12,7 @@ def where() -> dict:
     """This rank's node as Slurm, the resolver and the process group see it."""
     import torch.distributed as dist
 
-    from hpcdl.platform.rank_runtime.placement import local_rank_and_world
+    from hpcdl.platform.kit.rank_runtime.placement import local_rank_and_world
 
     host = socket.gethostname()
     local, on_node = local_rank_and_world()

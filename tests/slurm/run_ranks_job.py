@@ -8,7 +8,7 @@ import os
 import pickle
 import sys
 
-from hpcdl.platform.rank_runtime.launch import (
+from hpcdl.platform.kit.rank_runtime.launch import (
     in_slurm_allocation,
     local_launcher,
     run_ranks,

@@ -17,13 +17,7 @@ device-to-host copy, the asynchronous one blocks for a snapshot into pinned host
 from GPU ranks over NCCL, resume lands on the GPU, and the ceiling adds the D2H copy ceiling.
 """
 
-from hpcdl.platform.study import StudySpec
-
-
-def _task_units(cfg: dict) -> int | str:
-    """Cores each timed task reserves: the configured setting (an int, or "$VAR")."""
-    value = cfg["checkpoint"]["computing_units"]
-    return int(value) if str(value).isdigit() else value
+from hpcdl.platform import StudySpec, computing_units_of
 
 
 def _task_gpus(cfg: dict) -> int:
@@ -48,20 +42,14 @@ def _setting(cfg: dict) -> str:
             f"{mib[0]:g}-{mib[1]:g} MiB fp32, {b['repeats']} repeats, DCP on {b['dcp_ranks']} ranks")
 
 
-def _paper() -> dict:
-    """Its published results beside ours (paper.py; imported only when a page shows them)."""
-    from hpcdl.studies.checkpoint.paper import PAPER
-
-    return PAPER
-
-
 SPEC = StudySpec(
     name="checkpoint",
     title="Checkpoint cost (formats, sync vs async, resume, interval)",
+    short_title="Checkpoint cost",
     raw_tables=("io", "resume", "overhead"),
     tables=("io_cost", "resume", "overhead", "young_daly", "failures"),
     figures=("save_load_time", "bandwidth", "blocking", "overhead", "bytes_on_disk", "dcp_ranks"),
-    task_units=_task_units,
+    task_units=computing_units_of("checkpoint"),
     task_gpus=_task_gpus,
     devices=("cpu", "cuda"),
     run_resources=_run_resources,
@@ -69,5 +57,4 @@ SPEC = StudySpec(
               "of it does asynchronous (CheckFreq-style) checkpointing hide from training?"),
     headline="blocking",
     setting=_setting,
-    paper=_paper,
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hpcdl.platform.config import ConfigError, check_inside
+from hpcdl.platform import ConfigError, check_inside
 
 
 def check(cfg: dict) -> None:

@@ -3,11 +3,13 @@
 `run_point` is one (format, mode, size) I/O point in one process: per repeat the save (blocking,
 durable, committed), then a verified load with the files evicted from the page cache first (cold
 read, unless `cold_load` is off), each with its peak extra RAM (instruments.py). A sync save is
-bracketed by two storage-ceiling probes of the same byte count, written right before and right
-after it: the repeat's ceiling is their combined bandwidth, so a format's bandwidth is divided by
-the ceiling of its own moment (paired per repeat), and the two probes' disagreement measures how
-noisy the ceiling is. Async points probe no ceiling (nothing compares async bandwidth with it),
-which pays for the second sync probe.
+bracketed by two storage-ceiling probes of the same bytes, written the way the save writes them
+right before and right after it; every timed write (probe or save) follows an untimed page-cache
+warm-up of its size (instruments.warm_pages). The repeat's ceiling is the FASTER probe, the most
+favourable ceiling of the save's own moment (paired per repeat): a noisy probe can only lower the
+ratio, never make a pass easier; the two probes' disagreement is kept as the ceiling's noise.
+Async points probe no ceiling (nothing compares async bandwidth with it), which pays for the
+second sync probe.
 
 On `device="cuda"` the state lives on the GPU: a sync save's time includes its device-to-host copy
 (`d2h_s`), an async save blocks for the snapshot into pinned host memory only (`snapshot_s`; the
@@ -39,6 +41,7 @@ from hpcdl.studies.checkpoint.instruments import (
     on_device,
     storage_ceiling,
     synthetic_state,
+    warm_pages,
 )
 from hpcdl.studies.checkpoint.state import tensor_bytes
 from hpcdl.studies.checkpoint.training import overhead_run, resume_check
@@ -55,13 +58,20 @@ def _warm_up(root: Path, fmt: str, device: str = "cpu") -> None:
 
 
 def ceiling_pair(nbytes: int, before_s: float, after_s: float, write_bw: float) -> dict:
-    """The repeat's ceiling from the probes around its save, the save's paired ratio to it, and the
-    probes' relative disagreement |bw_before - bw_after| / their mean (the ceiling's own noise)."""
+    """The repeat's ceiling: the faster of the probes around its save (so a slow, noisy probe lowers
+    the save's ratio instead of raising it), the save's paired ratio to it, and the probes' relative
+    disagreement |bw_before - bw_after| / their mean (the ceiling's own noise, evidence only)."""
     bw_before, bw_after = nbytes / before_s, nbytes / after_s
-    ceiling_s = (before_s + after_s) / 2  # both probes' bytes over both probes' time
+    ceiling_s = min(before_s, after_s)
     return {"ceiling_before_s": before_s, "ceiling_after_s": after_s, "ceiling_s": ceiling_s,
             "ceiling_bw_bytes_per_s": nbytes / ceiling_s, "bw_over_ceiling": write_bw * ceiling_s / nbytes,
             "ceiling_spread": abs(bw_before - bw_after) / ((bw_before + bw_after) / 2)}
+
+
+def _parts(st_before: float, d2h_before: float, st_after: float, d2h_after: float, cuda: bool) -> dict:
+    """The storage and D2H parts of the faster probe (nan where none was taken)."""
+    st, d2h = min((st_before, d2h_before), (st_after, d2h_after), key=sum)
+    return {"storage_ceiling_s": st, "d2h_ceiling_s": d2h if cuda else float("nan")}
 
 
 def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: int = 1,
@@ -80,7 +90,7 @@ def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: 
     try:
         flat = on_device(synthetic_state(n_params, seed), device)
         nbytes = tensor_bytes(flat)
-        # The checkpoint and the probe after it coexist briefly.
+        # The checkpoint and the probe after it (or its page-cache warm-up, deleted first) coexist briefly.
         check_scratch_budget(root, 2 * nbytes + (1 << 20),
                              None if scratch_limit_mb is None else int(scratch_limit_mb * 2**20))
         _warm_up(root, fmt, device)
@@ -92,11 +102,14 @@ def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: 
         if pinned is not None:
             pinned.prepare(flat)
 
+        # what a probe writes: the state's own host bytes (on cuda, the D2H ceiling's pinned copy)
+        host = list((pinned.buffers if pinned is not None else flat).values()) if ckpt is None else None
+
         def probe(after: bool) -> tuple[float, float]:
             """(storage ceiling s, D2H ceiling s: 0 for state in host memory) of the state's bytes;
             the storage probe is the one next to the save."""
             d2h = d2h_ceiling(flat, pinned) if pinned is not None and not after else 0.0
-            storage = storage_ceiling(root, nbytes)
+            storage = storage_ceiling(root, nbytes, host)
             if pinned is not None and after:
                 d2h = d2h_ceiling(flat, pinned)
             return storage, d2h
@@ -105,6 +118,7 @@ def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: 
         for rep in range(repeats):
             name = f"rep-{rep:03d}"
             st_before, d2h_before = probe(after=False) if ckpt is None else (nan, nan)
+            warm_pages(root, nbytes)  # as before each probe: the save's page cache as warm as theirs
             with PeakRSS(rss_interval_s) as save_mem:
                 if ckpt is None:
                     timing = saver.save(flat, root, name, fmt)
@@ -138,8 +152,8 @@ def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: 
                 **ceiling_pair(nbytes, st_before + d2h_before, st_after + d2h_after,
                                timing.file_bytes / timing.durable_s),
                 "ceiling": CEILINGS[device] if ckpt is None else "",
-                "storage_ceiling_s": (st_before + st_after) / 2,
-                "d2h_ceiling_s": (d2h_before + d2h_after) / 2 if pinned is not None else nan,
+                # the parts of the faster probe (the ceiling)
+                **_parts(st_before, d2h_before, st_after, d2h_after, pinned is not None),
                 "save_peak_extra_rss_bytes": save_mem.peak_extra_bytes,
                 "load_peak_extra_rss_bytes": load_mem.peak_extra_bytes,
                 "roundtrip_ok": bool(ok), "cold_load": bool(cold_load),

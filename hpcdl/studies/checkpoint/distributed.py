@@ -2,15 +2,16 @@
 
 The state is sharded like an FSDP model: every tensor is a DTensor split along dim 0 over a 1-D
 device mesh of the ranks' device ("cpu", or "cuda" with each rank's shards on its own GPU: the
-rank runtime gives each rank its GPU and the NCCL group, hpcdl.platform.rank_runtime.placement),
+rank runtime gives each rank its GPU and the NCCL group, hpcdl.platform.kit.rank_runtime.placement),
 so each rank writes only its shard into one shared checkpoint directory. Rank 0 stages the
 directory, all ranks write and fsync their files through DCP (from the GPU, DCP copies each shard
 to host memory as it writes: the copy is part of the save), then rank 0 seals it (manifest +
 rename) as in the 1-rank path; a load reads the shards back onto the ranks' device.
-The ceiling is the same byte count written concurrently by the same ranks (each its share,
-sequential + fsync), on the GPU preceded by each rank's D2H ceiling (its shards copied into pinned
-host memory), instruments.CEILINGS. `rank_point` runs on every rank via
-`hpcdl.platform.rank_runtime.launch.run_ranks`; `run_point` launches it and merges the ranks.
+The ceiling is the same byte count written concurrently by the same ranks (each its share, the way
+a save writes: instruments.storage_ceiling), on the GPU preceded by each rank's D2H ceiling (its
+shards copied into pinned host memory), instruments.CEILINGS; each rank warms its page cache before
+the probe and before the save alike (instruments.warm_pages). `rank_point` runs on every rank via
+`hpcdl.platform.kit.rank_runtime.launch.run_ranks`; `run_point` launches it and merges the ranks.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hpcdl.studies.checkpoint.instruments import (
     check_scratch_budget,
     d2h_ceiling,
     storage_ceiling,
+    warm_pages,
 )
 
 
@@ -69,10 +71,10 @@ def rank_point(n_params: int, scratch_dir: str, repeats: int = 1, seed: int = 0,
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
 
-    from hpcdl.platform.rank_runtime.placement import current
+    from hpcdl.platform import current_placement
     from hpcdl.studies.checkpoint.saver import Snapshot
 
-    place = current()
+    place = current_placement()
     cuda = place.device == "cuda"
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cuda" if cuda else "cpu", (world,))
@@ -106,6 +108,7 @@ def rank_point(n_params: int, scratch_dir: str, repeats: int = 1, seed: int = 0,
             tmp_holder = [str(integrity.new_tmp_dir(root, name)) if rank == 0 else None]
             dist.broadcast_object_list(tmp_holder, src=0)
             tmp = Path(tmp_holder[0])
+            warm_pages(root, local_bytes)  # as the probe did before its timed write
             dist.barrier()
             t0 = time.perf_counter()
             with PeakRSS(rss_interval_s) as save_mem:
@@ -179,7 +182,7 @@ def run_point(ranks: int, n_params: int, scratch_dir: str, *, repeats: int = 1, 
     """Launch `ranks` ranks on `device` for one DCP point; one record per repeat (times = slowest
     rank). On cuda one rank per GPU over NCCL; ranks sharing a GPU (gpu_sharing) talk over gloo
     and their rows say so (`placement`)."""
-    from hpcdl.platform.rank_runtime.launch import run_ranks
+    from hpcdl.platform import run_ranks
 
     Path(scratch_dir).mkdir(parents=True, exist_ok=True)
     state_bytes = sharded_rows(n_params, ranks) * LAYER_WIDTH * 4

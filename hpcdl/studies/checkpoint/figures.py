@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform.results import mark_no_data, read_table, save_figure
-from hpcdl.platform.stages import pyplot, read_or_empty
+from hpcdl.platform import mark_no_data, pyplot, read_or_empty, read_table, save_figure
 from hpcdl.studies.checkpoint.instruments import CEILINGS
 from hpcdl.studies.checkpoint.tables import MiB, run_device, single_process
 

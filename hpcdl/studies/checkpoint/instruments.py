@@ -2,11 +2,21 @@
 (in host memory, or on the GPU), the bandwidth ceiling and the peak extra RAM, and the scratch budget
 a point must fit in.
 
-The storage ceiling is the same byte count written sequentially in 8 MiB chunks and fsync'd into
-the same directory, like `dd bs=8M conv=fsync`. State on the GPU must first reach host memory, so
-there the ceiling is the D2H copy ceiling (the same tensors copied into preallocated pinned host
-memory, `d2h_ceiling`) followed by the storage ceiling: the fastest any save could move those bytes
-from GPU memory to durable storage, one after the other as a synchronous save does (`CEILINGS`).
+The storage ceiling is the same bytes written the way a save writes them (`storage_ceiling`): a fresh
+staging directory next to the checkpoints, one file written through a Python file object, fsync'd
+with the saves' own `integrity.make_durable`, timed from before the mkdir to durable like a save's
+`durable_s`; only the format's encoding is missing. Before it and before every save, `warm_pages`
+writes as many bytes into a scratch file and deletes it (untimed), so each timed write refills
+page-cache pages the kernel has just freed. Why: on a VM whose free memory goes back to the host
+(virtio-balloon free page reporting; DAMON reclaims cold page cache) the first touch of such a page
+faults in the host. A probe that got those pages wrote at ~0.4 GB/s while the save right after it,
+refilling the pages the probe had just freed, wrote at ~2 GB/s: safetensors "beat the ceiling" 3-5x
+(the fsync phase and O_DIRECT writes were steady at 1.4-3 GB/s: the disk was not the cause).
+
+State on the GPU must first reach host memory, so there the ceiling is the D2H copy ceiling (the
+same tensors copied into preallocated pinned host memory, `d2h_ceiling`) followed by the storage
+ceiling: the fastest any save could move those bytes from GPU memory to durable storage, one after
+the other as a synchronous save does (`CEILINGS`).
 
 Peak extra RAM is the peak process RSS above the RSS just before the operation, sampled with
 psutil every `rss_interval_s` by a background thread (a spike shorter than the interval can be
@@ -115,23 +125,66 @@ def d2h_ceiling(flat: dict[str, torch.Tensor], snapshot) -> float:
     return snapshot.copy_s
 
 
-def storage_ceiling(directory: Path, nbytes: int, chunk: int = 8 << 20) -> float:
-    """Seconds to write `nbytes` sequentially and fsync them in `directory` (file removed after)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    buf = memoryview(os.urandom(min(chunk, max(nbytes, 1))))
-    path = directory / f".ceiling-{os.getpid()}"
-    t0 = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def warm_pages(directory: Path, nbytes: int, chunk: int = 8 << 20) -> None:
+    """Write `nbytes` into a scratch file in `directory` and delete it, never fsync'd (its dirty pages
+    are dropped, nothing reaches the disk), untimed, right before a timed write of as many bytes: that
+    write then refills page-cache pages the kernel has just freed, as a save right after a probe
+    does, instead of pages a VM's host took back (module docstring). Touching anonymous memory
+    instead did not help there: only pages freed by the page cache itself were reused."""
+    if nbytes <= 0:
+        return
+    path = directory / f".warm-{os.getpid()}"
+    zeros = memoryview(bytes(min(chunk, nbytes)))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         left = nbytes
         while left > 0:
-            left -= os.write(fd, buf[:min(left, len(buf))])
-        os.fsync(fd)
+            left -= os.write(fd, zeros[:min(left, len(zeros))])
     finally:
         os.close(fd)
-    elapsed = time.perf_counter() - t0
-    path.unlink()
-    integrity.fsync_dir(directory)  # commit the unlink now, not inside the next timed write
+        path.unlink()
+    integrity.fsync_dir(directory)  # the create + delete committed now, not inside the timed write
+
+
+def _chunks(tensors, nbytes: int, chunk: int):
+    """The bytes a probe writes: the state's own tensors (what a save writes), else `nbytes` of
+    random data in `chunk`-byte writes."""
+    if tensors is not None:
+        for t in tensors:
+            yield memoryview(t.detach().contiguous().view(-1).view(torch.uint8).numpy())
+        return
+    buf = memoryview(os.urandom(min(chunk, max(nbytes, 1))))
+    left = nbytes
+    while left > 0:
+        yield buf[:min(left, len(buf))]
+        left -= min(left, len(buf))
+
+
+def write_probe(directory: Path, nbytes: int, tensors=None, chunk: int = 8 << 20) -> tuple[Path, float]:
+    """Write the probe the way a save writes (module docstring): a fresh staging directory in
+    `directory`, one file through a Python file object (the host tensors `tensors`, one write each,
+    else `nbytes` of random data in `chunk`-byte writes), `integrity.make_durable`. Returns the
+    staging directory, left in place, and the seconds from before its mkdir to durable."""
+    t0 = time.perf_counter()
+    tmp = integrity.new_tmp_dir(directory, "ceiling")
+    try:
+        with open(tmp / "probe.bin", "wb") as f:
+            for part in _chunks(tensors, nbytes, chunk):
+                f.write(part)
+        return tmp, integrity.make_durable(tmp) - t0
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def storage_ceiling(directory: Path, nbytes: int, tensors=None, chunk: int = 8 << 20) -> float:
+    """Seconds of one storage-ceiling probe of `nbytes` in `directory` (`write_probe`), its pages
+    warmed first; the probe is removed after and the removal committed, both untimed."""
+    directory.mkdir(parents=True, exist_ok=True)
+    warm_pages(directory, nbytes)
+    tmp, elapsed = write_probe(directory, nbytes, tensors, chunk)
+    shutil.rmtree(tmp)
+    integrity.fsync_dir(directory)  # commit the removal now, not inside the next timed write
     return elapsed
 
 

@@ -1,9 +1,10 @@
 """The checkpoint study beside Rojas et al.'s paper (resources/papers.yaml; the rows are built by
-hpcdl.platform.paper_vs_ours). Its abstract publishes no number: the row says what we measure."""
+hpcdl.platform.orchestration.paper_vs_ours). Its abstract publishes no number: the row says what we
+measure."""
 
 from __future__ import annotations
 
-from hpcdl.platform.study import Ours
+from hpcdl.platform import Ours
 
 PAPER = {
     "scope": Ours("checkpoint claims", context=(

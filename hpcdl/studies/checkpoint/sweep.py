@@ -1,6 +1,6 @@
 """Expand the validated `checkpoint:` block into sweep points (plain dicts, one per task).
 
-Every point carries the study's resolved device (hpcdl.platform.device.study_device, resolved once
+Every point carries the study's resolved device (hpcdl.platform.kit.device.study_device, resolved once
 by the task app), and a DCP-ranks point on cuda whether its ranks may share a GPU: a point's stored
 record is keyed by its whole dict, so one measured on one device is never reused for another."""
 

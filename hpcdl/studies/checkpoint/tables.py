@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform.results import read_table, run_sidecars, write_table
-from hpcdl.platform.stages import failures_table, ok_rows
+from hpcdl.platform import failures_table, ok_rows, read_table, run_sidecars, write_table
 from hpcdl.studies.checkpoint.instruments import CEILINGS
 from hpcdl.studies.checkpoint.training import young_daly_interval_s
 
@@ -50,8 +49,8 @@ def io_cost(raw: pd.DataFrame) -> pd.DataFrame:
     """Median over repeats per (format, mode, process group, ranks, size).
 
     `bw_over_ceiling` is the median of the paired ratios: each repeat's write bandwidth over the
-    ceiling probed around that same save (compute.py), never over a ceiling pooled across formats
-    and times, so the storage's drift between points cancels. `ceiling_spread` is the median
+    ceiling probed around that same save (the faster probe, compute.py), never over a ceiling pooled
+    across formats and times, so the storage's drift between points cancels. `ceiling_spread` is the median
     disagreement of a repeat's two probes (the ceiling's own noise). Rows without a per-repeat
     ratio (DCP ranks points: one probe before the save) get write bandwidth / that repeat's probe.
     `ceiling` names the ceiling of the row's device (instruments.CEILINGS). An async row's

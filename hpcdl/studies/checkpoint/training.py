@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpcdl.platform.procenv import PACKAGE_ROOT, child_env
+from hpcdl.platform import PACKAGE_ROOT, child_env
 from hpcdl.studies.checkpoint import integrity, saver, state
 
 

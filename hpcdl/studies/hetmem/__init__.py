@@ -18,12 +18,7 @@ placement agent on top (after Denoyelle, Gerofi et al., ISC 2022).
     tables       raw/ -> tables/; figures: tables/ -> figures/; claims: tables/ -> claims
 """
 
-from hpcdl.platform.study import StudySpec
-
-
-def _task_units(cfg: dict) -> int | str:
-    value = cfg["hetmem"]["computing_units"]
-    return int(value) if str(value).isdigit() else value
+from hpcdl.platform import StudySpec, computing_units_of
 
 
 def _setting(cfg: dict) -> str:
@@ -39,21 +34,15 @@ def _setting(cfg: dict) -> str:
     return f"on the CPU: {cpu}; on a GPU: {gpu}"
 
 
-def _paper() -> dict:
-    """Its published results beside ours (paper.py; imported only when a page shows them)."""
-    from hpcdl.studies.hetmem.paper import PAPER
-
-    return PAPER
-
-
 SPEC = StudySpec(
     name="hetmem",
     title="Heterogeneous memory (differential-tracing estimator, placement agent; simulated tiers on the "
           "CPU, GPU memory vs mapped host memory on a GPU)",
+    short_title="Heterogeneous memory",
     raw_tables=("traces", "validation", "policies"),
     tables=("tracing", "validation", "errors", "speed", "policies"),
     figures=("parity", "error_vs_sampling", "runtime_vs_fraction", "estimate_vs_reference_time"),
-    task_units=_task_units,
+    task_units=computing_units_of("hetmem"),
     # the CUDA path (gpu.py) measures real placements where the device resolves to cuda; each app's
     # task then holds one GPU, whose memory is the fast tier
     devices=("cpu", "cuda"),
@@ -64,5 +53,4 @@ SPEC = StudySpec(
               "running it?"),
     headline="parity",
     setting=_setting,
-    paper=_paper,
 )

@@ -3,15 +3,19 @@
 
     estimate error     per app, against the SIMULATED reference (an app's own mean |error|: averaging
                        over apps would hide one app's large errors behind the others' small ones)
-    estimate speed     per app, one estimate against one REAL run of the app (the native kernel, run
-                       untraced on this machine in the same task), not against the simulator
+    estimate speed     per app, one estimate against (a) one REAL run of the app's kernel (its compute
+                       phase, timed inside the binary, untraced, on this machine in the same task:
+                       process start-up excluded, it is ~98 % of a laptop-scale process) and (b) one run
+                       of the SIMULATED reference (the paper's "orders of magnitude" is against
+                       simulators only)
     placement          per app, greedy or PPO near the all-fast bound, SIMULATED runtimes
 
 On a GPU (the CUDA path, hetmem.gpu; tables.on_hardware) the same three claims mean something else,
 and their statements and evidence say so: the error is against the HARDWARE (each placement measured
 with its objects in GPU memory or in pinned host memory mapped into the GPU), at object granularity
 and with shares counted, not sampled; the speed is one estimate against one hardware run of a
-placement (place the objects, run one step); the placement claim's runtimes are MEASURED. The
+placement's step (the objects placed beforehand; nothing is simulated); the placement claim's
+runtimes are MEASURED. The
 thresholds are the block's, set for the CPU path (their sources in configs/schema/hetmem.yaml): the
 statements say they were.
 """
@@ -23,12 +27,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform.claims import every
-from hpcdl.platform.stages import failed_because, read_or_empty
+from hpcdl.platform import confirmed_on, every, failed_because, read_or_empty, unseeded
 from hpcdl.studies.hetmem.gpu import HARDWARE, SAMPLE_EVERY
 from hpcdl.studies.hetmem.tables import on_hardware
 
 CLAIMS = ("estimate_error_le_5pct", "estimate_100x_faster", "placement_near_all_fast")
+# where each verdict is confirmed (hpcdl.platform.kit.confirmation): `seed` draws the validation
+# placements, the estimator's samples and the agent's training
+CONFIRMATION = {
+    "estimate_error_le_5pct": confirmed_on("seed"),
+    "estimate_100x_faster": unseeded("times of this run's estimates and runs, measured afresh: no seed "
+                                     "decides them"),
+    "placement_near_all_fast": confirmed_on("seed"),
+}
 
 
 def _failed_apps(study_dir: Path, cfg: dict, measured: set[str]) -> dict[str, str]:
@@ -119,42 +130,71 @@ def _claim_error(block: dict, v: pd.DataFrame, missing: dict[str, str], hw: bool
     )
 
 
+# The paper's own speed claim (resources/papers.yaml, hetmem estimate_speed), and whom it is against
+PAPER_SPEED = ("the paper's \"orders of magnitude faster\" is against full-system simulators only "
+               "(Denoyelle, Gerofi et al., ISC 2022, abstract; no number published)")
+# what each comparison divides by (speed.csv's column), and its name where it is missing
+COMPARATORS = {"kernel": ("native_compute_s", "its kernel's compute phase"),
+               "simulator": ("simulated_reference_s", "its simulated reference run")}
+
+
+def _finite(values: dict, digits: int) -> dict:
+    return {k: round(v, digits) for k, v in values.items() if np.isfinite(v)}
+
+
 def _claim_speed(block: dict, speed: pd.DataFrame, missing: dict[str, str], hw: bool = False) -> dict:
+    """Per app, the estimate against the kernel's own run without process start-up (the seed's "far
+    faster than running it"; at laptop scale the process is ~98 % start-up, so its wall time would
+    time fork/exec), and on the CPU against the simulated reference (the paper's comparator)."""
     floor = block["speedup_floor"]
     stmt = (
-        f"one estimate of a placement at least {floor:g}x faster than one real run of the app: the native "
-        "kernel run once, untraced, on this machine (process wall time, measured by the same task), "
-        "for every app"
+        f"one estimate of a placement at least {floor:g}x faster than (a) one run of the app's kernel on "
+        "this machine, its compute phase as the binary times it (process start-up excluded; median of "
+        "its untraced runs): the seed's \"far faster than running it\"; and (b) one run of the SIMULATED "
+        f"reference (cache simulation of the trace + timing of one placement): {PAPER_SPEED}, so (b) "
+        "compares with what we simulate; for every app"
     )
     if hw:
         stmt = (
             f"on a GPU: one estimate of a placement at least {floor:g}x faster than one hardware run of a "
-            "placement (its objects placed in GPU memory or mapped pinned host memory and the step run "
-            "once, median over the app's placements, measured by the same task), for every app "
-            "(the threshold was set for the CPU path's native run)"
+            "placement's step (its objects in GPU memory or mapped pinned host memory, placed beforehand; "
+            "the step alone, median over the app's placements, measured by the same task), for every app "
+            f"(the threshold was set for the CPU path); {PAPER_SPEED}: nothing is simulated on the GPU path"
         )
+    used = ("kernel",) if hw else ("kernel", "simulator")
     missing = dict(missing)
-    holds, ratios, native, estimate, compute = {}, {}, {}, {}, {}
+    holds, ratios = {}, {c: {} for c in used}
+    estimate, compute, process = {}, {}, {}
     for r in speed.itertuples() if not speed.empty else ():
-        run_s = float(getattr(r, "native_run_s", np.nan))
-        if not (np.isfinite(run_s) and run_s > 0 and r.estimate_s > 0):
-            missing[r.app] = f"app {r.app}: its native run was not timed"
-            continue
-        ratio = run_s / float(r.estimate_s)
-        holds[r.app] = ratio >= floor
-        ratios[r.app], native[r.app], estimate[r.app] = round(ratio, 1), run_s, float(r.estimate_s)
-        compute[r.app] = round(float(getattr(r, "native_compute_s", np.nan)) / float(r.estimate_s), 2)
+        est = float(r.estimate_s)
+        for name in used:
+            col, what = COMPARATORS[name]
+            ref_s = float(getattr(r, col, np.nan))
+            if not (np.isfinite(ref_s) and ref_s > 0 and est > 0):
+                missing[f"{r.app} vs {name}"] = f"app {r.app}: {what} was not timed"
+                continue
+            ratios[name][r.app] = round(ref_s / est, 2)
+            holds[f"{r.app} vs {name}"] = ref_s / est >= floor
+        estimate[r.app] = est
+        compute[r.app] = float(getattr(r, "native_compute_s", np.nan))
+        process[r.app] = float(getattr(r, "native_run_s", np.nan))
+    startup = {a: 1 - compute[a] / process[a] for a in process if process[a] > 0}
     return every(
         "estimate_100x_faster",
         stmt,
         holds,
         missing,
-        speedup=ratios,
-        native_run_s=native,
-        estimate_s=estimate,
-        speedup_vs_compute_phase=compute,
+        speedup_vs_kernel=ratios["kernel"],
+        **({} if hw else {"speedup_vs_simulator": ratios["simulator"]}),
+        estimate_s=_finite(estimate, 9),
+        kernel_compute_s=_finite(compute, 9),
+        # context, never judged: the whole process (or, on a GPU, placing the objects and the step)
+        process_run_s=_finite(process, 9),
+        process_startup_share=_finite(startup, 4),
+        speedup_vs_process_run=_finite({a: process[a] / estimate[a] for a in process if estimate[a] > 0}, 1),
         threshold=floor,
-        reference="hardware run" if hw else "native run",
+        reference="hardware run" if hw else "kernel compute phase (native run, start-up excluded); simulated "
+                                            "reference",
         **({"device": _device(speed)} if hw else {}),
     )
 

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdl.platform.results import mark_no_data, save_figure
-from hpcdl.platform.stages import pyplot, read_or_empty
+from hpcdl.platform import mark_no_data, pyplot, read_or_empty, save_figure
 from hpcdl.studies.hetmem.gpu import SAMPLE_EVERY
 from hpcdl.studies.hetmem.tables import on_hardware
 
@@ -80,31 +79,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
         ax.set_title("Estimator error vs sampling rate (reference simulated)", fontsize=10)
     save_figure(fig, figs / "error_vs_sampling.png")
 
-    apps = list(dict.fromkeys(pol["app"])) if not pol.empty else []
-    fig, axes = plt.subplots(1, max(1, len(apps)), figsize=(3.6 * max(1, len(apps)), 3.6), squeeze=False)
-    if not apps:
-        mark_no_data(axes[0, 0], "no policy rows")
-    for ax, app in zip(axes[0], apps, strict=False):
-        g = pol[pol["app"].eq(app)]
-        for policy, gp in g.groupby("policy", sort=False):
-            gp = gp.sort_values("capacity")
-            ax.plot(gp["capacity"], gp["ref_runtime_s"] / gp["all_fast_runtime_s"], "o-", label=policy)
-        ax.axhline(1.0, color="k", ls="--", lw=1, label="all-fast bound")
-        ax.axhline(
-            float((g["all_slow_runtime_s"] / g["all_fast_runtime_s"]).iloc[0]),
-            color="gray",
-            ls=":",
-            lw=1,
-            label="all-slow",
-        )
-        ax.set_title(app, fontsize=10)
-        ax.set_xlabel("fast capacity (fraction of footprint)")
-    axes[0, 0].set_ylabel(f"{'measured' if hw else 'simulated'} runtime / all-fast")
-    axes[0, 0].legend(fontsize=7)
-    fig.suptitle(f"Placement policies: {'measured (GPU, whole objects)' if hw else 'simulated'} runtime vs "
-                 "fast-memory capacity", fontsize=10)
-    fig.tight_layout()
-    save_figure(fig, figs / "runtime_vs_fraction.png")
+    _plot_policies(plt, pol, hw, figs)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     if speed.empty:
@@ -112,9 +87,10 @@ def draw(cfg: dict, study_dir: Path) -> None:
     else:
         x = np.arange(len(speed))
         bars = (
-            ("native_run_s", "one hardware run of a placement (place objects + one step; the claim uses it)"
-             if hw else "one native run of the app (process wall, this machine; the claim uses it)"),
-            ("native_compute_s", "its step alone" if hw else "its compute phase alone"),
+            ("native_run_s", "one hardware run of a placement (place objects + one step)"
+             if hw else "one native run of the app (process wall, start-up included: context)"),
+            ("native_compute_s", "its step alone (the claim uses it)" if hw
+             else "its compute phase alone (the claim uses it)"),
             ("simulated_reference_s", "one simulated reference run (cache sim + timing)"),
             ("estimate_s",
              "one estimate (object byte shares)" if hw else "one estimate (differential tracing)"),
@@ -146,3 +122,47 @@ def _error_vs_share(ax, v, ceiling: float) -> None:
     ax.set_ylabel("|error| vs measured time (%)")
     ax.set_title("GPU: no sampling (bytes counted from the kernels); estimator error per placement",
                  fontsize=10)
+
+
+def _plot_policies(plt, pol, hw: bool, figs) -> None:
+    """Each policy's runtime relative to the all-fast bound against the fast tier's capacity, one panel
+    per app in a grid of at most three columns (one row of five was a strip too thin to read), the
+    capacity axis over its whole range 0..1, one legend for all."""
+    import math
+
+    apps = list(dict.fromkeys(pol["app"])) if not pol.empty else []
+    cols = min(3, max(1, len(apps)))
+    rows = max(1, math.ceil(len(apps) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.3 * rows + 0.8), squeeze=False)
+    flat = list(axes.flat)
+    if not apps:
+        mark_no_data(flat[0], "no policy rows")
+    for ax, app in zip(flat, apps, strict=False):
+        g = pol[pol["app"].eq(app)]
+        for policy, gp in g.groupby("policy", sort=False):
+            gp = gp.sort_values("capacity")
+            ax.plot(gp["capacity"], gp["ref_runtime_s"] / gp["all_fast_runtime_s"], "o-", label=policy)
+        ax.axhline(1.0, color="k", ls="--", lw=1, label="all-fast bound")
+        slow = float((g["all_slow_runtime_s"] / g["all_fast_runtime_s"]).iloc[0])
+        ax.axhline(slow, color="gray", ls=":", lw=1, label="all-slow")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0.9, 1.08 * slow)
+        ax.set_title(app, fontsize=10)
+        ax.grid(True, alpha=0.3)
+    for ax in flat[len(apps):]:
+        ax.axis("off")
+    for ax in flat[max(0, len(apps) - cols):len(apps)]:  # the lowest panel of each column
+        ax.set_xlabel("fast capacity (fraction of footprint)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel(f"{'measured' if hw else 'simulated'} runtime / all-fast")
+    handles, labels = flat[0].get_legend_handles_labels()
+    if handles:  # in the grid's empty cell where there is one, else under the grid
+        spare = flat[len(apps)] if len(apps) < len(flat) else None
+        if spare is not None:
+            spare.legend(handles, labels, loc="center", fontsize=9)
+        else:
+            fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9)
+    fig.suptitle(f"Placement policies: {'measured (GPU, whole objects)' if hw else 'simulated'} runtime vs "
+                 "fast-memory capacity", fontsize=11)
+    fig.tight_layout(rect=(0, 0.06 if len(apps) == len(flat) else 0, 1, 1))
+    save_figure(fig, figs / "runtime_vs_fraction.png")

@@ -1,5 +1,5 @@
 """The hetmem study's results beside Denoyelle, Gerofi et al.'s published ones (resources/papers.yaml; the
-rows are built by hpcdl.platform.paper_vs_ours).
+rows are built by hpcdl.platform.orchestration.paper_vs_ours).
 
 Ours is the estimator's mean |error| over the apps, each app's own mean over its validation placements
 (claim estimate_error_le_5pct). The paper measured KNL's DRAM vs MCDRAM; on the CPU our reference is a
@@ -8,17 +8,13 @@ SIMULATED two-tier memory, on a GPU the hardware (GPU memory vs mapped host memo
 
 from __future__ import annotations
 
-from hpcdl.platform.study import Ours, RunFiles
+from hpcdl.platform import Ours, RunFiles
 
 
 def _error(run: RunFiles) -> dict | None:
-    found = run.claims_named("estimate_error_le_5pct")
-    if not found:
-        return None
-    c = found[0]
-    per = (c.get("measured") or {}).get("per_app_mean_abs_error") or {}
-    if not per:
-        return {"missing": c.get("reason", "no app has an estimate error")}
+    c, per = run.claim_measured("estimate_error_le_5pct", "per_app_mean_abs_error")
+    if c is None or not per:
+        return c and {"missing": c.get("reason", "no app has an estimate error")}
     ref = (c.get("measured") or {}).get("reference", "?")
     return {"value": sum(per.values()) / len(per),
             "setting": f"mean over {len(per)} apps ({', '.join(per)}) against the {ref} reference"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdl.platform.results import atomic_write_bytes
+from hpcdl.platform import atomic_write_bytes
 
 KERNELS_C = Path(__file__).with_name("kernels.c")
 KIND_LOAD, KIND_STORE, KIND_MODIFY = 0, 1, 2
@@ -140,14 +140,23 @@ def _objects(stdout: str) -> tuple[list[Obj], int, float]:
     return objs, marker, compute_s
 
 
-def run_untraced(binary: Path, app: str, size: int, iters: int) -> dict:
-    t0 = time.perf_counter()
-    proc = subprocess.run([str(binary), app, str(size), str(iters)], capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{app} kernel exited {proc.returncode}: {proc.stderr.strip()}")
-    _, _, compute_s = _objects(proc.stdout)
-    return {"untraced_wall_s": wall, "untraced_compute_s": compute_s}
+UNTRACED_RUNS = 5  # untraced runs per app: the kernel's compute phase is tens of microseconds
+
+
+def run_untraced(binary: Path, app: str, size: int, iters: int, runs: int = UNTRACED_RUNS) -> dict:
+    """The app run `runs` times untraced: the median process wall time (fork/exec, loader, set-up and
+    first touch of the objects included) and the median of the compute phase the binary times itself
+    (kernels.c: CLOCK_MONOTONIC around the phase, process start-up excluded)."""
+    walls, computes = [], []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        proc = subprocess.run([str(binary), app, str(size), str(iters)], capture_output=True, text=True)
+        walls.append(time.perf_counter() - t0)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{app} kernel exited {proc.returncode}: {proc.stderr.strip()}")
+        computes.append(_objects(proc.stdout)[2])
+    return {"untraced_wall_s": float(np.median(walls)), "untraced_compute_s": float(np.median(computes)),
+            "untraced_runs": runs}
 
 
 def run_traced(

@@ -9,13 +9,7 @@
     checks    config checks; tables, figures, claims: the three analysis stages
 """
 
-from hpcdl.platform.study import StudySpec
-
-
-def _task_units(cfg: dict) -> int | str:
-    """Cores each trial task reserves: the configured setting (an int, or "$VAR")."""
-    value = cfg["hpo"]["computing_units"]
-    return int(value) if str(value).isdigit() else value
+from hpcdl.platform import StudySpec, computing_units_of
 
 
 def _run_threads(cfg: dict) -> int:
@@ -31,21 +25,15 @@ def _setting(cfg: dict) -> str:
             f"{b['data']['train_limit'] or 'all'} training images")
 
 
-def _paper() -> dict:
-    """Its published results beside ours (paper.py; imported only when a page shows them)."""
-    from hpcdl.studies.hpo.paper import PAPER
-
-    return PAPER
-
-
 SPEC = StudySpec(
     name="hpo",
     title="Hyperparameter optimisation (Optuna on PyCOMPSs tasks)",
+    short_title="Hyperparameter search",
     raw_tables=("trials", "intermediate", "studies"),
     tables=("trials", "intermediate", "best_so_far", "grid_scaling", "best_config", "pruning"),
     figures=("best_so_far", "grid_scaling", "optuna_param_importances", "optuna_parallel_coordinate",
              "optuna_intermediate_values"),
-    task_units=_task_units,
+    task_units=computing_units_of("hpo"),
     # On cuda every trial task (and the warm-up and test tasks) holds one GPU of its own; a grid on
     # w workers is then a grid on w GPUs (sweep.check_gpu_workers).
     devices=("cpu", "cuda"),
@@ -60,5 +48,4 @@ SPEC = StudySpec(
               "tasks, and how much training does pruning save without losing the best configuration?"),
     headline="grid_scaling",
     setting=_setting,
-    paper=_paper,
 )

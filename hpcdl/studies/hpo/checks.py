@@ -5,7 +5,7 @@ Kept free of torch/optuna imports: it runs whenever any config is loaded.
 
 from __future__ import annotations
 
-from hpcdl.platform.config import ConfigError
+from hpcdl.platform import ConfigError
 
 _CNN_MAX_DEPTH = 4  # 28x28 input halves per conv block
 

@@ -1,5 +1,7 @@
 """Figures stage of the HPO study: tables/ -> figures/ (best-so-far accuracy, grid scaling) and
-Optuna's own plots from the journal (importances, parallel coordinates, intermediate values)."""
+plots of the Optuna journal's trials: Optuna's own (importances, intermediate values) and a parallel
+coordinate plot of our own (`parallel_coordinate`: Optuna's writes each axis's tick labels over the
+trials' lines)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform.results import mark_no_data, read_table, save_figure
-from hpcdl.platform.stages import pyplot
+from hpcdl.platform import mark_no_data, pyplot, read_table, save_figure
 from hpcdl.studies.hpo.sweep import pruning_baseline
 from hpcdl.studies.hpo.tables import grid_device, worker_label
 
@@ -84,6 +85,85 @@ def scaling_figure(df: pd.DataFrame):
 OPTUNA_FIGURES = ("optuna_param_importances", "optuna_parallel_coordinate", "optuna_intermediate_values")
 
 
+def _axis_position(values: list, dist) -> tuple[list[float], list[tuple[float, str]]]:
+    """Each value's height on its axis (0..1) and the axis's labelled ticks: a categorical parameter's
+    choices evenly spaced, a numeric one over its distribution's range (log where it is sampled so)."""
+    import math
+
+    from optuna.distributions import CategoricalDistribution
+
+    if isinstance(dist, CategoricalDistribution):
+        seen = [c for c in dist.choices if c in values]
+        step = 1 / max(1, len(seen) - 1)
+        where = {c: (i * step if len(seen) > 1 else 0.5) for i, c in enumerate(seen)}
+        return [where[v] for v in values], [(y, str(c)) for c, y in where.items()]
+    log = bool(getattr(dist, "log", False))
+    low, high = float(dist.low), float(dist.high)
+
+    def scale(v: float) -> float:
+        a, b, x = (math.log(low), math.log(high), math.log(v)) if log else (low, high, v)
+        return (x - a) / (b - a) if b > a else 0.5
+    return [scale(float(v)) for v in values], [(scale(low), f"{low:g}"), (scale(high), f"{high:g}")]
+
+
+def parallel_coordinate(study):
+    """`_parallel_coordinate` in matplotlib's default style (Optuna's own plots switch pyplot to their
+    grey "ggplot" one)."""
+    with pyplot().style.context("default"):
+        return _parallel_coordinate(study)
+
+
+def _parallel_coordinate(study):
+    """One line per complete trial across an axis per hyperparameter that varied (and the validation
+    accuracy first), coloured by that accuracy, the best drawn last and thickest; tick labels sit
+    left of their axis on a white box, clear of the lines. The parameters that did not vary are named
+    in the title instead of given an axis."""
+    from matplotlib import colormaps
+    from matplotlib.colors import Normalize
+    from matplotlib.patheffects import withStroke
+    from optuna.trial import TrialState
+
+    plt = pyplot()
+    trials = sorted((t for t in study.trials if t.state == TrialState.COMPLETE and t.value is not None),
+                    key=lambda t: t.value)
+    if len(trials) < 2:
+        raise ValueError(f"{len(trials)} complete trial(s): a parallel-coordinate plot needs two")
+    names = sorted({n for t in trials for n in t.params})
+    varied = [n for n in names if len({repr(t.params.get(n)) for t in trials}) > 1]
+    fixed = [f"{n}={trials[-1].params[n]}" for n in names if n not in varied and n in trials[-1].params]
+    acc = [100 * t.value for t in trials]
+    lo, hi = min(acc), max(acc)
+    heights = [(a - lo) / (hi - lo) if hi > lo else 0.5 for a in acc]
+    cols = [(heights, [(0.0, f"{lo:.1f}"), (1.0, f"{hi:.1f}")])]
+    for n in varied:
+        dist = next(t.distributions[n] for t in trials if n in t.distributions)
+        cols.append(_axis_position([t.params.get(n, dist.low if hasattr(dist, "low") else dist.choices[0])
+                                    for t in trials], dist))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.45 * len(cols) + 2), 4.6))
+    cmap, norm = colormaps["viridis"], Normalize(lo, hi)
+    x = list(range(len(cols)))
+    for i in range(len(trials)):  # worst first: the best lines end on top
+        best = i == len(trials) - 1
+        ax.plot(x, [c[0][i] for c in cols], color=cmap(norm(acc[i])), lw=2.4 if best else 1.3,
+                alpha=1 if best else 0.8, zorder=3 if best else 2,
+                path_effects=[withStroke(linewidth=4.2, foreground="black")] if best else None)
+    halo = [withStroke(linewidth=3, foreground="white")]
+    for j, (_, ticks) in enumerate(cols):
+        ax.axvline(j, color="0.35", lw=1, zorder=1)
+        for y, text in ticks:
+            ax.text(j - 0.04, y, text, ha="right", va="center", fontsize=7.5, zorder=4, path_effects=halo,
+                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
+    ax.set_xticks(x, ["validation\naccuracy (%)", *[n.replace("_", " ") for n in varied]], fontsize=9)
+    ax.set(xlim=(-0.6, len(cols) - 0.6), ylim=(-0.06, 1.06), yticks=[])
+    for side in ("left", "right", "top"):
+        ax.spines[side].set_visible(False)
+    fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.02,
+                 label="validation accuracy (%)")
+    ax.set_title(f"{len(trials)} complete trials, one line each (best thickest)"
+                 + (f"; the same in every trial: {', '.join(fixed)}" if fixed else ""), fontsize=9)
+    return fig
+
+
 def _optuna_figures(cfg: dict, figures: Path) -> None:
     """Optuna's own matplotlib plots: importances and parallel coordinates of the main unpruned
     search, intermediate values of the pruned one (where the pruner's cuts show)."""
@@ -101,7 +181,7 @@ def _optuna_figures(cfg: dict, figures: Path) -> None:
     storage = study_storage(cfg) if has_store else None
     jobs = {"optuna_param_importances": (main, ovm.plot_param_importances,
                                          ("importance (fraction of val. accuracy variance)", None)),
-            "optuna_parallel_coordinate": (main, ovm.plot_parallel_coordinate, (None, None)),
+            "optuna_parallel_coordinate": (main, None, (None, None)),
             "optuna_intermediate_values": (pruned, ovm.plot_intermediate_values,
                                            ("epoch (pruner step)", "validation accuracy (fraction)"))}
     for name, (study_name, fn, (xlabel, ylabel)) in jobs.items():
@@ -110,17 +190,18 @@ def _optuna_figures(cfg: dict, figures: Path) -> None:
             if storage is None:
                 raise FileNotFoundError(f"no journal at {journal_path(cfg)}")
             study = optuna.load_study(study_name=study_name, storage=storage)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # optuna's matplotlib backend is marked experimental
-                ax = fn(study)
-            first = ax.flat[0] if hasattr(ax, "flat") else ax
-            if xlabel:
-                first.set_xlabel(xlabel)
-            if ylabel:
-                first.set_ylabel(ylabel)
-            fig = first.figure
-            if name == "optuna_parallel_coordinate":
-                fig.set_size_inches(13, 5)  # optuna's default crowds one axis's tick labels onto the next
+            if fn is None:
+                fig = parallel_coordinate(study)
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # optuna's matplotlib backend is marked experimental
+                    ax = fn(study)
+                first = ax.flat[0] if hasattr(ax, "flat") else ax
+                if xlabel:
+                    first.set_xlabel(xlabel)
+                if ylabel:
+                    first.set_ylabel(ylabel)
+                fig = first.figure
             fig.suptitle(f"study {study_name}", y=1.02)
             save_figure(fig, path)
             plt.close(fig)

@@ -1,9 +1,10 @@
 """The HPO study's results beside Kahira's published ones (resources/papers.yaml; the rows are built by
-hpcdl.platform.paper_vs_ours). The paper states a direction only: it follows claim hpo.grid_speedup."""
+hpcdl.platform.orchestration.paper_vs_ours). The paper states a direction only: it follows claim
+hpo.grid_speedup."""
 
 from __future__ import annotations
 
-from hpcdl.platform.study import Ours
+from hpcdl.platform import Ours
 
 PAPER = {
     "pycompss_accelerates": Ours("claim hpo.grid_speedup", claims=("hpo.grid_speedup",)),

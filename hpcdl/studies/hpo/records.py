@@ -90,6 +90,8 @@ def study_row(study: optuna.Study) -> dict:
         "trial_epochs": sum(len(t.user_attrs.get("epochs", [])) for t in done),
         "best_trial": best.number if best else None, "best_val_acc": best.value if best else None,
         "best_test_acc": test.get("acc") if best and test.get("trial") == best.number else None,
+        # the test images the accuracy was measured on: its interval's n (hpcdl.studies.hpo.claims)
+        "best_test_n": test.get("n") if best and test.get("trial") == best.number else None,
         **{f"best_{k}": (_params(best).get(k) if best else None) for k in PARAM_COLUMNS},
     }
 

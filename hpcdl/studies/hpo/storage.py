@@ -14,7 +14,7 @@ import optuna
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import TrialState
 
-from hpcdl.platform.results import atomic_write_bytes, config_hash
+from hpcdl.platform import atomic_write_bytes, config_hash
 
 INTERRUPTED = "interrupted: the driver stopped while this trial was in flight; a replacement was queued"
 

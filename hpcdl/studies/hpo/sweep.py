@@ -71,7 +71,7 @@ def check_gpu_workers(hpo: dict, device: str, pool: list[str], pool_env: str) ->
     """On CUDA with the local backend's GPU pool `pool` (set by `pool_env`, else the visible GPUs):
     every grid worker count must have a GPU per worker; a ConfigError naming hpo.grid.workers and the
     pool otherwise. Nothing to check on the CPU."""
-    from hpcdl.platform.config import ConfigError
+    from hpcdl.platform import ConfigError
 
     if device != "cuda":
         return

@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform.results import read_table, write_table
-from hpcdl.platform.stages import started_at
+from hpcdl.platform import read_table, started_at, write_table
 from hpcdl.studies.hpo.sweep import pruning_baseline
 
 

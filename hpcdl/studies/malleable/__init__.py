@@ -13,7 +13,7 @@ changes while they run, and a co-scheduler that uses it, enforced with real cgro
     tables, figures, claims   the three analysis stages
 """
 
-from hpcdl.platform.study import StudySpec
+from hpcdl.platform import StudySpec
 
 
 def _units(cfg: dict) -> int:
@@ -28,16 +28,10 @@ def _setting(cfg: dict) -> str:
             f"{'/'.join(b['response']['methods'])}")
 
 
-def _paper() -> dict:
-    """Its published results beside ours (paper.py; imported only when a page shows them)."""
-    from hpcdl.studies.malleable.paper import PAPER
-
-    return PAPER
-
-
 SPEC = StudySpec(
     name="malleable",
     title="Malleable thread counts and co-scheduling (API / signal / quota, cgroups)",
+    short_title="Malleable threads",
     raw_tables=("points", "series", "changes", "decisions", "jobs"),
     tables=("response", "oversub", "policies", "jobs", "utilisation", "change_cost", "series"),
     figures=("gantt", "policy_bars", "iter_time", "utilisation"),
@@ -47,5 +41,4 @@ SPEC = StudySpec(
               "co-scheduler that reshapes jobs finish a queue sooner than rigid allocation?"),
     headline="policy_bars",
     setting=_setting,
-    paper=_paper,
 )

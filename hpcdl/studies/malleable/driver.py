@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcdl.platform.procenv import PACKAGE_ROOT, child_env
+from hpcdl.platform import PACKAGE_ROOT, child_env
 from hpcdl.studies.malleable import cgroups
 
 QUOTA_KINDS = ("oversub",)

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform.results import mark_no_data, save_figure
-from hpcdl.platform.stages import pyplot
+from hpcdl.platform import mark_no_data, pyplot, save_figure
 from hpcdl.studies.malleable.tables import PHASE_SKIP, raw, table
 
 # One colour per policy in every figure: rigid red, the malleable ones blue and orange.

@@ -40,19 +40,17 @@ def _rotated(variants: list, repeat: int) -> list:
     return list(variants[k:]) + list(variants[:k])
 
 
+def _repeats(cfg: dict, experiment: str, key: str, compared: list, **fixed) -> list[dict]:
+    """One point per repeat of an experiment that compares `compared` (under `key`) inside each point,
+    in the repeat's rotated order."""
+    return [{"experiment": experiment, "repeat": r, key: _rotated(compared, r), **fixed, **_common(cfg)}
+            for r in range(cfg["malleable"]["repeats"])]
+
+
 def oversub_points(cfg: dict) -> list[dict]:
     o = cfg["malleable"]["oversub"]
-    return [
-        {
-            "experiment": "oversub",
-            "repeat": r,
-            "modes": _rotated(o["modes"], r),
-            "quotas": list(o["quotas"]),
-            "phase_iterations": o["phase_iterations"],
-            **_common(cfg),
-        }
-        for r in range(cfg["malleable"]["repeats"])
-    ]
+    return _repeats(cfg, "oversub", "modes", o["modes"], quotas=list(o["quotas"]),
+                    phase_iterations=o["phase_iterations"])
 
 
 def workload(cfg: dict) -> list[dict]:
@@ -69,17 +67,7 @@ def workload(cfg: dict) -> list[dict]:
 
 
 def cosched_points(cfg: dict) -> list[dict]:
-    c = cfg["malleable"]["cosched"]
-    return [
-        {
-            "experiment": "cosched",
-            "repeat": r,
-            "policies": _rotated(c["policies"], r),
-            "jobs": workload(cfg),
-            **_common(cfg),
-        }
-        for r in range(cfg["malleable"]["repeats"])
-    ]
+    return _repeats(cfg, "cosched", "policies", cfg["malleable"]["cosched"]["policies"], jobs=workload(cfg))
 
 
 def variants(point: dict) -> list[str]:

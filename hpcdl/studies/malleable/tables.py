@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform.results import write_table
-from hpcdl.platform.stages import read_or_empty
+from hpcdl.platform import read_or_empty, write_table
 
 PHASE_SKIP = 2  # iterations at the start of a quota phase left out of its median
 UTIL_BIN_S = 0.25  # width of the utilisation-over-time bins

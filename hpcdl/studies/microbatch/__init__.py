@@ -23,12 +23,7 @@ sweep       the network points of a validated config; checks: config checks beyo
 tables      raw/ -> tables/; figures: tables/ -> figures/; claims: tables/ -> claims
 """
 
-from hpcdl.platform.study import StudySpec
-
-
-def _task_units(cfg: dict) -> int | str:
-    value = cfg["microbatch"]["computing_units"]
-    return int(value) if str(value).isdigit() else value
+from hpcdl.platform import StudySpec, computing_units_of
 
 
 def _setting(cfg: dict) -> str:
@@ -41,16 +36,10 @@ def _setting(cfg: dict) -> str:
             f"policies {'/'.join(b['policies'])}{engines}")
 
 
-def _paper() -> dict:
-    """Its published results beside ours (paper.py; imported only when a page shows them)."""
-    from hpcdl.studies.microbatch.paper import PAPER
-
-    return PAPER
-
-
 SPEC = StudySpec(
     name="microbatch",
     title="Micro-batched convolutions (μ-cuDNN: DP + ILP under a workspace limit)",
+    short_title="Micro-batched convolutions",
     raw_tables=("bench", "plans", "budget", "execution", "network_rounds", "exactness", "planning",
                 "cudnn_engines", "cudnn_limits"),
     tables=(
@@ -66,7 +55,7 @@ SPEC = StudySpec(
         "cudnn_networks",
     ),
     figures=("layer_speedup", "budget_speedup", "microbatch_sizes", "predicted_vs_measured", "cudnn_limits"),
-    task_units=_task_units,
+    task_units=computing_units_of("microbatch"),
     devices=("cpu", "cuda"),
     task_gpus=lambda cfg: 1,  # on CUDA each network's task holds one GPU
     run_resources=lambda cfg: {"mem_mb": 4000, "runtime": 60},
@@ -74,5 +63,4 @@ SPEC = StudySpec(
               "over a network's workspace budget (ILP), make the network's convolutions faster?"),
     headline="budget_speedup",
     setting=_setting,
-    paper=_paper,
 )

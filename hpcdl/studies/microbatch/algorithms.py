@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcdl.platform.device import resolve
+from hpcdl.platform import resolved_device
 from hpcdl.studies.microbatch.workloads import ConvLayer
 
 KERNELS = ("forward", "backward_data", "backward_filter")
@@ -86,8 +86,8 @@ DEFAULT = {"cpu": "onednn-nchw", "cuda": "cudnn-heuristic-nchw"}
 
 
 def resolve_device(device: str) -> str:
-    """The block's `device`, resolved by the platform's one device mechanism (hpcdl.platform.device)."""
-    return resolve(device, "microbatch.device")
+    """The block's `device`, resolved by the platform's one device mechanism (hpcdl.platform.kit.device)."""
+    return resolved_device(device, "microbatch.device")
 
 
 def candidates(device: str, names: list[str] | None) -> list[str]:

@@ -1,8 +1,8 @@
 """Benchmark every candidate algorithm per kernel and micro-batch size: time and workspace.
 
 Time: the minimum (and, recorded too, the median) of `repeats` calls after `warmup` calls, a layer's
-configurations called in interleaved rounds (CUDA: synchronised around each call; CPU on one
-thread: the thread's CPU time, see `clock`).
+configurations called in interleaved rounds, on the wall clock (CUDA: synchronised around each call;
+see `clock` for why never CPU time).
 Workspace: the extra peak memory of one call beyond what existed before it (the result buffer is
 preallocated outside the call, so what is counted is the algorithm's scratch: oneDNN's reordered
 tensors and scratchpad, the native path's im2col columns, channels-last copies of the micro-batch,
@@ -35,16 +35,18 @@ def _sync(device: str) -> None:
 
 
 def clock(device: str):
-    """(clock, its name) for timing kernels on `device`.
+    """(clock, its name) for timing kernels and plans on `device`: the wall clock (time.perf_counter)
+    everywhere, "wall (synchronised)" on CUDA, "wall" on the CPU; every raw table's `clock` column.
 
-    CUDA: wall time around synchronised calls. CPU with one torch thread: the CPU time of the
-    calling thread (oneDNN and the native path compute in it), which a process preempting us on a
-    shared machine does not inflate; it equals the wall time on an idle core. CPU with several
-    threads: wall time (the CPU time of the pool's threads would add up, not overlap).
+    Why not the calling thread's CPU time (this study's clock on one CPU thread before): what a
+    micro-batch plan saves or costs is the time training waits for it, and CPU time counts only the
+    calling thread's own work: any part of a call run on another thread (a library's helper or pool
+    thread) or spent blocked is left out, so it can hide a cost only the wall clock shows; on an
+    idle core the two agree. Its one merit, ignoring another process that preempts us on a shared
+    machine, is kept by the interleaved rounds and their minimum (`time_rounds`) and by pairing plan
+    and default in each round.
     """
-    if device == "cpu" and torch.get_num_threads() == 1:
-        return time.thread_time, "thread_cpu_time"
-    return time.perf_counter, "wall"
+    return time.perf_counter, "wall (synchronised)" if device == "cuda" else "wall"
 
 
 def round_order(n: int, r: int) -> list[int]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hpcdl.platform.config import ConfigError
+from hpcdl.platform import ConfigError
 from hpcdl.studies.microbatch.workloads import network
 
 

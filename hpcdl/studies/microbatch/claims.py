@@ -6,7 +6,7 @@ outputs are exact), and μ-cuDNN's own two on cuDNN's engines under workspace li
 
 The two timing claims compare whole-network runs of a plan and of the default, paired by
 interleaved round: each is judged on the 95 % interval of the per-round values
-(hpcdl.platform.intervals) and straddles when that interval crosses its line. Policies (and
+(hpcdl.platform.kit.intervals) and straddles when that interval crosses its line. Policies (and
 planners) that give the same plan are one plan: it is judged once, and the evidence names who
 shares it.
 """
@@ -17,9 +17,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform.claims import every
-from hpcdl.platform.intervals import above, all_of, below, mean_interval
-from hpcdl.platform.stages import failed_because, read_or_empty
+from hpcdl.platform import (
+    above,
+    all_of,
+    below,
+    deterministic,
+    every,
+    failed_because,
+    mean_interval,
+    read_tables,
+    unseeded,
+)
 from hpcdl.studies.microbatch import cudnn_claims
 
 CLAIMS = ("algorithm_choice_not_slower", "algorithm_choice_prediction_within_tolerance", "outputs_exact",
@@ -30,6 +38,17 @@ SEED_NOTE = "μ-cuDNN on a V100 (paper): AlexNet 1.60x, ResNet-18 1.30x, DeepBen
 # "not slower" has no allowance: the line is equal time, and noise shows as a straddling interval
 NOT_SLOWER_LINE = 1.0
 MIN_ROUNDS = 2  # an interval needs two paired rounds
+# where each verdict is confirmed (hpcdl.platform.kit.confirmation): `seed` sets the layers' inputs, and
+# no kernel's time depends on their values
+CONFIRMATION = {
+    "algorithm_choice_not_slower": unseeded("whole-network times of this run's rounds, measured afresh: no "
+                                            "seed decides them"),
+    "algorithm_choice_prediction_within_tolerance": unseeded("planned and measured times of this run, "
+                                                             "measured afresh: no seed decides them"),
+    "outputs_exact": deterministic("each plan's outputs equal the undivided layer's, element by element"),
+    **{cid: unseeded("cuDNN engine times of this run, measured afresh: no seed decides them")
+       for cid in cudnn_claims.CLAIMS},
+}
 
 
 def _missing_networks(block: dict, have: set[str], fails: pd.DataFrame) -> dict[str, str]:
@@ -109,11 +128,8 @@ def _what_it_tests(ilp: pd.DataFrame, block: dict) -> tuple[str, dict]:
 
 def judge(cfg: dict, study_dir: Path) -> list[dict]:
     block = cfg["microbatch"]
-    tables = Path(study_dir) / "tables"
-    nets = read_or_empty(tables / "network_speedup.csv")
-    rounds = read_or_empty(tables / "network_rounds.csv")
-    exact = read_or_empty(tables / "exactness.csv")
-    fails = read_or_empty(tables / "failures.csv")
+    nets, rounds, exact, fails = read_tables(study_dir, "network_speedup", "network_rounds", "exactness",
+                                             "failures")
     ilp = nets[nets["planner"] == "ilp"] if not nets.empty else nets
     have = set(ilp["network"]) if not ilp.empty else set()
     missing_nets = _missing_networks(block, have, fails)

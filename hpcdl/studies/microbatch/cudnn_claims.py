@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform.claims import every, not_measured
-from hpcdl.platform.stages import failed_because, read_or_empty
+from hpcdl.platform import every, failed_because, not_measured, read_tables
 
 CLAIMS = ("cudnn_plan_not_slower", "cudnn_tight_limit_speedup")
 NEEDS = "needs cuDNN's workspace-limited algorithms (a GPU)"
@@ -193,11 +192,9 @@ def tight_limit_speedup(block: dict, nets: pd.DataFrame, missing_nets: dict) -> 
 
 def judge(cfg: dict, study_dir: Path) -> list[dict]:
     block = cfg["microbatch"]
-    tables = Path(study_dir) / "tables"
-    lim = read_or_empty(tables / "cudnn_limits.csv")
-    nets = read_or_empty(tables / "cudnn_networks.csv")
-    fails = read_or_empty(tables / "failures.csv")
-    why = _not_run(block, read_or_empty(tables / "network_speedup.csv"), lim)
+    lim, nets, fails, speedups = read_tables(study_dir, "cudnn_limits", "cudnn_networks", "failures",
+                                             "network_speedup")
+    why = _not_run(block, speedups, lim)
     if why is not None:
         return [not_measured(cid, text, [NEEDS, why], threshold=threshold) for cid, text, threshold in (
             ("cudnn_plan_not_slower", "each kernel's μ-cuDNN plan, executed by cuDNN engine id, is not "

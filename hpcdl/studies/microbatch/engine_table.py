@@ -26,7 +26,6 @@ import argparse
 import csv
 import importlib.util
 import os
-import re
 import shlex
 import socket
 import sys
@@ -36,12 +35,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform.config import ConfigError, load_config
-from hpcdl.platform.results import (
+from hpcdl.platform import (
+    ConfigError,
     atomic_write_json,
     atomic_write_text,
     config_hash,
     git_commit,
+    gpu_slug,
+    load_config,
     provenance_path,
 )
 from hpcdl.studies.microbatch.dp import policy_sizes
@@ -70,22 +71,6 @@ FIELDS = (
     "image_size",
 )
 KERNEL_COUNT = 3  # forward, backward_data, backward_filter
-VENDOR_WORDS = {"nvidia", "geforce", "tesla", "quadro"}
-
-
-def gpu_slug(name: str) -> str:
-    """A GPU's model as a file-name part: the words up to the first with a digit, vendor words
-    left out, lower case (NVIDIA H100 80GB HBM3 -> h100, NVIDIA GeForce RTX 4090 -> rtx4090)."""
-    words = [w for w in re.split(r"[\s_-]+", name.lower()) if w and w not in VENDOR_WORDS]
-    out = []
-    for w in words:
-        out.append(re.sub(r"[^a-z0-9]", "", w))
-        if any(c.isdigit() for c in w):
-            break
-    slug = "".join(out)
-    if not slug:
-        raise ValueError(f"no file-name slug in the GPU name {name!r}")
-    return slug
 
 
 def setting(cfg: dict) -> dict:
@@ -166,7 +151,7 @@ def record(args: argparse.Namespace, cfg: dict, s: dict, out: Path) -> int:
     """Benchmark every layer into `out` (CUDA and the binding present); the exit status."""
     import torch
 
-    from hpcdl.platform.device import cuda_record
+    from hpcdl.platform import cuda_record
     from hpcdl.studies.microbatch.algorithms import KernelCall
     from hpcdl.studies.microbatch.cudnn_bench import benchmark_layer
     from hpcdl.studies.microbatch.cudnn_engines import library_record

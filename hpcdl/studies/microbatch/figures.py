@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform.results import mark_no_data, save_figure
-from hpcdl.platform.stages import pyplot, read_or_empty
+from hpcdl.platform import mark_no_data, pyplot, read_or_empty, save_figure
 from hpcdl.studies.microbatch.cudnn_claims import PAPER_SPEEDUP
 from hpcdl.studies.microbatch.cudnn_plan import DEFAULT_LIMIT_MIB
 from hpcdl.studies.microbatch.tables import SEED_SPEEDUP
@@ -28,6 +27,45 @@ def _device_word(df: pd.DataFrame) -> str:
     if df.empty or "device" not in df:
         return ""
     return ", ".join(sorted(set(map(str, df["device"])))).upper()
+
+
+def _who(shared_by: str, policies: list[str]) -> str:
+    """Who chose one executed plan, from its `shared_by` ("policy/planner ..."), in a few words:
+    "every policy, DP and ILP", "powerOfTwo, all (ILP)", or the pairs where they are no product."""
+    pairs = [tuple(x.split("/", 1)) for x in str(shared_by).split()]
+    named = {q for q, _ in pairs}
+    pols = [p for p in POLICY_ORDER + sorted(set(policies) - set(POLICY_ORDER)) if p in named]
+    planners = [k for k in ("dp", "ilp") if k in {k2 for _, k2 in pairs}]
+    if len(pairs) != len(pols) * len(planners):
+        return ", ".join(f"{q} {k.upper()}" for q, k in pairs)
+    who = "every policy" if len(pols) > 1 and set(pols) >= set(policies) else ", ".join(pols)
+    return f"{who} ({' and '.join(k.upper() for k in planners)})"
+
+
+SAME = 0.01  # a policy's predicted speedups within 1 % of the richest policy's are not drawn apart
+
+
+def _budget_lines(d: pd.DataFrame, policies: list[str]) -> list[tuple[str, str]]:
+    """The predicted lines of one network: (policy, label). The richest policy (the last: its candidate
+    micro-batches include the others') is always drawn; another policy only where its predictions
+    differ from it by more than SAME at some budget it can meet, else it is named in the richest
+    line's label (with the budgets it cannot meet): three identical curves drawn on top of one another
+    read as one, under three legend entries."""
+    series = {p: dict(zip(e["budget_bytes"], e["predicted_speedup"], strict=True))
+              for p in policies
+              for e in [d[(d["policy"] == p) & d["feasible"].astype(bool)]]}
+    base = policies[-1]
+    same, notes, lines = [], [], []
+    for p in policies[:-1]:
+        if all(b in series[base] and abs(v / series[base][b] - 1) <= SAME for b, v in series[p].items()):
+            same.append(p)
+            short = ", ".join(f"{b / MiB:.3g}" for b in sorted(set(series[base]) - set(series[p])))
+            notes += [f"{p} infeasible at {short} MiB"] if short else []
+        else:
+            lines.append((p, f"predicted: {p}"))
+    also = f"\n({', '.join(same)}: within {SAME:.0%}" if same else ""
+    also += "".join(f";\n{n}" for n in notes) + (")" if same else "")
+    return [(base, f"predicted: {base}{also}"), *lines]
 
 
 def draw(cfg: dict, study_dir: Path) -> None:
@@ -78,35 +116,24 @@ def draw(cfg: dict, study_dir: Path) -> None:
             mark_no_data(ax, "no budget sweep in this run")
             continue
         d = budget[(budget["network"] == net)]
-        for p in [p for p in POLICY_ORDER if p in set(d["policy"])]:
-            e = d[(d["policy"] == p) & d["feasible"].astype(bool)].sort_values("budget_bytes")
-            ax.plot(
-                e["budget_bytes"] / MiB,
-                e["predicted_speedup"],
-                "o-",
-                color=POLICY_COLOR[p],
-                label=f"{p} (predicted)",
-            )
-            m = (
-                nets[(nets["network"] == net) & (nets["policy"] == p) & (nets["planner"] == "ilp")]
-                if not nets.empty
-                else nets
-            )
-            full = d[(d["policy"] == p) & (d["budget_fraction"] == 1)]
-            if len(m) and len(full):
-                ax.plot(
-                    full["budget_bytes"] / MiB,
-                    m["measured_speedup"].to_numpy()[:1],
-                    "*",
-                    ms=14,
-                    color=POLICY_COLOR[p],
-                    markeredgecolor="k",
-                    label=f"{p} (executed)",
-                )
+        pols = [p for p in POLICY_ORDER if p in set(d["policy"])]
+        # series that differ only slightly still overlap: each group its own marker and line style
+        for k, (policy, label) in enumerate(_budget_lines(d, pols) if pols else []):
+            e = d[(d["policy"] == policy) & d["feasible"].astype(bool)].sort_values("budget_bytes")
+            ax.plot(e["budget_bytes"] / MiB, e["predicted_speedup"], ["o-", "s--", "^:"][k % 3],
+                    ms=[7, 5, 4][k % 3], color=POLICY_COLOR[policy], label=label)
+        # one star per distinct executed plan (the ILP's at the default's own workspace), however many
+        # policies chose it
+        m = nets[(nets["network"] == net) & (nets["planner"] == "ilp")] if not nets.empty else nets
+        full = d[d["budget_fraction"] == 1]
+        for _, r in (m.drop_duplicates("plan_id").iterrows() if len(full) else ()):
+            single = len({x.split("/")[0] for x in str(r["shared_by"]).split()}) == 1
+            ax.plot(full["budget_bytes"].iloc[:1] / MiB, [r["measured_speedup"]], "*", ms=14,
+                    color=POLICY_COLOR.get(r["policy"], "k") if single else "0.35", markeredgecolor="k",
+                    label=f"executed: {_who(r['shared_by'], pols)}")
         if net in SEED_SPEEDUP:
-            ax.axhline(
-                SEED_SPEEDUP[net], color="gray", ls="--", label=f"μ-cuDNN V100 (paper) {SEED_SPEEDUP[net]}x"
-            )
+            ax.axhline(SEED_SPEEDUP[net], color="gray", ls="--",
+                       label=f"μ-cuDNN on a V100 (paper): {SEED_SPEEDUP[net]}x")
         ax.axhline(1.0, color="k", lw=0.8)
         from matplotlib.ticker import NullFormatter
 
@@ -122,7 +149,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.grid(True, which="both", alpha=0.3)
         # below the axes: inside, it covered the paper's reference line
-        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     save_figure(fig, figs / "budget_speedup.png")
 
     # 3. chosen micro-batches per layer and kernel (policy all, ILP): segments coloured by algorithm
@@ -169,24 +196,21 @@ def draw(cfg: dict, study_dir: Path) -> None:
     if nets.empty:
         mark_no_data(ax, "no executed plans in this run")
     else:
-        marker = {n: m for n, m in zip(_networks(nets), "osD^v", strict=False)}
-        for r in nets.itertuples():
-            ax.plot(
-                r.predicted_plan_s * 1e3,
-                r.measured_plan_s * 1e3,
-                marker[r.network],
-                color=POLICY_COLOR.get(r.policy, "k"),
-                mfc="none" if r.planner == "dp" else None,
-                label=f"{r.network} {r.policy} {r.planner}",
-            )
-        dflt = nets.drop_duplicates("network")
-        ax.plot(
-            dflt["predicted_default_s"] * 1e3,
-            dflt["measured_default_s"] * 1e3,
-            "kx",
-            ms=9,
-            label="default layers",
-        )
+        names = _networks(nets)
+        style = {n: (f"C{i % 10}", m) for i, (n, m) in enumerate(zip(names, "osD^v<>ph", strict=False))}
+        pols = [p for p in POLICY_ORDER if p in set(nets["policy"])]
+        fills = ("full", "none", "left", "bottom", "right", "top")
+        for net in names:
+            color, mk = style[net]
+            plans = nets[nets["network"] == net].drop_duplicates("plan_id")  # one point per distinct plan
+            for k, (_, r) in enumerate(plans.iterrows()):  # named in the legend by who chose it
+                ax.plot(r["predicted_plan_s"] * 1e3, r["measured_plan_s"] * 1e3, mk, color=color, ms=8,
+                        fillstyle=fills[k % len(fills)], mew=1.5, ls="none",
+                        label=f"{net}: plan of {_who(r['shared_by'], pols)}")
+            dflt = nets[nets["network"] == net].iloc[0]
+            ax.plot(dflt["predicted_default_s"] * 1e3, dflt["measured_default_s"] * 1e3, "x", color=color,
+                    ms=9, mew=2)
+        ax.plot([], [], "x", color="k", ms=9, mew=2, label="default layers (in the network's colour)")
         lim = (
             np.array(
                 [
@@ -206,7 +230,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
             label=f"prediction within {tol:.0%}",
         )
         ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim)
-        ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.02, 1))  # off the band
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))  # off the band
     ax.set(
         xlabel="predicted conv time per iteration (ms, sum of benchmarked kernels)",
         ylabel="measured fwd+bwd conv time (ms, executed)",

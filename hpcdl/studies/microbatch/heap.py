@@ -4,8 +4,8 @@ glibc serves blocks at or above its mmap threshold with fresh mappings (page fau
 every allocation), and by default the threshold moves with the sizes freed so far. Two identical
 computations timed one after the other can then differ by the faults alone: one gets its
 temporaries from the heap, the next from new pages. Fixing the thresholds (as
-hpcdl.platform.rank_runtime.launch.RANK_MALLOC_ENV does for ranks at start-up) makes every timed call allocate
-alike.
+hpcdl.platform.kit.rank_runtime.launch.RANK_MALLOC_ENV does for ranks at start-up) makes every timed call
+allocate alike.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The micro-batch study's results beside μ-cuDNN's published ones (resources/papers.yaml; the rows are
-built by hpcdl.platform.paper_vs_ours).
+built by hpcdl.platform.orchestration.paper_vs_ours).
 
 The papers compare μ-cuDNN's plans with undivided cuDNN under the same workspace limit, so ours comes
 from the study's own cuDNN experiment (microbatch.cudnn.engines, CUDA only): tables/cudnn_networks.csv,
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from hpcdl.platform.study import Ours, RunFiles
+from hpcdl.platform import Ours, RunFiles
 
 DEFAULT_LIMIT_MIB = 64.0  # μ-cuDNN's library default (papers.yaml: microbatch.defaults)
 NEEDS_GPU = "needs cuDNN's workspace-limited algorithms (a GPU); the CPU path has none"

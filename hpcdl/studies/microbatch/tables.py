@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform.results import write_table
-from hpcdl.platform.stages import ok_rows, read_or_empty
+from hpcdl.platform import ok_rows, read_or_empty, write_table
 from hpcdl.studies.microbatch.cudnn_plan import rollup
 
 # μ-cuDNN (Oyama et al., Cluster 2018) on a V100: a reference, not a bar on this machine

@@ -11,16 +11,12 @@ activations moved to a slower memory tier, the copies overlapped with compute.
     capacity     the largest depth that trains under the budget, per strategy
     compute      what the task app's task bodies run: a sweep point, a capacity search
     sweep        the points of a validated config and the slow-tier directory they share
+    tiers        both tiers' bandwidths, measured by every sweep point: is the slow tier slower?
     checks       config checks beyond the schema; procs: process liveness (stale run directories)
     tables       raw/ -> tables/; figures: tables/ -> figures/; claims: tables/ -> claims
 """
 
-from hpcdl.platform.study import StudySpec
-
-
-def _task_units(cfg: dict) -> int | str:
-    value = cfg["offload"]["computing_units"]
-    return int(value) if str(value).isdigit() else value
+from hpcdl.platform import StudySpec, computing_units_of
 
 
 def _run_resources(cfg: dict) -> dict:
@@ -39,20 +35,14 @@ def _setting(cfg: dict) -> str:
             "budget")
 
 
-def _paper() -> dict:
-    """Its published results beside ours (paper.py; imported only when a page shows them)."""
-    from hpcdl.studies.offload.paper import PAPER
-
-    return PAPER
-
-
 SPEC = StudySpec(
     name="offload",
     title="Memory offload (optimizer state and activations to a slower tier)",
+    short_title="Memory offload",
     raw_tables=("steps", "timeline", "capacity"),
-    tables=("tradeoff", "capacity", "failures"),
+    tables=("tradeoff", "capacity", "tiers", "failures"),
     figures=("tradeoff", "breakdown", "capacity", "timeline"),
-    task_units=_task_units,
+    task_units=computing_units_of("offload"),
     devices=("cpu", "cuda"),
     task_gpus=lambda cfg: 1,  # on CUDA every point holds one GPU: its fast tier
     run_resources=_run_resources,
@@ -60,5 +50,4 @@ SPEC = StudySpec(
               "save, how much of the copy time hides behind compute, and how much larger a model fits?"),
     headline="tradeoff",
     setting=_setting,
-    paper=_paper,
 )

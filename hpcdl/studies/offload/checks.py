@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hpcdl.platform.config import ConfigError
+from hpcdl.platform import ConfigError
 
 
 def largest_tensor(block: dict) -> tuple[int, str]:
@@ -18,21 +18,12 @@ def check(cfg: dict) -> None:
     budget = block["capacity"]["budget_mb"] * 2**20
     nbytes, what = largest_tensor(block)
     if budget < nbytes:
-        raise ConfigError(
-            "offload.capacity.budget_mb",
-            block["capacity"]["budget_mb"],
-            f"a budget of at least the largest single tensor, {what} of "
-            f"{nbytes / 2**20:.3f} MiB ({nbytes} bytes)",
-        )
+        raise ConfigError("offload.capacity.budget_mb", block["capacity"]["budget_mb"],
+                          f"a budget of at least the largest single tensor, {what} of "
+                          f"{nbytes / 2**20:.3f} MiB ({nbytes} bytes)")
     if block["warmup_steps"] >= block["steps"]:
-        raise ConfigError(
-            "offload.warmup_steps",
-            block["warmup_steps"],
-            f"fewer than offload.steps ({block['steps']}), or no step is measured",
-        )
+        raise ConfigError("offload.warmup_steps", block["warmup_steps"],
+                          f"fewer than offload.steps ({block['steps']}), or no step is measured")
     if block["capacity"]["max_depth"] < max(block["model"]["depths"]):
-        raise ConfigError(
-            "offload.capacity.max_depth",
-            block["capacity"]["max_depth"],
-            f"at least the largest of offload.model.depths ({max(block['model']['depths'])})",
-        )
+        raise ConfigError("offload.capacity.max_depth", block["capacity"]["max_depth"],
+                          f"at least the largest of offload.model.depths ({max(block['model']['depths'])})")

@@ -4,7 +4,12 @@ fraction, bit-identical weights, capacity ratio), their thresholds from the conf
 The memory claims are judged on the measured fast-tier peak of the same run (`peak_fast_bytes`: CUDA,
 torch.cuda.max_memory_allocated; CPU, the anonymous RSS high-water mark above the run's start). The tensor
 registry's peak (`peak_accounted_bytes`) is a cross-check in the evidence, flagged where the two ratios
-are more than `cross_check_factor` apart.
+are more than `cross_check_factor` apart. Both are judged only where the slow tier, measured in the same
+run (tables/tiers.csv, tiers.py), is at least `slow_tier_min_slowdown` times slower than the fast tier in
+both directions; elsewhere (files through the page cache are RAM) they are "not measured on this host".
+
+The hidden fraction is judged per strategy on the 95 % interval of its measured steps' own fractions
+(hpcdl.platform's intervals): a value at the threshold straddles instead of passing by a hair.
 """
 
 from __future__ import annotations
@@ -14,11 +19,33 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform.claims import claim, every, not_measured
-from hpcdl.platform.stages import FAILURE_COLUMNS, read_or_empty, why_point_missing
+from hpcdl.platform import (
+    CONFIDENCE,
+    FAILURE_COLUMNS,
+    above,
+    claim,
+    deterministic,
+    every,
+    mean_interval,
+    not_measured,
+    read_or_empty,
+    unseeded,
+    why_point_missing,
+)
 from hpcdl.studies.offload.sweep import CPU_ONLY_SKIPPED
+from hpcdl.studies.offload.tiers import too_fast
 
 CLAIMS = ("memory_ratio", "hidden_fraction", "weights_equal", "capacity_ratio")
+# where each verdict is confirmed (hpcdl.platform.kit.confirmation): sizes come from the config, values
+# from the seed, and no memory peak or timing depends on the values
+CONFIRMATION = {
+    "memory_ratio": unseeded("measured peaks of this run: tensor sizes, not the seeded values, decide them"),
+    "hidden_fraction": unseeded("transfer and step times of this run, measured afresh: no seed decides them"),
+    "weights_equal": deterministic("each strategy's weights equal those of 'none' bit for bit, from one "
+                                   "seed"),
+    "capacity_ratio": unseeded("the largest depth whose measured peak fits the budget: tensor sizes, not the "
+                               "seeded values, decide it"),
+}
 OFFLOADS = ["optimizer", "activations", "both"]
 MEASURED_BY = {"ram>file": "anonymous RSS high-water mark",
                "gpu>pinned_host": "torch.cuda.max_memory_allocated"}  # as train.MEASURED_BY, by tier
@@ -31,12 +58,28 @@ def judge(cfg: dict, study_dir: Path) -> list[dict]:
     cap = read_or_empty(tables / "capacity.csv")
     fails = read_or_empty(tables / "failures.csv", columns=FAILURE_COLUMNS)
     block = cfg["offload"]
+    host = read_or_empty(tables / "tiers.csv")  # both tiers' bandwidths: is the slow tier slower here?
     return [
-        _claim_memory(tr, block, fails),
+        _on_this_host(_claim_memory(tr, block, fails), host, block),
         _claim_hidden(tr, block, fails),
         _claim_weights(tr, block, fails),
-        _claim_capacity(cap, tr, block, fails),
+        _on_this_host(_claim_capacity(cap, tr, block, fails), host, block),
     ]
+
+
+def _on_this_host(c: dict, host: pd.DataFrame, block: dict) -> dict:
+    """A memory or capacity claim, not measured on this host where the slow tier, measured in the
+    same run (tiers.csv), is not `slow_tier_min_slowdown` times slower than the fast tier in both
+    directions: memory moved to the page cache is still RAM. The bandwidths join its evidence."""
+    least = block["claims"]["slow_tier_min_slowdown"]
+    why, evidence = too_fast(host, least)
+    statement = (f"{c['statement']}, onto a slow tier measured >= {least:g}x slower than the fast tier in "
+                 "this run")
+    measured = {**c["measured"], **evidence}
+    if why is None:
+        return {**c, "statement": statement, "measured": measured}
+    other = [c["reason"].removeprefix("not measured: ")] if c["status"] == "not_measured" else []
+    return not_measured(c["id"], statement, [why, *other], **measured)
 
 
 def _row(tr: pd.DataFrame, strategy: str, depth: int):
@@ -71,18 +114,21 @@ def _cross_check(measured: float, accounted: float, factor: float) -> str:
     return f"agree within {factor:g}x ({apart:.2f}x apart)"
 
 
+def _lacking(block: dict, *strategies: str) -> str | None:
+    """Why a claim comparing `strategies` cannot be measured: the config runs only some of them."""
+    need = sorted(set(strategies) - set(block["strategies"]))
+    return f"offload.strategies lacks {need}" if need else None
+
+
 def _claim_memory(tr, block, fails) -> dict:
     cid = "memory_ratio"
     limit = block["claims"]["memory_max_ratio"]
     tier = _tier(tr, block)
-    statement = (
-        f"optimizer + activation offload ('both') cuts the measured peak fast-tier memory "
-        f"({MEASURED_BY.get(tier, UNKNOWN_MEASURE)}) to <= {limit:g} of "
-        "'none' at the largest size both ran"
-    )
-    need = {"none", "both"} - set(block["strategies"])
-    if need:
-        return not_measured(cid, statement, f"offload.strategies lacks {sorted(need)}", threshold=limit)
+    statement = (f"optimizer + activation offload ('both') cuts the measured peak fast-tier memory "
+                 f"({MEASURED_BY.get(tier, UNKNOWN_MEASURE)}) to <= {limit:g} of 'none' at the largest size "
+                 "both ran")
+    if lacking := _lacking(block, "none", "both"):
+        return not_measured(cid, statement, lacking, threshold=limit)
     depth = _largest_both_ran(tr, "none", "both")
     if depth is None:
         top = max(block["model"]["depths"])
@@ -122,6 +168,15 @@ def _claim_memory(tr, block, fails) -> dict:
     )
 
 
+def _step_fractions(r: pd.Series) -> list[float] | None:
+    """A point's measured steps' own hidden fractions (train.py), those with a transfer; None for a
+    table from before they were recorded."""
+    if "hidden_frac_steps" not in r.index:
+        return None
+    text = "" if pd.isna(r["hidden_frac_steps"]) else str(r["hidden_frac_steps"])
+    return [v for v in (float(x) for x in text.split()) if np.isfinite(v)]
+
+
 def _claim_hidden(tr, block, fails) -> dict:
     cid = "hidden_fraction"
     least = block["claims"]["hidden_min"]
@@ -129,9 +184,11 @@ def _claim_hidden(tr, block, fails) -> dict:
     top = max(block["model"]["depths"])
     statement = (
         f">= {least:.0%} of transfer time hidden behind compute, for each of the offload strategies "
-        f"{', '.join(offloads) or '(none configured)'} at the largest size ({top} layers)"
+        f"{', '.join(offloads) or '(none configured)'} at the largest size ({top} layers): the mean of its "
+        f"measured steps' hidden fractions, judged on its {CONFIDENCE:.0%} interval (straddles where the "
+        "interval crosses the line); the fraction pooled over the steps beside it"
     )
-    holds, missing, fractions = {}, {}, {}
+    holds, missing, fractions, intervals = {}, {}, {}, {}
     for s in offloads:
         r = _row(tr, s, top)
         if r is None or not np.isfinite(r["hidden_frac"]):
@@ -140,10 +197,21 @@ def _claim_hidden(tr, block, fails) -> dict:
             )
             continue
         fractions[s] = round(float(r["hidden_frac"]), 4)
-        holds[s] = fractions[s] >= least
+        steps = _step_fractions(r)
+        if steps is None:
+            missing[s] = ("tradeoff.csv predates the per-step hidden fractions (hidden_frac_steps): rerun "
+                          "the study")
+        elif len(steps) < 2:
+            missing[s] = (f"{len(steps)} measured step(s) with a transfer; an interval needs 2 "
+                          "(offload.steps - offload.warmup_steps)")
+        else:
+            iv = mean_interval(steps)
+            intervals[s] = iv.evidence(keys=range(len(steps)))
+            holds[s] = above(iv, least)
     tier = str(tr["tier"].iloc[0]) if not tr.empty else None
     return every(
-        cid, statement, holds, missing, hidden_frac=fractions, depth=top, tier=tier, threshold=least
+        cid, statement, holds, missing, hidden_frac=fractions, hidden_frac_steps=intervals, depth=top,
+        tier=tier, threshold=least
     )
 
 
@@ -184,16 +252,11 @@ def _claim_capacity(cap, tr, block, fails) -> dict:
     cid = "capacity_ratio"
     budget = block["capacity"]["budget_mb"]
     least = block["claims"]["capacity_min_ratio"]
-    statement = (
-        f"under a {budget:g} MiB fast-tier budget on the measured peak "
-        f"({MEASURED_BY.get(_tier(tr, block), UNKNOWN_MEASURE)}), 'both' trains >= {least:g}x "
-        "the parameters of 'none' (AxoNN's parameters-per-GPU gain)"
-    )
-    need = {"none", "both"} - set(block["strategies"])
-    if need:
-        return not_measured(
-            cid, statement, f"offload.strategies lacks {sorted(need)}", threshold=least
-        )
+    statement = (f"under a {budget:g} MiB fast-tier budget on the measured peak "
+                 f"({MEASURED_BY.get(_tier(tr, block), UNKNOWN_MEASURE)}), 'both' trains >= {least:g}x "
+                 "the parameters of 'none' (AxoNN's parameters-per-GPU gain)")
+    if lacking := _lacking(block, "none", "both"):
+        return not_measured(cid, statement, lacking, threshold=least)
     rows = {
         s: (cap[cap["strategy"] == s].iloc[0] if not cap.empty and (cap["strategy"] == s).any() else None)
         for s in ("none", "both")

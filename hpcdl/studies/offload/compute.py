@@ -3,13 +3,20 @@ capacity search, each from the plain dict `sweep.py` made for it."""
 
 from __future__ import annotations
 
+from hpcdl.studies.offload import tiers
 from hpcdl.studies.offload.capacity import largest_depth
 from hpcdl.studies.offload.train import RunSpec, train
 
 
 def measure_point(point: dict) -> dict:
-    """A sweep point (sweep.sweep_points): its record and the timeline of its median step."""
+    """A sweep point (sweep.sweep_points): its record, with both tiers' bandwidths measured after the
+    run in the same process and slow-tier directory (tiers.measure), and its median step's timeline."""
+    point = dict(point)
+    probe = point.pop("tier_probe", None)
     rec, timeline = train(RunSpec(**point))
+    if probe is not None:
+        rec.update(tiers.measure(rec["device"], point["slow_dir"], point["io_mode"], probe["bytes"],
+                                 probe["rounds"]))
     return {"record": rec, "timeline": timeline}
 
 

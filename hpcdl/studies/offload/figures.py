@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform.results import mark_no_data, save_figure
-from hpcdl.platform.stages import pyplot, read_or_empty
+from hpcdl.platform import mark_no_data, pyplot, read_or_empty, save_figure
 from hpcdl.studies.offload.tables import ORDER
 
 MiB = 2**20
@@ -117,8 +116,16 @@ def draw(cfg: dict, study_dir: Path) -> None:
     _plot_timeline(plt, read_or_empty(study_dir / "raw" / "timeline.csv"), tr, figs / "timeline.png")
 
 
+TIMELINE_COLORS = {"forward": "C0", "backward": "C2", "optimizer": "C1", "optimizer_update": "C5",
+                   "wait": "C3", "to_slow": "C4", "from_slow": "C9"}
+
+
 def _plot_timeline(plt, tl: pd.DataFrame, tr: pd.DataFrame, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(10, 3.6))
+    """One step's lanes: compute, its waits on a copy, the copies each way. Tall enough to read (a
+    4-lane strip under a one-line title was not), with a legend of the colours under it."""
+    from matplotlib.patches import Patch
+
+    fig, ax = plt.subplots(figsize=(11, 5.4))
     lanes = [
         ("compute", "compute (fwd / bwd / optimizer)"),
         ("wait", "compute waits on a copy (exposed)"),
@@ -136,13 +143,11 @@ def _plot_timeline(plt, tl: pd.DataFrame, tr: pd.DataFrame, path: Path) -> None:
         mark_no_data(ax, "no offload strategy's timeline in this run")
     else:
         d = tl[(tl["strategy"] == pick[0]) & (tl["depth"] == pick[1])]
-        colors = {"forward": "C0", "backward": "C2", "optimizer": "C1", "optimizer_update": "C5"}
+        colors = TIMELINE_COLORS
         for y, (lane, _) in enumerate(lanes):
             for _, s in d[d["lane"] == lane].iterrows():
-                color = colors.get(
-                    s["kind"], "C3" if lane == "wait" else ("C4" if lane == "to_slow" else "C9")
-                )
-                h = 0.35 if s["kind"] == "optimizer_update" else 0.7
+                color = colors.get(s["kind"], colors.get(lane, "C9"))
+                h = 0.4 if s["kind"] == "optimizer_update" else 0.8
                 ax.broken_barh(
                     [(s["start_s"] * 1000, max(1e-3, (s["end_s"] - s["start_s"]) * 1000))],
                     (y - h / 2, h),
@@ -153,11 +158,16 @@ def _plot_timeline(plt, tl: pd.DataFrame, tr: pd.DataFrame, path: Path) -> None:
         r = tr[(tr["strategy"] == pick[0]) & (tr["depth"] == pick[1])].iloc[0]
         ax.set_title(
             f"One step of '{pick[0]}' at {pick[1]} layers; {r['hidden_frac']:.0%} of transfer time hidden "
-            f"over all measured steps ({_tier_label(tr)})",
-            fontsize=9,
+            f"over all measured steps\n{_tier_label(tr)}",
+            fontsize=10,
         )
-    ax.set_yticks(range(len(lanes)), [lbl for _, lbl in lanes], fontsize=8)
-    ax.invert_yaxis()
+        names = {"forward": "forward", "backward": "backward", "optimizer": "optimizer",
+                 "optimizer_update": "optimizer: a bucket's update", "wait": "compute waits on a copy",
+                 "to_slow": "copy fast -> slow", "from_slow": "copy slow -> fast"}
+        ax.legend(handles=[Patch(color=c, label=names[k]) for k, c in colors.items()], fontsize=8, ncol=4,
+                  loc="upper center", bbox_to_anchor=(0.5, -0.14))
+    ax.set_yticks(range(len(lanes)), [lbl for _, lbl in lanes], fontsize=9)
+    ax.set_ylim(len(lanes) - 0.4, -0.6)
     ax.set_xlabel("time since the step started (ms)")
     ax.grid(True, axis="x", alpha=0.3)
     save_figure(fig, path)

@@ -1,5 +1,5 @@
 """The offload study's results beside Myelin / AxoNN's and ZeRO-Offload's published ones
-(resources/papers.yaml; the rows are built by hpcdl.platform.paper_vs_ours).
+(resources/papers.yaml; the rows are built by hpcdl.platform.orchestration.paper_vs_ours).
 
 Ours: the memory reduction is 1 / claim memory_ratio ('none' / 'both' peak fast-tier memory at the
 largest depth both ran); the model-size gain is claim capacity_ratio (parameters 'both' trains under
@@ -9,7 +9,7 @@ this run's device, so the factors are the same quantity at a smaller size.
 
 from __future__ import annotations
 
-from hpcdl.platform.study import Ours, RunFiles
+from hpcdl.platform import Ours, RunFiles
 
 
 def _measured(claim_id: str, key: str, invert: bool = False):

@@ -60,7 +60,10 @@ def strategies(cfg: dict, device: str) -> list[str]:
 
 
 def sweep_points(cfg: dict, device: str = "cpu") -> list[dict]:
+    """One point per (depth, strategy); each also measures both tiers' bandwidths after its run
+    (`tier_probe`, tiers.measure)."""
     b = cfg["offload"]
+    probe = {"bytes": int(b["slow_tier"]["probe_mb"] * 2**20), "rounds": b["slow_tier"]["probe_rounds"]}
     return [
         {
             "strategy": s,
@@ -69,6 +72,7 @@ def sweep_points(cfg: dict, device: str = "cpu") -> list[dict]:
             "warmup_steps": b["warmup_steps"],
             "budget_mb": None,
             **_common(cfg, device),
+            "tier_probe": probe,
         }
         for d in sorted(b["model"]["depths"])
         for s in strategies(cfg, device)

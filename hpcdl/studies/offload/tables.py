@@ -3,8 +3,9 @@
 tradeoff.csv (per strategy and depth: measured and accounted peak memory, step-time split, bytes moved,
 hidden fraction, and the ratios to `none` at the same depth: memory (measured, and the registry's),
 slowdown, bit-identical weights), capacity.csv
-(largest depth and parameters under the budget per strategy, and the ratio to `none`) and
-failures.csv (every failed point).
+(largest depth and parameters under the budget per strategy, and the ratio to `none`), tiers.csv
+(both tiers' write and read bandwidth, measured by every sweep point after its run: is the slow tier
+slower? tiers.py) and failures.csv (every failed point).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform.results import write_table
-from hpcdl.platform.stages import failures_table, ok_rows, read_or_empty
+from hpcdl.platform import failures_table, ok_rows, read_or_empty, write_table
+from hpcdl.studies.offload import tiers
 
 ORDER = ["none", "optimizer", "activations", "both", "save_on_cpu"]
 
@@ -69,4 +70,5 @@ def write(cfg: dict, study_dir: Path) -> None:
     tables = study_dir / "tables"
     write_table(tradeoff(raw["steps"]), tables / "tradeoff.csv", cfg, started)
     write_table(capacity(raw["capacity"]), tables / "capacity.csv", cfg, started)
+    write_table(tiers.table(ok_rows(raw["steps"])), tables / "tiers.csv", cfg, started)
     write_table(failures_table(raw, FAILURE_KEYS), tables / "failures.csv", cfg, started)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hpcdl.platform.device import resolve
+from hpcdl.platform import resolved_device
 from hpcdl.studies.offload.accounting import BudgetExceeded, FastTier
 from hpcdl.studies.offload.activations import SavedActivations
 from hpcdl.studies.offload.checks import largest_tensor
@@ -42,8 +42,8 @@ MEASURED_BY = {True: "torch.cuda.max_memory_allocated", False: "anonymous RSS hi
 
 
 def resolve_device(device: str) -> str:
-    """The block's `device`, resolved by the platform's one device mechanism (hpcdl.platform.device)."""
-    return resolve(device, "offload.device")
+    """The block's `device`, resolved by the platform's one device mechanism (hpcdl.platform.kit.device)."""
+    return resolved_device(device, "offload.device")
 
 
 def tier_name(device: str) -> str:
@@ -292,6 +292,8 @@ def train(spec: RunSpec, keep_weights: bool = False) -> dict:
         "peak_extra_rss_bytes": rss.peak - rss0,
         **{k: v for k, v in med.items() if k != "step"},
         "hidden_frac": _pooled_hidden_fraction([r for r, _ in per_step]),
+        # each measured step's own fraction, for the claim's interval (space-separated; nan: no transfer)
+        "hidden_frac_steps": " ".join(f"{r['hidden_frac']:.6f}" for r, _ in per_step),
         "weights_sha256": digest,
     }
     return (out, tl_rows, weights) if keep_weights else (out, tl_rows)

@@ -16,7 +16,7 @@
 partition, exchange_plan and kakurenbo are numpy only.
 """
 
-from hpcdl.platform.study import StudySpec
+from hpcdl.platform import StudySpec
 
 
 def _largest_world(cfg: dict) -> int:
@@ -36,16 +36,10 @@ def _setting(cfg: dict) -> str:
             f"at M={kk['world_size']} in {len(kk.get('seeds') or b['seeds'])} interleaved rounds")
 
 
-def _paper() -> dict:
-    """Its published results beside ours (paper.py; imported only when a page shows them)."""
-    from hpcdl.studies.shuffle.paper import PAPER
-
-    return PAPER
-
-
 SPEC = StudySpec(
     name="shuffle",
     title="Shuffle fraction (global / local / partial-Q, KAKURENBO)",
+    short_title="Shuffle fraction",
     raw_tables=("epochs", "points"),
     tables=("epochs", "final", "gap", "recovery", "kakurenbo_rounds", "kakurenbo"),
     figures=("acc_gap_vs_q", "acc_vs_epoch", "final_acc_vs_q", "time_per_epoch_vs_q", "bytes_vs_q",
@@ -60,5 +54,4 @@ SPEC = StudySpec(
               "accuracy of global shuffling, and does hiding easy samples (KAKURENBO) save training time?"),
     headline="acc_gap_vs_q",
     setting=_setting,
-    paper=_paper,
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hpcdl.platform.config import ConfigError
+from hpcdl.platform import ConfigError
 
 FASHION_MNIST_TRAIN = 60000
 

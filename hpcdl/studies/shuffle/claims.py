@@ -1,9 +1,9 @@
 """Claims stage of the shuffle study: tables/ (+ raw/points.csv) -> the papers' claims per M (random:
 local and partial-Q match global; skewed: partial-Q recovers global, local does not), exact Q*N bytes
-per epoch, at most (1+Q)N/M samples held, KAKURENBO saves time; thresholds from the config.
+per epoch, at most (1+Q)N/M distinct samples held, KAKURENBO saves time; thresholds from the config.
 
 The accuracy and time claims compare two noisy runs: each is judged on the paired differences over
-seeds (or interleaved rounds) with a 95 % interval (hpcdl.platform.intervals), and straddles when
+seeds (or interleaved rounds) with a 95 % interval (hpcdl.platform.kit.intervals), and straddles when
 the interval crosses its threshold.
 """
 
@@ -14,9 +14,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform.claims import claim, every, not_measured
-from hpcdl.platform.intervals import above, all_of, below, mean_interval, paired
-from hpcdl.platform.stages import failed_because, read_or_empty
+from hpcdl.platform import (
+    above,
+    all_of,
+    below,
+    claim,
+    confirmed_on,
+    deterministic,
+    every,
+    failed_because,
+    mean_interval,
+    not_measured,
+    paired,
+    read_or_empty,
+)
 from hpcdl.studies.shuffle.compute import SAMPLE_BYTES
 from hpcdl.studies.shuffle.sweep import expand
 from hpcdl.studies.shuffle.tables import kakurenbo_rounds, kakurenbo_table, label, plain_runs
@@ -27,6 +38,17 @@ CLAIMS = ("random_local_partial_match_global_M{M}", "skewed_partial_recovers_glo
 INTERVAL_CLAIMS = ("random_local_partial_match_global_M{M}", "skewed_partial_recovers_global_M{M}",
                    "kakurenbo_saves_time")
 MIN_PAIRS = 2   # an interval needs two paired values
+# The accuracy claims run `seeds`, KAKURENBO its own `kakurenbo.seeds` (shuffle.seeds where the block has
+# none); the seeds earlier runs tuned on are the block's `exploration`.
+CONFIRMATION = {
+    "random_local_partial_match_global_M{M}": confirmed_on("seeds"),
+    "skewed_partial_recovers_global_M{M}": confirmed_on("seeds"),
+    "bytes_per_epoch_equal_QN": deterministic("bytes counted from the tensors each rank sends and "
+                                              "receives, exactly Q*N samples for any seed"),
+    "held_at_most_1_plus_Q_N_over_M": deterministic("buffers counted at each epoch's peak, whose sizes N, M "
+                                                    "and Q fix for any seed"),
+    "kakurenbo_saves_time": confirmed_on("kakurenbo.seeds", default_key="seeds"),
+}
 
 
 class _Points:
@@ -70,7 +92,7 @@ def judge(cfg: dict, study_dir: Path) -> list[dict]:
     sizes = sorted({m for g in block["grids"] for m in g["world_sizes"]})
     out = []
     for m in sizes:
-        out += [_claim_random(block, final, pts, m), _claim_skewed(block, final, pts, m)]
+        out += [_claim_gap(block, final, pts, "random", m), _claim_gap(block, final, pts, "skewed", m)]
     out += [_claim_bytes(block, epochs, pts), _claim_held(block, final, pts),
             _claim_kakurenbo(block, final, pts)]
     return out
@@ -111,29 +133,27 @@ def _gaps(block: dict, final: pd.DataFrame, pts: _Points, part: str, m: int) -> 
     return ivs, evidence, missing
 
 
-def _claim_random(block: dict, final: pd.DataFrame, pts: _Points, m: int) -> dict:
+def _claim_gap(block: dict, final: pd.DataFrame, pts: _Points, part: str, m: int) -> dict:
+    """The claim of one partitioning at M=`m` on the paired gaps to global (95 % intervals against
+    -tolerance): random, local and partial within it; skewed, partial within it and local beyond."""
     tol, q = block["tolerance_pt"], block["claim_q"]
-    cid = f"random_local_partial_match_global_M{m}"
-    statement = (f"Random partitioning, M={m}: local and partial-{q:g} shuffling reach a final validation "
-                 f"accuracy no more than {tol:g} pt below global shuffling (95 % interval of the difference, "
-                 "paired by seed, above -tolerance).")
-    ivs, ev, missing = _gaps(block, final, pts, "random", m)
+    if part == "random":
+        cid = f"random_local_partial_match_global_M{m}"
+        statement = (f"Random partitioning, M={m}: local and partial-{q:g} shuffling reach a final "
+                     f"validation accuracy no more than {tol:g} pt below global shuffling (95 % interval of "
+                     "the difference, paired by seed, above -tolerance).")
+        within, beyond = ("local", "partial"), ()
+    else:
+        cid = f"skewed_partial_recovers_global_M{m}"
+        statement = (f"Label-skewed partitioning (Dirichlet alpha={block['alpha']:g}), M={m}: partial-{q:g} "
+                     f"is no more than {tol:g} pt below global, while local is more than that below global "
+                     "(95 % intervals of the differences, paired by seed, on the claimed side of "
+                     "-tolerance).")
+        within, beyond = ("partial",), ("local",)
+    ivs, ev, missing = _gaps(block, final, pts, part, m)
     if missing:
         return not_measured(cid, statement, missing, **ev, tolerance_pt=tol)
-    verdict = all_of([above(ivs["local"], -tol), above(ivs["partial"], -tol)])
-    return claim(cid, statement, verdict, **ev, tolerance_pt=tol)
-
-
-def _claim_skewed(block: dict, final: pd.DataFrame, pts: _Points, m: int) -> dict:
-    tol, q = block["tolerance_pt"], block["claim_q"]
-    cid = f"skewed_partial_recovers_global_M{m}"
-    statement = (f"Label-skewed partitioning (Dirichlet alpha={block['alpha']:g}), M={m}: partial-{q:g} is "
-                 f"no more than {tol:g} pt below global, while local is more than that below global (95 % "
-                 "intervals of the differences, paired by seed, on the claimed side of -tolerance).")
-    ivs, ev, missing = _gaps(block, final, pts, "skewed", m)
-    if missing:
-        return not_measured(cid, statement, missing, **ev, tolerance_pt=tol)
-    verdict = all_of([above(ivs["partial"], -tol), below(ivs["local"], -tol)])
+    verdict = all_of([above(ivs[k], -tol) for k in within] + [below(ivs[k], -tol) for k in beyond])
     return claim(cid, statement, verdict, **ev, tolerance_pt=tol)
 
 
@@ -165,29 +185,35 @@ def _claim_bytes(block: dict, epochs: pd.DataFrame, pts: _Points) -> dict:
 
 
 def _claim_held(block: dict, final: pd.DataFrame, pts: _Points) -> dict:
+    """Distinct samples against (1+Q)N/M, the partial scheme's storage (its partition and the received
+    samples); and, stated apart so the two counts are never read against one bound, the sample rows in
+    memory against (1+2Q)N/M: the Q*N/M sent samples are staged as copies until the exchange is done."""
     n = block["n_train"]
     cid = "held_at_most_1_plus_Q_N_over_M"
     statement = ("No rank ever holds more than (1+Q)*N/M distinct samples (N/M rounded up for uneven N), "
-                 "counted from its buffers at the peak of each epoch: its partition, the staged sent samples "
-                 "and the received ones.")
-    holds, missing, held, bound, rows = {}, {}, {}, {}, {}
+                 "counted by id from its buffers at the peak of each epoch: its partition, the staged sent "
+                 "samples and the received ones. Its buffers then hold (1+2Q)*N/M sample rows, no more: "
+                 "each sent sample is a second row (a staged copy) until the exchange completes, so rows "
+                 "are judged against that bound, not against (1+Q)*N/M.")
+    holds, missing, held, bound, rows, rows_bound = {}, {}, {}, {}, {}, {}
     for pid in _partial_points(pts):
         p = pts.expected[pid]
         why = pts.missing([pid], "partial")
         f = final[final["point"] == pid] if "point" in final else final
-        if why or f.empty or "samples_held_max" not in f or f["samples_held_max"].isna().any():
-            missing[pid] = "; ".join(why) or "no samples_held measurement"
+        cols = ("samples_held_max", "held_rows_max")
+        if why or f.empty or any(c not in f or f[c].isna().any() for c in cols):
+            missing[pid] = "; ".join(why) or "no samples_held / held_rows measurement"
             continue
         m = p["world_size"]
         bound[pid] = float(np.ceil(n / m) + p["q"] * n / m)
+        rows_bound[pid] = float(np.ceil(n / m) + 2 * p["q"] * n / m)
         held[pid] = int(f["samples_held_max"].max())
-        if "held_rows_max" in f:
-            rows[pid] = int(f["held_rows_max"].max())
-        holds[pid] = held[pid] <= bound[pid]
+        rows[pid] = int(f["held_rows_max"].max())
+        holds[pid] = held[pid] <= bound[pid] and rows[pid] <= rows_bound[pid]
     if not holds and not missing:
         return not_measured(cid, statement, "the config runs no partial point (0<Q<1)")
     return every(cid, statement, holds, missing, samples_held_max=held, bound=bound,
-                 buffer_rows_max=rows)
+                 buffer_rows_max=rows, bound_rows=rows_bound)
 
 
 def _claim_kakurenbo(block: dict, final: pd.DataFrame, pts: _Points) -> dict:
@@ -197,12 +223,12 @@ def _claim_kakurenbo(block: dict, final: pd.DataFrame, pts: _Points) -> dict:
     fractions = sorted(f for f in kk["fractions"] if f > 0)
     cid = "kakurenbo_saves_time"
     statement = (f"KAKURENBO, M={m}, hiding fractions F in {fractions}: at every F the accuracy change "
-                 f"against F=0 of its interleaved round has its 95 % interval above -{tol:g} pt, and at "
-                 "every F in the method's regime at this scale, where by its own account (the backward work "
-                 "its hidden samples skip, less the overhead it adds: loss recording, re-selection, the "
-                 f"hidden samples' forward) it saves at least {floor:.0%} of F=0's time over the rounds' "
-                 "95 % interval, the whole wall time saved has its 95 % interval above 0: no cost outside "
-                 "that account eats the saving. An F outside the regime is listed with its numbers.")
+                 f"against F=0 of its interleaved round has its 95 % interval above -{tol:g} pt, and the "
+                 "whole wall time saved has its 95 % interval above 0. Every F is judged: the method's own "
+                 "account (the backward work its hidden samples skip, less the overhead it adds: loss "
+                 "recording, re-selection, the hidden samples' forward) is shown beside each F, with "
+                 f"whether it reaches {floor:.0%} of F=0's time (in_regime), but gates nothing (#40: that "
+                 "gate was set after F=0.1 failed, and left F=0.1 out).")
     if not fractions:
         return not_measured(cid, statement, "the config runs no hiding fraction F > 0", tolerance_pt=tol)
     why = pts.missing(pts.kakurenbo(), f"KAKURENBO M={m}")
@@ -227,18 +253,13 @@ def _claim_kakurenbo(block: dict, final: pd.DataFrame, pts: _Points) -> dict:
         saving[key] = t.evidence(4, keys=rkeys)
         change[key] = a.evidence(2, keys=rkeys)
         row = summary.loc[float(g["kakurenbo_fraction"].iloc[0])]
-        judged = bool(row["in_regime"])
         work[key] = {"backward_skipped_fraction": round(float(row["skipped_fraction"]), 4),
                      "work_saved": round(float(row["work_saved"]), 4),
                      "overhead": round(float(row["overhead"]), 4),
                      "net_saving": net.evidence(4, keys=rkeys),
-                     "compute_saved_timed": round(float(row["compute_saved"]), 4), "time_judged": judged}
-        holds[key] = all_of([above(a, -tol)] + ([above(t, 0.0)] if judged else []))
+                     "compute_saved_timed": round(float(row["compute_saved"]), 4),
+                     "in_regime": bool(row["in_regime"])}
+        holds[key] = all_of([above(a, -tol), above(t, 0.0)])
     evidence = dict(time_saving=saving, acc_change_pt=change, work_and_overhead=work, min_net_saving=floor,
                     timing_resolution=round(res, 4), tolerance_pt=tol)
-    if not any(w["time_judged"] for w in work.values()) and not missing:
-        why = (f"at no F does the method's own account (work skipped less overhead) reach {floor:.0%} of "
-               "F=0's time over its interval: at this scale it saves too little for its wall time to be "
-               "the question")
-        return not_measured(cid, statement, why, **evidence)
     return every(cid, statement, holds, missing, min_time_saving=0, **evidence)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from hpcdl.platform.rank_runtime.launch import run_ranks
+from hpcdl.platform import run_ranks
 
 SAMPLE_BYTES = 28 * 28 * 4 + 8 + 8   # float32 image + int64 label + int64 sample id
 
@@ -17,9 +17,9 @@ def run_point(*, point: dict, train: dict, data: dict, timeout_s: float = 600.0,
     """`point`: strategy, q, partitioning, world_size, runs (hpcdl.studies.shuffle.sweep) (+ labels).
 
     `train`: epochs, batch_size, lr, momentum, model, alpha, exchange_timeout_s[, exchange_device].
-    `device`: the study's resolved device (hpcdl.platform.device.study_device), cpu or cuda;
+    `device`: the study's resolved device (hpcdl.platform.kit.device.study_device), cpu or cuda;
     `gpu_sharing`: the block's key (ranks may share GPUs over gloo).
-    Raises hpcdl.platform.rank_runtime.launch.RankFailure when any rank fails.
+    Raises hpcdl.platform.kit.rank_runtime.launch.RankFailure when any rank fails.
     """
     started = time.time()
     kwargs = dict(data=data, strategy=point["strategy"], q=float(point["q"]),

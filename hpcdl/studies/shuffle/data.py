@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcdl.common import fashion_mnist
-from hpcdl.platform.results import atomic_write_bytes, atomic_write_json, config_hash
+from hpcdl.platform import atomic_write_bytes, atomic_write_json, config_hash
 
 NAMES = ("x_train", "y_train", "x_val", "y_val")
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdl.platform.results import mark_no_data, read_table, save_figure
-from hpcdl.platform.stages import pyplot
+from hpcdl.platform import mark_no_data, pyplot, read_table, save_figure
 from hpcdl.studies.shuffle.compute import SAMPLE_BYTES
 from hpcdl.studies.shuffle.tables import PARTITIONINGS, plain_runs
 
@@ -180,8 +179,8 @@ def _kakurenbo_figure(plt, cfg: dict, study_dir: Path) -> None:
                 label="net saving by the method's account\n(work skipped - overhead, 95 % interval)")
     ax.axhline(100 * k["min_net_saving"].iloc[0], color="gray", ls="--", lw=0.8,
                label="regime floor (kakurenbo.min_net_saving)")
-    ax.set_xticks(x, [f"F={f:g}" + ("" if judged else "\n(outside regime:\ntime not judged)")
-                      for f, judged in zip(k["kakurenbo_fraction"], k["in_regime"], strict=True)])
+    ax.set_xticks(x, [f"F={f:g}" + ("" if in_regime else "\n(outside regime)")
+                      for f, in_regime in zip(k["kakurenbo_fraction"], k["in_regime"], strict=True)])
     ax.set_ylabel("% of F=0's training time")
     low, high = ax.get_ylim()
     ax.set_ylim(low, high + 0.6 * (high - low))   # headroom: the legend sits above the bars

@@ -1,5 +1,5 @@
 """The shuffle study's results beside Nguyen et al.'s published ones (resources/papers.yaml; the rows are
-built by hpcdl.platform.paper_vs_ours).
+built by hpcdl.platform.orchestration.paper_vs_ours).
 
 Partial exchange keeping global shuffling's accuracy is qualitative: it follows this run's claims that
 partial-Q matches global (random partitions) and recovers it (label-skewed ones), at every M. KAKURENBO's
@@ -9,19 +9,15 @@ scripts' 0.3, with its 95 % interval over interleaved rounds.
 
 from __future__ import annotations
 
-from hpcdl.platform.study import Ours, RunFiles
+from hpcdl.platform import Ours, RunFiles
 
 SCRIPTS_FRACTION = 0.3  # papers.yaml: kakurenbo_time.setting.hidden_fraction_in_scripts
 
 
 def _saving(run: RunFiles) -> dict | None:
-    found = run.claims_named("kakurenbo_saves_time")
-    if not found:
-        return None
-    c = found[0]
-    per = (c.get("measured") or {}).get("time_saving") or {}
-    if not per:
-        return {"missing": c.get("reason", "claim kakurenbo_saves_time has no time_saving")}
+    c, per = run.claim_measured("kakurenbo_saves_time", "time_saving")
+    if c is None or not per:
+        return c and {"missing": c.get("reason", "claim kakurenbo_saves_time has no time_saving")}
     key = min(per, key=lambda k: abs(float(k.split("=", 1)[1]) - SCRIPTS_FRACTION))
     iv = per[key]
     ci = next((iv[k] for k in iv if k.startswith("ci")), None)

@@ -1,8 +1,8 @@
 """The rank function: data-parallel training (DDP) with one shuffling strategy, on the rank's device.
 
-Run by `hpcdl.platform.rank_runtime.launch.run_ranks("hpcdl.studies.shuffle.train:train_rank", M,
+Run by `hpcdl.platform.kit.rank_runtime.launch.run_ranks("hpcdl.studies.shuffle.train:train_rank", M,
 kwargs, device=...)`; the process group is already initialised on the rank's placement
-(hpcdl.platform.rank_runtime.placement.current(): NCCL on the rank's GPU, gloo on the CPU or on a
+(hpcdl.platform.kit.rank_runtime.placement.current(): NCCL on the rank's GPU, gloo on the CPU or on a
 shared GPU). Trains once per entry of `runs` (seed, KAKURENBO fraction, round:
 hpcdl.studies.shuffle.sweep), each from a fresh model, and returns this rank's per-epoch records of
 every run.
@@ -56,8 +56,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from hpcdl.platform.device import Placement
-from hpcdl.platform.rank_runtime.placement import current
+from hpcdl.platform import Placement, current_placement
 from hpcdl.studies.shuffle import exchange_plan, kakurenbo, partition
 from hpcdl.studies.shuffle import model as model_mod
 from hpcdl.studies.shuffle.exchange import BackgroundExchange, DeviceExchange, ExchangeError
@@ -193,7 +192,7 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
         kakurenbo.check_fraction(run["kakurenbo_fraction"])
         if run["kakurenbo_fraction"] > 0 and strategy != "global":
             raise ValueError("KAKURENBO is run on top of global shuffling (strategy 'global')")
-    where = _Where(current(), exchange_device, strategy)
+    where = _Where(current_placement(), exchange_device, strategy)
     timeout = float(exchange_timeout_s or os.environ.get("HPCDL_COLLECTIVE_TIMEOUT_S", "60"))
     shared = _Shared(data, timeout, host_exchange=strategy == "partial" and where.samples_on == "host")
     records, ids = [], None

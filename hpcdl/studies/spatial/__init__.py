@@ -13,7 +13,8 @@
     exactness    rank functions comparing the partitioned ops and model with the whole ones
     calibration  rank function of the microbenchmarks that calibrate the oracle (its parts:
                  calibration_comm, calibration_compute, calibration_timing)
-    perfmodel    the ParaDL-style oracle and its calibration fit (no other spatial module)
+    perfmodel    the ParaDL-style oracle, its strategy families and pick, and its calibration fit
+                 (no other spatial module)
     papers       the oracle at exactly the papers' settings, on assumed or GPU-calibrated compute
     paper        each published result (resources/papers.yaml) -> this run's table or claim, for the report
     gpucal       the GPU calibration at the papers' slab shapes (python -m hpcdl spatial calibrate)
@@ -24,7 +25,7 @@
     checks       config checks beyond the schema
 """
 
-from hpcdl.platform.study import StudySpec
+from hpcdl.platform import StudySpec
 
 
 def _largest_run(cfg: dict) -> int:
@@ -51,19 +52,13 @@ def _setting(cfg: dict) -> str:
             "oracle")
 
 
-def _paper() -> dict:
-    """Its published results beside ours (paper.py; imported only when a page shows them)."""
-    from hpcdl.studies.spatial.paper import PAPER
-
-    return PAPER
-
-
 SPEC = StudySpec(
     name="spatial",
     title="Spatial scaling (hybrid data x spatial 3D CNN)",
+    short_title="Spatial scaling",
     raw_tables=("exactness", "calibration", "runs", "iterations", "ranks"),
-    tables=("runs", "loss", "exactness", "calibration_fit", "extrapolation", "strategy_choice",
-            "paper_predictions", "paper_bases", "paper_sensitivity", "compute_check"),
+    tables=("runs", "oracle_repeats", "loss", "exactness", "calibration_fit", "extrapolation",
+            "strategy_choice", "paper_predictions", "paper_bases", "paper_sensitivity", "compute_check"),
     figures=("strong_scaling", "weak_scaling", "efficiency", "oracle_parity", "extrapolation",
              "paper_predictions", "paper_sensitivity", "memory", "loss"),
     # the largest run's ranks x threads, so no two timed runs overlap
@@ -77,5 +72,4 @@ SPEC = StudySpec(
               "oracle predict its time well enough to choose the parallel strategy?"),
     headline="efficiency",
     setting=_setting,
-    paper=_paper,
 )

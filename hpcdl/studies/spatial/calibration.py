@@ -17,7 +17,7 @@ This module runs the sections on every rank (`calibrate_rank`) and times the I/O
 communication microbenchmarks are calibration_comm's, the compute ones calibration_compute's, and
 how repeated timings become one number calibration_timing's.
 
-Everything runs where the study's ranks run (hpcdl.platform.rank_runtime.placement): the layers on
+Everything runs where the study's ranks run (hpcdl.platform.kit.rank_runtime.placement): the layers on
 the rank's compute device, the collectives' buffers on its comm device. On a GPU each timing waits
 for the compute stream at both ends (devices.now), and I/O includes the copy to the GPU, as a
 training step's does. (Fitting the oracle to a GPU at paper scale is another matter: #26.)
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hpcdl.platform.rank_runtime.placement import current
+from hpcdl.platform import current_placement
 from hpcdl.studies.spatial.calibration_comm import collectives, pingpong
 from hpcdl.studies.spatial.calibration_compute import compute_timings
 from hpcdl.studies.spatial.calibration_timing import best
@@ -88,7 +88,7 @@ def calibrate_rank(specs: list[tuple[list[dict], int]], data_dir: str, sizes_byt
     it was measured (`device`, `placement`)."""
     torch.set_default_dtype(torch.float32)
     world, rank = dist.get_world_size(), dist.get_rank()
-    place = current()
+    place = current_placement()
     dev = torch.device(place.compute)
     sections = []
     if world > 1:

@@ -11,14 +11,14 @@ import time
 import torch
 import torch.distributed as dist
 
-from hpcdl.platform.rank_runtime.placement import current
+from hpcdl.platform import current_placement
 from hpcdl.studies.spatial.calibration_timing import fastest_quartile, interquartile_mean
 from hpcdl.studies.spatial.devices import comm_tensor, now, synchronize
 
 
 def pingpong(sizes_bytes: list[int], repeats: int) -> list[dict]:
     rank = dist.get_rank()
-    comm = torch.device(current().comm)
+    comm = torch.device(current_placement().comm)
     rows = []
     for n in sizes_bytes:
         buf = torch.zeros(max(1, n // 4), dtype=torch.float32, device=comm)
@@ -82,7 +82,7 @@ def collectives(sizes_bytes: list[int], repeats: int, gap_s: float = 0.0) -> lis
     machine vary several-fold, hence the many repetitions, cheap at these sizes)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     peer = 1 - rank if rank < 2 else None
-    place = current()
+    place = current_placement()
     comm = torch.device(place.comm)
     gap = _gap_work(gap_s, place.compute) if gap_s > 0 else None
     reps = 6 * repeats if gap else repeats

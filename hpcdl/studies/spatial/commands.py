@@ -1,4 +1,5 @@
-"""The spatial study's own commands, run as `python -m hpcdl spatial <command> ...` (hpcdl.platform.cli)."""
+"""The spatial study's own commands, run as `python -m hpcdl spatial <command> ...`
+(hpcdl.platform.orchestration.cli)."""
 
 # name -> "module:function" taking the command's arguments and returning an exit code; by name, so
 # that listing the commands imports none of them

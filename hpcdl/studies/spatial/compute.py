@@ -1,6 +1,6 @@
 """The study's units of work, each a plain function a task body (tasks/spatial.py) calls once.
 
-A scaling run = one rank launch (hpcdl.platform.rank_runtime.launch.run_ranks) of
+A scaling run = one rank launch (hpcdl.platform.kit.rank_runtime.launch.run_ranks) of
 hpcdl.studies.spatial.train.train_run on data x depth x height ranks; it returns one summary row and
 per-rank, per-iteration rows.
 
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from hpcdl.common.layers import build_spec
-from hpcdl.platform.rank_runtime.launch import run_ranks
+from hpcdl.platform import run_ranks
 from hpcdl.studies.spatial.data import ensure_dataset
 from hpcdl.studies.spatial.sweep import run_shape
 

@@ -1,6 +1,6 @@
 """Where a spatial rank's tensors live, and how a phase on them is timed.
 
-A rank's placement (hpcdl.platform.rank_runtime.placement.current()) puts its model, activations,
+A rank's placement (hpcdl.platform.kit.rank_runtime.placement.current()) puts its model, activations,
 halos and gradients on `compute` and the tensors its collectives and send/recv move on `comm`: the
 same GPU over NCCL; the host over gloo, for CPU runs and for GPUs shared by several ranks (NCCL
 refuses two ranks on one GPU), where halos and gradients are staged through host memory. The backend
@@ -18,8 +18,7 @@ import time
 
 import torch
 
-from hpcdl.platform.device import Placement
-from hpcdl.platform.rank_runtime.placement import current
+from hpcdl.platform import Placement, current_placement
 
 
 def comm_device(compute: torch.device, place: Placement) -> torch.device:
@@ -31,7 +30,7 @@ def comm_device(compute: torch.device, place: Placement) -> torch.device:
 
 
 def comm_for(t: torch.Tensor) -> torch.device:
-    return comm_device(t.device, current()) if t.is_cuda else t.device
+    return comm_device(t.device, current_placement()) if t.is_cuda else t.device
 
 
 def to_comm(t: torch.Tensor) -> torch.Tensor:
@@ -43,7 +42,7 @@ def to_comm(t: torch.Tensor) -> torch.Tensor:
 
 def comm_tensor(values, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A small tensor of `values` (a timing, a count) to reduce or broadcast over this rank's group."""
-    return torch.tensor(values, dtype=dtype, device=current().comm)
+    return torch.tensor(values, dtype=dtype, device=current_placement().comm)
 
 
 def synchronize(device) -> None:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hpcdl.common.layers import build_spec
-from hpcdl.platform.rank_runtime.placement import current
+from hpcdl.platform import current_placement
 from hpcdl.studies.spatial.devices import to_comm, where
 from hpcdl.studies.spatial.model import CosmoFlow, SpatialCosmoFlow, make_layout
 
@@ -54,7 +54,7 @@ def model_case(shape: tuple[int, int, int], model: dict, grid: tuple[int, int] =
     launch reports is the survivors' own error, not a race with the launcher stopping them.
     """
     torch.set_default_dtype(torch.float64)
-    place = current()
+    place = current_placement()
     dev = torch.device(place.compute)
     grid = (dist.get_world_size(), 1) if grid[0] == 0 else tuple(grid)
     layout = world_layout(grid)

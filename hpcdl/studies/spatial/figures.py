@@ -8,15 +8,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform.results import mark_no_data, read_table, save_figure
-from hpcdl.platform.stages import pyplot
+from hpcdl.platform import mark_no_data, pyplot, read_table, save_figure
 from hpcdl.studies.spatial.tables import COMPONENTS
 
 COLORS = {"compute_s": "tab:blue", "halo_s": "tab:orange", "gather_s": "tab:purple",
           "allreduce_s": "tab:red", "io_s": "tab:green"}
 
 
-def _stacked(ax, df: pd.DataFrame, title: str) -> None:
+def _stacked(ax, df: pd.DataFrame, title: str, legend: bool = True) -> None:
     labels = [f"{int(r.data)}x{int(r.depth_ranks)}x{int(r.height_ranks)}\n({int(r.ranks)} ranks)"
               for r in df.itertuples()]
     x = np.arange(len(df))
@@ -27,10 +26,55 @@ def _stacked(ax, df: pd.DataFrame, title: str) -> None:
         bottom += df[c].to_numpy()
     ax.plot(x, df["time_per_iter_s"], "k_", markersize=30, mew=2, label="iteration (slowest rank)")
     ax.set_xticks(x, labels)
+    ax.set_xlim(-0.7, len(df) - 0.3)
     ax.set_xlabel("layout: data groups x depth ranks x height ranks")
     ax.set_ylabel("time per iteration (s)")
-    ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title(title, fontsize=10)
+    if legend:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+
+
+def _grid(r) -> str:
+    return f"{int(r.depth)}x{int(r.height)}x{int(r.width)}"
+
+
+def _strong_panels(sel: pd.DataFrame, block: dict) -> list[tuple[str, pd.DataFrame]]:
+    """The strong and hybrid runs, one panel per global input: a time per iteration compares only
+    with runs of the same input, so a hybrid run on another grid than the strong runs' gets its own
+    panel (beside, it read as a speedup of the strong runs)."""
+    grids = sel.assign(grid=[_grid(r) for r in sel.itertuples()])
+    strong = f"{block['strong']['grid']}x{block['strong']['grid']}x{block['strong']['grid']}"
+    order = sorted(set(grids["grid"]), key=lambda g: (g != strong, g))
+    panels = []
+    for g in order:
+        runs = grids[grids["grid"] == g]
+        kinds = " and ".join(k for k in ("strong", "hybrid") if k in set(runs["kind"]))
+        panels.append((f"global input {g} ({kinds} runs)", runs))
+    return panels
+
+
+def _plot_scaling(plt, df: pd.DataFrame, block: dict, kind: str, figs: Path) -> None:
+    kinds = [kind, "hybrid"] if kind == "strong" else [kind]
+    sel = df[df["kind"].isin(kinds)].copy()
+    sel["order"] = sel["kind"] != kind  # this kind's runs first, then the hybrids
+    sel = sel.sort_values(["order", "ranks", "data"])
+    if sel.empty:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        mark_no_data(ax, f"no {kind} runs configured")
+        save_figure(fig, figs / f"{kind}_scaling.png")
+        return
+    panels = (_strong_panels(sel, block) if kind == "strong"
+              else [(f"Weak scaling ({block['weak']['grid']}^3 per depth rank)", sel)])
+    widths = [max(2, len(runs)) for _, runs in panels]
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.2 * sum(widths) + 3.2, 4.5), squeeze=False,
+                             gridspec_kw={"width_ratios": widths})
+    for i, (ax, (title, runs)) in enumerate(zip(axes[0], panels, strict=True)):
+        _stacked(ax, runs, title, legend=i == len(panels) - 1)
+    if kind == "strong":
+        fig.suptitle("Strong scaling: time per iteration, one panel per global input (compare the bars "
+                     "within a panel)", fontsize=11)
+    fig.tight_layout()
+    save_figure(fig, figs / f"{kind}_scaling.png")
 
 
 def draw(cfg: dict, study_dir: Path) -> None:
@@ -39,20 +83,8 @@ def draw(cfg: dict, study_dir: Path) -> None:
     figs.mkdir(parents=True, exist_ok=True)
     df = read_table(tables / "runs.csv")
     block = cfg["spatial"]
-    for kind, title in (("strong", f"Strong scaling ({block['strong']['grid']}^3 global input, "
-                                    "spatial and hybrid)"),
-                        ("weak", f"Weak scaling ({block['weak']['grid']}^3 per depth rank)")):
-        kinds = [kind, "hybrid"] if kind == "strong" else [kind]
-        sel = df[df["kind"].isin(kinds)].copy()
-        sel["order"] = sel["kind"] != kind  # this kind's runs first, then the hybrids
-        sel = sel.sort_values(["order", "ranks", "data"])
-        fig, ax = plt.subplots(figsize=(10, 4.5))
-        if sel.empty:
-            mark_no_data(ax, f"no {kind} runs configured")
-        else:
-            _stacked(ax, sel, title)
-        fig.tight_layout()
-        save_figure(fig, figs / f"{kind}_scaling.png")
+    for kind in ("strong", "weak"):
+        _plot_scaling(plt, df, block, kind, figs)
 
     _plot_oracle(plt, df, block, figs)
 
@@ -77,7 +109,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
     ax.title.set_fontsize(9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    save_figure(fig, figs / "extrapolation.png")
+    save_figure(fig, figs / "extrapolation.png", model_only=True)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for kind, g in df[df["kind"].isin(["strong", "weak"])].groupby("kind"):
@@ -94,13 +126,28 @@ def draw(cfg: dict, study_dir: Path) -> None:
     _plot_papers(plt, read_table(tables / "paper_predictions.csv"), figs)
     _plot_sensitivity(plt, read_table(tables / "paper_sensitivity.csv"), figs)
 
-    loss = read_table(tables / "loss.csv")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run, g in loss.groupby("run"):
-        ax.plot(g["iteration"], g["loss"], lw=2.5 if run.startswith("train") else 1,
-                alpha=1 if run.startswith("train") else 0.5, label=run)
-    ax.set(xlabel="iteration", ylabel="training loss (MSE on normalised A, ns)", title="Training loss")
-    ax.legend(fontsize=7)
+    _plot_loss(plt, read_table(tables / "loss.csv"), figs)
+
+
+def _plot_loss(plt, loss: pd.DataFrame, figs: Path) -> None:
+    """Loss per iteration on a log axis: where the first iterations' loss is orders of magnitude above
+    the rest, a linear axis flattens every curve."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    positive = loss[loss["loss"] > 0] if not loss.empty else loss
+    for run, g in positive.groupby("run"):
+        train = run.startswith("train")
+        ax.plot(g["iteration"], g["loss"], lw=2.5 if train else 1, alpha=1 if train else 0.6,
+                color="k" if train else None, label=run + (" (longer training run)" if train else ""),
+                zorder=3 if train else 2)
+    if positive.empty:
+        mark_no_data(ax, "no loss recorded in this run")
+    else:
+        ax.set_yscale("log")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set(xlabel="iteration", ylabel="training loss (MSE on normalised A, ns; log)",
+           title="Training loss per run (log axis)")
+    ax.title.set_fontsize(10)
+    ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
     save_figure(fig, figs / "loss.png")
 
@@ -195,33 +242,53 @@ def _plot_papers(plt, pp: pd.DataFrame, figs: Path) -> None:
     ax1.legend(fontsize=8)
     ax2.legend(fontsize=8)
     fig.tight_layout()
-    save_figure(fig, figs / "paper_predictions.png")
+    save_figure(fig, figs / "paper_predictions.png", model_only=True)
 
 
 
 def _plot_sensitivity(plt, sens: pd.DataFrame, figs: Path) -> None:
-    """Predicted speedup of each network's largest over its smallest GPU count as each assumption of
-    spatial.assumptions moves over its range (x: the value's rank in that range), one line each."""
+    """For each network, how far each assumption of spatial.assumptions moves the predicted speedup of
+    its largest over its smallest GPU count: one bar per assumption from the lowest to the highest
+    speedup over its range (the value at each end written there), widest on top, a star at the
+    configured value, ideal scaling dotted (model only). The label right of a bar reads "value at its
+    left end … value at its right end"."""
     nets = list(dict.fromkeys(sens["network"])) if len(sens) else []
-    fig, axes = plt.subplots(1, max(1, len(nets)), figsize=(6 * max(1, len(nets)), 4.8), squeeze=False)
+    n_rows = sens["assumption"].nunique() if len(sens) else 1
+    fig, axes = plt.subplots(1, max(1, len(nets)), figsize=(7 * max(1, len(nets)), 1.2 + 0.5 * n_rows),
+                             squeeze=False)
     if not nets:
         mark_no_data(axes[0][0], "spatial.assumptions is empty")
     for ax, net in zip(axes[0], nets, strict=False):
         g = sens[sens["network"] == net]
-        for i, (name, a) in enumerate(g.groupby("assumption", sort=False)):
-            x = np.linspace(0, 1, len(a))
-            line, = ax.plot(x, a["speedup"], "o-", color=f"C{i % 10}", label=name)
-            conf = a["configured"].astype(str).str.lower() == "true"
-            ax.plot(x[conf.to_numpy()], a.loc[conf, "speedup"], "*", color=line.get_color(), markersize=13)
-            ax.annotate(f"{a['value'].iloc[0]}", (0, a["speedup"].iloc[0]), fontsize=6,
-                        color=line.get_color(), textcoords="offset points", xytext=(-4, 3), ha="right")
-            ax.annotate(f"{a['value'].iloc[-1]}", (1, a["speedup"].iloc[-1]), fontsize=6,
-                        color=line.get_color(), textcoords="offset points", xytext=(4, 3))
+        bars, ranges = [], {}
+        for name, a in g.groupby("assumption", sort=False):
+            ranges[name] = f"{a['value'].iloc[0]} … {a['value'].iloc[-1]}"
+            lo, hi = a.loc[a["speedup"].idxmin()], a.loc[a["speedup"].idxmax()]
+            conf = a[a["configured"].astype(str).str.lower() == "true"]
+            bars.append((name, lo, hi, float(conf["speedup"].iloc[0]) if len(conf) else np.nan))
+        bars.sort(key=lambda b: b[2]["speedup"] - b[1]["speedup"])  # widest last: at the top
+        for y, (name, lo, hi, conf) in enumerate(bars):
+            width = max(hi["speedup"] - lo["speedup"], 1e-9)
+            ax.barh(y, width, left=lo["speedup"], height=0.5, color="tab:blue", alpha=0.75)
+            ax.plot(conf, y, "*", color="k", ms=11, zorder=3)
+            # one label right of the bar (two at its ends collide where the bar is short)
+            moved = hi["speedup"] - lo["speedup"] > 1e-3 * max(1.0, abs(hi["speedup"]))
+            text = (f"{lo['value']} … {hi['value']}" if moved
+                    else f"no change over {ranges[name]}")
+            ax.annotate(text, (max(hi["speedup"], conf if np.isfinite(conf) else -np.inf), y), xytext=(8, 0),
+                        textcoords="offset points", ha="left", va="center", fontsize=8)
         ideal = float(g["ideal_speedup"].iloc[0])
-        ax.axhline(ideal, color="k", ls=":", lw=1, label=f"ideal ({ideal:g}x)")
-        ax.set(xlim=(-0.25, 1.25), xlabel="assumption's value, low -> high end of its range (* = configured)",
-               ylabel=f"predicted speedup {int(g['gpus_from'].iloc[0])} -> {int(g['gpus_to'].iloc[0])} GPUs",
+        ax.axvline(ideal, color="k", ls=":", lw=1)
+        ax.axvline(1, color="0.5", lw=0.8)
+        ax.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=9)
+        ax.set_ylim(-0.6, len(bars) - 0.1)
+        ax.text(ideal, len(bars) - 0.35, f"ideal {ideal:g}x", ha="center", va="center", fontsize=8,
+                bbox={"fc": "white", "ec": "none", "pad": 1})
+        low = min(1.0, min(b[1]["speedup"] for b in bars))
+        high = max(ideal, max(b[2]["speedup"] for b in bars))
+        ax.set_xlim(low - 0.08 * (high - low), high + 0.3 * (high - low))  # room for the labels
+        ax.set(xlabel=f"predicted speedup {int(g['gpus_from'].iloc[0])} -> {int(g['gpus_to'].iloc[0])} GPUs "
+                      "(bar: over the assumption's range; * configured)",
                title=f"{net}: what each assumption decides (model)")
-        ax.legend(fontsize=7)
     fig.tight_layout()
-    save_figure(fig, figs / "paper_sensitivity.png")
+    save_figure(fig, figs / "paper_sensitivity.png", model_only=True)

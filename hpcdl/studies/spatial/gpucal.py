@@ -146,8 +146,7 @@ def measure(todo, device: str, repeats: int, journal: Journal, session: int, bud
 
 
 def provenance(device: str, command: str, repeats: int) -> dict:
-    from hpcdl.platform.device import cuda_record
-    from hpcdl.platform.results import cpu_model, git_commit
+    from hpcdl.platform import cpu_model, cuda_record, git_commit
 
     cuda = torch.device(device).type == "cuda"
     rec = cuda_record() if cuda else {}
@@ -253,7 +252,7 @@ def _plan(items: list[dict], repeats: int, budget_s) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from hpcdl.platform.config import ConfigError, load_config
+    from hpcdl.platform import ConfigError, load_config
 
     t0 = time.perf_counter()
     ap = argparse.ArgumentParser(

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from hpcdl.platform.results import atomic_write_json, atomic_write_text
+from hpcdl.platform import atomic_write_json, atomic_write_text
 from hpcdl.studies.spatial.perfmodel.gpu_table import COLUMNS, read_rows, sidecar
 
 # what must match for an earlier run's rows to stand beside this run's

@@ -193,25 +193,35 @@ def _p2p(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, 
     wait(posted)
 
 
+def _receive_into(ex: dict, count: str, like: torch.Tensor, line: Line, dim: int, recvs: list) -> dict:
+    """A buffer, shaped as `like` but along `dim`, for each side whose peer sends this rank planes
+    (`<count>_l` / `<count>_r` of the exchange `ex`: recv forward, send backward), appended to `recvs`
+    with that peer; the buffers by side ("l", "r")."""
+    shape = list(like.shape)
+    bufs = {}
+    for side, peer in (("l", line.left()), ("r", line.right())):
+        n = ex[f"{count}_{side}"]
+        if n:
+            shape[dim] = n
+            bufs[side] = torch.empty(shape, dtype=like.dtype, device=like.device)
+            recvs.append((bufs[side], peer))
+    return bufs
+
+
 class _Exchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, plan: AxisPlan, line: Line, dim: int, tag: int):
         ex = plan.exchange(line.index)
         ctx.ex, ctx.line, ctx.dim, ctx.tag, ctx.size = ex, line, dim, tag, x.shape[dim]
-        shape = list(x.shape)
-        recvs, sends, bufs = [], [], {}
-        for side, peer in (("l", line.left()), ("r", line.right())):
-            n = ex[f"recv_{side}"]
-            if n:
-                shape[dim] = n
-                bufs[side] = torch.empty(shape, dtype=x.dtype, device=x.device)
-                recvs.append((bufs[side], peer))
+        recvs, sends = [], []
+        bufs = _receive_into(ex, "recv", x, line, dim, recvs)
         if ex["send_l"]:
             sends.append((_narrow(x, dim, 0, ex["send_l"]), line.left()))
         if ex["send_r"]:
             sends.append((_narrow(x, dim, x.shape[dim] - ex["send_r"], ex["send_r"]), line.right()))
         if sends or recvs:
             _p2p(sends, recvs, tag)
+        shape = list(x.shape)
         parts = []
         if ex["zeros_l"]:
             shape[dim] = ex["zeros_l"]
@@ -240,16 +250,10 @@ class _Exchange(torch.autograd.Function):
         off += hi - lo
         if ex["recv_r"]:
             sends.append((_narrow(grad, dim, off, ex["recv_r"]), line.right()))
-        shape = list(grad.shape)
-        back = {}
-        for side, peer in (("l", line.left()), ("r", line.right())):
-            n = ex[f"send_{side}"]
-            if n:
-                shape[dim] = n
-                back[side] = torch.empty(shape, dtype=grad.dtype, device=grad.device)
-                recvs.append((back[side], peer))
+        back = _receive_into(ex, "send", grad, line, dim, recvs)
         if sends or recvs:
             _p2p(sends, recvs, ctx.tag + 1)
+        shape = list(grad.shape)
         shape[dim] = ctx.size
         grad_x = torch.zeros(shape, dtype=grad.dtype, device=grad.device)
         grad_x.narrow(dim, lo, hi - lo).copy_(grad_keep)

@@ -1,5 +1,5 @@
 """The spatial study's results beside Oyama et al.'s and Kahira et al.'s published ones
-(resources/papers.yaml; the rows are built by hpcdl.platform.paper_vs_ours).
+(resources/papers.yaml; the rows are built by hpcdl.platform.orchestration.paper_vs_ours).
 
 The papers' speedups were measured on 256-2048 V100 GPUs; this study times a few ranks of one machine,
 so those rows cannot be reproduced here and set the oracle's prediction at exactly the papers' settings
@@ -9,7 +9,7 @@ comparable: ours is 1 - its mean |error| on this run's held-out runs (claim orac
 
 from __future__ import annotations
 
-from hpcdl.platform.study import Ours, RunFiles
+from hpcdl.platform import Ours, RunFiles
 
 CLUSTER = ("needs {gpus} V100 GPUs training {net} on {grid}^3 samples (ABCI); this study times at most a "
            "few ranks of one machine")

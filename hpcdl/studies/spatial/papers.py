@@ -33,8 +33,9 @@ from dataclasses import replace
 
 from hpcdl.common.layers import numel
 from hpcdl.studies.spatial.perfmodel.gpu_table import CalibrationGap, Measured, datasheet
-from hpcdl.studies.spatial.perfmodel.oracle import Machine, Strategy, family, predict, strategies
+from hpcdl.studies.spatial.perfmodel.oracle import Machine, Strategy, predict
 from hpcdl.studies.spatial.perfmodel.slabs import network_spec, splits
+from hpcdl.studies.spatial.perfmodel.strategies import family, strategies
 
 __all__ = ["bases", "network_spec", "paper_predictions", "sensitivity", "splits"]
 
@@ -123,7 +124,6 @@ def _rows(block: dict, basis: str, machine: Machine, measured, gpu: str, free: b
     rows = []
     for name, setting, spec, batch in _settings(block):
         _, d0, h0, _ = spec[0]["in"]
-        max_model = min(L["cout"] for L in spec if L["kind"] == "conv")
         first = first_file = None
         for gpus in setting["gpus"]:
             split = gpus // batch
@@ -174,7 +174,7 @@ def _rows(block: dict, basis: str, machine: Machine, measured, gpu: str, free: b
             }
             if free:
                 cands, skipped = [], 0
-                for st in strategies(gpus, batch, d0, h0, max_model):
+                for st in strategies(gpus, batch, spec):
                     try:
                         pr = predict(spec, batch, st, machine)
                     except CalibrationGap:  # a shape no paper layout produces (e.g. a whole sample per GPU)

@@ -3,7 +3,7 @@
     python -m hpcdl spatial summary --config FILE
 
 One block: pass/fail of each claim, the efficiency against the ceiling with the raw speedup and the
-ceiling, the oracle's mean and per-run error (held out; in sample beside it), and the phases left
+ceiling, the oracle's mean, worst and per-run error (held out; in sample beside it), and the phases left
 out as disturbed with the load measured from /proc during them. Reads only claims.json and tables/
 (nothing is recomputed).
 """
@@ -31,6 +31,13 @@ def summary(study_dir: Path) -> str:
         lines.append(f"  oracle mean |error| held out {100 * ora['mean_abs_error']:.1f} % (goal <= "
                      f"{100 * ora['threshold']:.0f} %): " + ", ".join(f"{r} {100 * v:+.1f} %"
                                                              for r, v in ora["per_run"].items()))
+        worst = ora.get("worst_run") or {}
+        if worst:
+            iv = worst.get("interval")
+            lines.append(f"  oracle worst held-out run {worst['run']} {100 * worst['error']:+.1f} %"
+                         + (f", repeats {100 * iv['mean']:+.1f} % [{100 * iv['ci95'][0]:+.1f}, "
+                            f"{100 * iv['ci95'][1]:+.1f}] (95 % CI, n={iv['n']})" if iv else "")
+                         + "; each run judged on its own")
         inside = ora.get("in_sample") or {}
         if inside.get("mean_abs_error") is not None:
             per_run = ", ".join(f"{r} {100 * v:+.1f} %" for r, v in inside["per_run"].items())

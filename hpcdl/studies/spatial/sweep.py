@@ -46,7 +46,7 @@ def expand(block: dict) -> list[dict]:
 
 
 # What each unit of work reads from the `spatial:` block. Its task receives only that part, and
-# the point store keys the unit's stored result by it (hpcdl.platform.points): editing a sweep list,
+# the point store keys the unit's stored result by it (hpcdl.platform.kit.points): editing a sweep list,
 # `repeats`, `warmup`, the extrapolation or the machine recomputes no stored result, and a unit
 # that starts reading another key fails with a KeyError instead of reusing a stale result.
 def run_block(block: dict) -> dict:
@@ -69,7 +69,7 @@ def exactness_block(block: dict) -> dict:
 
 def placement(block: dict, device: str) -> dict:
     """Where every unit runs, added to each unit's block (so to its stored result's key): the study's
-    resolved device (hpcdl.platform.device.study_device) and, on CUDA, whether ranks may share a GPU.
+    resolved device (hpcdl.platform.kit.device.study_device) and, on CUDA, whether ranks may share a GPU.
     A result measured on one device is never reused for another."""
     return {"device": device, **({"gpu_sharing": bool(block.get("gpu_sharing", False))}
                                  if device == "cuda" else {})}

@@ -9,12 +9,13 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.common.layers import build_spec
-from hpcdl.platform.results import read_table, write_table
+from hpcdl.platform import read_table, write_table
 from hpcdl.studies.spatial.load import other_load_cores
 from hpcdl.studies.spatial.papers import compute_check, paper_predictions, sensitivity
 from hpcdl.studies.spatial.perfmodel.calibrate import fit_machine
 from hpcdl.studies.spatial.perfmodel.gpu_table import find as find_calibration
-from hpcdl.studies.spatial.perfmodel.oracle import Machine, Strategy, extrapolate, predict
+from hpcdl.studies.spatial.perfmodel.oracle import Machine, Strategy, predict
+from hpcdl.studies.spatial.perfmodel.strategies import extrapolate
 from hpcdl.studies.spatial.sweep import held_out_shapes
 
 COMPONENTS = ["compute_s", "halo_s", "gather_s", "allreduce_s", "io_s"]
@@ -38,6 +39,31 @@ def phase_loads(iters: pd.DataFrame, threshold: float) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["run", "repeat", "other_load_cores", "steal_s", "disturbed"])
 
 
+def _kept(iters: pd.DataFrame, phases: pd.DataFrame, run: str, warmup: int):
+    """A run's timed iterations of the phases kept (disturbed ones left out; where every phase was
+    disturbed, the least loaded one), its phases, the undisturbed ones and the kept ones."""
+    it = iters[(iters["run"] == run) & (iters["iteration"] >= warmup)]
+    if it.empty:
+        it = iters[iters["run"] == run]
+    ph = phases[phases["run"] == run]
+    clean = ph[~ph["disturbed"]]
+    if len(clean):
+        kept = clean
+    else:
+        kept = ph.nsmallest(1, "other_load_cores") if ph["other_load_cores"].notna().any() else ph
+    return it[it["repeat"].isin(kept["repeat"])], ph, clean, kept
+
+
+def _keep(crit: pd.Series, statistic: str) -> pd.Index:
+    """The iterations `spatial.timing_statistic` averages: the fastest, or the fastest quarter."""
+    return crit.sort_values().index[:1 if statistic == "min" else max(1, len(crit) // 4)]
+
+
+def _phases(iters: pd.DataFrame, warmup: int, threshold: float) -> pd.DataFrame:
+    timed_all = iters[iters["iteration"] >= warmup]
+    return phase_loads(timed_all if len(timed_all) else iters, threshold)
+
+
 def _summaries(runs: pd.DataFrame, iters: pd.DataFrame, ranks: pd.DataFrame, warmup: int,
                statistic: str, threshold: float = float("inf")) -> pd.DataFrame:
     """One row per ok run. Its iteration time is the slowest rank's (the critical path) over the
@@ -46,27 +72,16 @@ def _summaries(runs: pd.DataFrame, iters: pd.DataFrame, ranks: pd.DataFrame, war
     over ranks of the same iterations."""
     rows = []
     ok = runs[runs["status"] == "ok"]
-    timed_all = iters[iters["iteration"] >= warmup]
-    phases = phase_loads(timed_all if len(timed_all) else iters, threshold)
+    phases = _phases(iters, warmup, threshold)
     for _, run in ok.drop_duplicates("run").iterrows():
-        it = iters[(iters["run"] == run["run"]) & (iters["iteration"] >= warmup)]
-        if it.empty:
-            it = iters[iters["run"] == run["run"]]
-        ph = phases[phases["run"] == run["run"]]
-        clean = ph[~ph["disturbed"]]
-        # leave disturbed phases out; where every phase was disturbed keep the least loaded one, flagged
-        if len(clean):
-            kept = clean
-        else:
-            kept = ph.nsmallest(1, "other_load_cores") if ph["other_load_cores"].notna().any() else ph
-        it = it[it["repeat"].isin(kept["repeat"])]
+        it, ph, clean, kept = _kept(iters, phases, run["run"], warmup)
         per_iter = it.groupby(["repeat", "iteration"])  # every iteration of every kept repeat
         crit = per_iter["total_s"].max()              # the slowest rank sets the iteration time
         comps = per_iter[COMPONENTS].mean()           # where the ranks spent it, on average
         if statistic == "median":
             total, parts = float(crit.median()), comps.median()
         else:
-            keep = crit.sort_values().index[:1 if statistic == "min" else max(1, len(crit) // 4)]
+            keep = _keep(crit, statistic)
             total, parts = float(crit[keep].mean()), comps.loc[keep].mean()
         row = {**run.drop(["repeat", "launch_wall_s"], errors="ignore").to_dict(),
                "repeats": int((ok["run"] == run["run"]).sum()),
@@ -82,6 +97,24 @@ def _summaries(runs: pd.DataFrame, iters: pd.DataFrame, ranks: pd.DataFrame, war
         row["peak_rss_mb_max"] = float(rk["peak_rss_mb"].max())
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def repeat_times(runs: pd.DataFrame, iters: pd.DataFrame, warmup: int, statistic: str,
+                 threshold: float = float("inf")) -> pd.DataFrame:
+    """One row per ok run and kept repeat: the repeat's own iteration time (the same statistic as
+    `_summaries` over that repeat's iterations), the run-to-run spread the oracle claim's intervals use."""
+    rows = []
+    phases = _phases(iters, warmup, threshold)
+    for name in runs.loc[runs["status"] == "ok", "run"].drop_duplicates():
+        it, _, _, kept = _kept(iters, phases, name, warmup)
+        loads = dict(zip(kept["repeat"], kept["other_load_cores"], strict=True))
+        for rep, g in it.groupby("repeat"):
+            crit = g.groupby("iteration")["total_s"].max()
+            total = crit.median() if statistic == "median" else crit[_keep(crit, statistic)].mean()
+            rows.append({"run": name, "repeat": int(rep), "time_per_iter_s": float(total),
+                         "iterations_timed": len(crit), "other_load_cores": float(loads.get(rep, np.nan))})
+    return pd.DataFrame(rows, columns=["run", "repeat", "time_per_iter_s", "iterations_timed",
+                                       "other_load_cores"])
 
 
 CAL_ID = ["kind", "layer", "key", "batch", "fraction", "concurrent", "units", "size_bytes", "ranks", "gap_s"]
@@ -173,6 +206,17 @@ def _speedups(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def extrapolation(block: dict) -> pd.DataFrame:
+    """The oracle on the configured machine (spatial.machine) at CosmoFlow scale (spatial.extrapolate): every
+    strategy family at every GPU count, each family's fastest split or why none can run, and the pick."""
+    ex = block["extrapolate"]
+    spec = build_spec((ex["grid"],) * 3, {"channels": ex["channels"], "kernel": ex["kernel"],
+                                          "dense": ex["dense"]}, in_channels=ex["in_channels"],
+                      outputs=ex["outputs"])
+    target = Machine.from_description(block["machine"])
+    return pd.DataFrame(extrapolate(spec, ex["batch_size"], target, ex["gpus"]))
+
+
 def write(cfg: dict, study_dir: Path) -> None:
     """The oracle is fitted on this study's own microbenchmarks (raw/calibration.csv) and predicts
     every run; the same oracle on the configured machine extrapolates to CosmoFlow scale."""
@@ -194,16 +238,19 @@ def write(cfg: dict, study_dir: Path) -> None:
     summary["oracle_sample"] = [("" if k == "ceiling" else "held_out" if r in held_runs else "in_sample")
                                 for r, k in zip(summary["run"], summary["kind"], strict=True)]
     write_table(summary, tables / "runs.csv", cfg, started)
+    # the oracle's error on each kept repeat of each training run: the spread its claim's intervals use
+    reps = repeat_times(runs, iters, block["warmup"], block["timing_statistic"],
+                        block["disturbed_load_cores"])
+    pred = summary[summary["oracle_sample"] != ""][["run", "pred_time_per_iter_s", "oracle_sample"]]
+    reps = reps.merge(pred, on="run", how="inner")
+    reps["oracle_error"] = (reps["pred_time_per_iter_s"] - reps["time_per_iter_s"]) / reps["time_per_iter_s"]
+    write_table(reps, tables / "oracle_repeats.csv", cfg, started)
     # the loss curve of the first repeat (repeats of a run train the same model on the same data)
     loss = iters[iters["repeat"] == 0].groupby(["run", "iteration"], as_index=False)["loss"].mean()
     write_table(loss, tables / "loss.csv", cfg, started)
     write_table(read_table(raw / "exactness.csv"), tables / "exactness.csv", cfg, started)
     ex = block["extrapolate"]
-    spec = build_spec((ex["grid"],) * 3, {"channels": ex["channels"], "kernel": ex["kernel"],
-                                          "dense": ex["dense"]}, in_channels=ex["in_channels"],
-                      outputs=ex["outputs"])
-    target = Machine.from_description(block["machine"])
-    ext = pd.DataFrame(extrapolate(spec, ex["batch_size"], target, ex["gpus"]))
+    ext = extrapolation(block)
     write_table(ext, tables / "extrapolation.csv", cfg, started)
     # the oracle's pick per scale (none where no strategy fits in memory)
     picks = ext[ext["chosen"]].set_index("gpus")

@@ -7,7 +7,7 @@ every gradient is averaged over the data group. Per iteration we time I/O, halo 
 the gather to the head, the gradient all-reduce, and the rest (compute).
 
 The model, the batch and every activation, halo and gradient live on the rank's compute device
-(hpcdl.platform.rank_runtime.placement: its GPU under CUDA). On a GPU each phase boundary waits for
+(hpcdl.platform.kit.rank_runtime.placement: its GPU under CUDA). On a GPU each phase boundary waits for
 the compute stream (devices.now), so I/O includes the copy to the GPU and compute its kernels; the
 halo and gather times are read on the stream's own timeline (halo.CommTimers).
 """
@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hpcdl.common.layers import build_spec
-from hpcdl.platform.rank_runtime.placement import current
+from hpcdl.platform import current_placement
 from hpcdl.studies.spatial.buckets import GradBuckets
 from hpcdl.studies.spatial.data import SlabReader
 from hpcdl.studies.spatial.devices import now, run_label, to_comm, where
@@ -59,7 +59,7 @@ def train_run(data_dir: str, n_data: int, grid: tuple[int, int], model: dict, ba
     the iteration (hpcdl.studies.spatial.load), so the analysis can tell a disturbed phase.
     """
     torch.set_default_dtype(getattr(torch, dtype))
-    place = current()
+    place = current_placement()
     dev = torch.device(place.compute)
     if batch_size % n_data:
         raise ValueError(f"spatial: global batch {batch_size} is not divisible by {n_data} data groups")

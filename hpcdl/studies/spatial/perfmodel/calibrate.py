@@ -100,8 +100,8 @@ def fit_machine(rows: list[dict], cores: int, threads_per_rank: int = 1,
                 layers=solo["layers"], im2col=True, allreduce_ab=allreduce_ab, allgather_ab=allgather_ab,
                 exchange_ab=exchange_ab, busy=busy, overlap=overlap)
     # The "fault" rows (map + first-touch + unmap of fresh pages) are fitted and reported, not
-    # charged: ranks run with hpcdl.platform.rank_runtime.launch.RANK_MALLOC_ENV, so after the first step they
-    # reuse their heap and take no fresh pages. They price what glibc's defaults would cost a step
+    # charged: ranks run with hpcdl.platform.kit.rank_runtime.launch.RANK_MALLOC_ENV, so after the first step
+    # they reuse their heap and take no fresh pages. They price what glibc's defaults would cost a step
     # (fresh_bytes() of new pages; launch with keep_heap=False to see it).
     consts = {"alpha_s": alpha, "beta_s_per_byte": beta,
               "bandwidth_gbs": (1 / beta / 1e9) if beta > 0 else float("inf"),

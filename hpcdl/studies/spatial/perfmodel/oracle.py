@@ -13,6 +13,7 @@ Strategies, for P = product of the factors:
                   in forward, input gradients all-reduced in backward.
   channel (c)     each rank 1/c of every conv's input channels; partial outputs all-reduced
                   in forward, input gradients all-gathered in backward.
+Which strategies exist at a GPU count, why the others cannot run, and the pick: perfmodel.strategies.
 Memory per rank: weights, gradients and Adam state, the activations kept for backward, the
 largest layer's gradient buffers and, on CPUs, the largest conv's im2col workspace.
 """
@@ -336,63 +337,3 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
     mem = params_bytes + (act_elems + in_elems + 2 * max_layer + 2 * workspace) * b * BYTES
     return {**{f"{k}_s": v for k, v in t.items()}, "memory_bytes": mem,
             "feasible": mem <= machine.memory_bytes}
-
-
-def strategies(P: int, batch: int, max_depth: int, max_height: int, max_model: int) -> list[Strategy]:
-    """Every power-of-two factorisation of P the model can express, bounded by batch and planes."""
-    out = []
-    p2 = [2 ** i for i in range(int(math.log2(P)) + 1)]
-    for d in p2:
-        rest = P // d
-        if d > batch or batch % d:
-            continue
-        for pd in p2:
-            for ph in p2:
-                if pd * ph > rest or pd > max_depth or ph > max_height:
-                    continue
-                m = rest // (pd * ph)
-                if pd * ph * m != rest:
-                    continue
-                if m == 1:
-                    out.append(Strategy(d, pd, ph))
-                elif pd * ph == 1 and m <= max_model:
-                    out.append(Strategy(d, filter=m))
-                    out.append(Strategy(d, channel=m))
-    return out
-
-
-def family(st: Strategy) -> str:
-    if st.filter > 1:
-        return "filter"
-    if st.channel > 1:
-        return "channel"
-    if st.spatial > 1 and st.data > 1:
-        return "data x spatial"
-    if st.spatial > 1:
-        return "spatial"
-    return "data"
-
-
-def extrapolate(spec: list[dict], batch: int, machine: Machine, gpus: list[int]) -> list[dict]:
-    """For each scale and strategy family, the fastest feasible configuration; flags the pick per scale."""
-    _, d0, h0, _ = spec[0]["in"]
-    max_model = min(L["cout"] for L in spec if L["kind"] == "conv")
-    rows = []
-    for P in gpus:
-        best: dict[str, dict] = {}
-        for st in strategies(P, batch, d0, h0, max_model):
-            pr = predict(spec, batch, st, machine)
-            fam = family(st)
-            row = {"gpus": P, "family": fam, "strategy": st.name, "data": st.data, "depth": st.depth,
-                   "height": st.height, "filter": st.filter, "channel": st.channel, **pr,
-                   "samples_per_s": batch / pr["total_s"]}
-            cur = best.get(fam)
-            key = (not row["feasible"], row["total_s"])
-            if cur is None or key < (not cur["feasible"], cur["total_s"]):
-                best[fam] = row
-        feasible = [r for r in best.values() if r["feasible"]]
-        pick = min(feasible, key=lambda r: r["total_s"]) if feasible else None
-        for r in best.values():
-            r["chosen"] = r is pick
-            rows.append(r)
-    return rows

@@ -1,0 +1,50 @@
+"""Reading provenance sidecars (`<table>.provenance.json`, written beside every table by
+hpcdl.platform.kit.results.write_table): where they are, what a run's say, what it was measured on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def provenance_path(table_path: str | Path) -> Path:
+    table_path = Path(table_path)
+    return table_path.with_name(table_path.stem + ".provenance.json")
+
+
+def read_sidecars(directory: str | Path, table: str = "*") -> list[dict]:
+    """The provenance sidecars of the tables in `directory` (or of one `table`), in name order.
+
+    A sidecar that cannot be read or parsed is left out: provenance informs, it never stops a stage.
+    """
+    records = []
+    for side in sorted(Path(directory).glob(f"{table}.provenance.json")):
+        try:
+            records.append(json.loads(side.read_text()))
+        except (OSError, ValueError):
+            continue
+    return [r for r in records if isinstance(r, dict)]
+
+
+def measured_on(records: list[dict]) -> str:
+    """The device a run was measured on, from its provenance records: "GPU: <model>" where they
+    name a GPU, else "CPU: <model> (<n> cores)"; "" without records. Distinct values are joined
+    with " / " (tables from different machines)."""
+    if not records:
+        return ""
+    gpus = sorted({str(r["gpu_model"]) for r in records if r.get("gpu_model")})
+    if gpus:
+        return "GPU: " + " / ".join(gpus)
+    cpus = sorted({f"{r.get('cpu_model') or 'unknown model'} ({r.get('cores', '?')} cores)" for r in records})
+    return "CPU: " + " / ".join(cpus)
+
+
+def run_sidecars(study_dir: str | Path) -> list[dict]:
+    """A study run's provenance: its raw tables' sidecars (the derived tables' where there are none)."""
+    study_dir = Path(study_dir)
+    return read_sidecars(study_dir / "raw") or read_sidecars(study_dir / "tables")
+
+
+def study_measured_on(study_dir: str | Path) -> str:
+    """`measured_on` of a study's run (`run_sidecars`)."""
+    return measured_on(run_sidecars(study_dir))
