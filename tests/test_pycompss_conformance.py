@@ -283,7 +283,7 @@ def test_detection_uses_the_2x_module_function_when_there_is_no_context_object(t
     (ctx / "__init__.py").write_text("")
     (ctx / "context.py").write_text("import os\n\ndef in_pycompss():\n"
                                     "    return os.environ.get('FAKE_SCOPE') == 'master'\n")
-    backend_py = str(REPO / "hpcdl" / "platform" / "task_runtime" / "backend.py")
+    backend_py = str(REPO / "hpcdl" / "platform" / "orchestration" / "task_runtime" / "backend.py")
     code = (f"import sys, importlib.util; sys.path.insert(0, {str(tmp_path / 'old')!r})\n"
             f"spec = importlib.util.spec_from_file_location('b', {backend_py!r})\n"
             "b = sys.modules['b'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)\n"
