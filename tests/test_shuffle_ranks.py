@@ -127,13 +127,13 @@ def test_task_app_end_to_end(write_config, tmp_path):
     held = claims["held_at_most_1_plus_Q_N_over_M"]
     assert held["passed"] and held["measured"]["samples_held_max"] == {"partial-q0.5-skewed-M2": 300}
     kk_claim = claims["kakurenbo_saves_time"]
-    # two ~0.1 s rounds: judged, or not measured because the method's own account of F=0.2 (work
-    # skipped less overhead, with its interval over two rounds) does not reach the regime's floor
-    assert kk_claim["status"] in ("passed", "failed", "straddles", "not_measured"), kk_claim
+    # two ~0.1 s rounds: every F is judged on its wall time (#40); the method's own account of F=0.2
+    # (work skipped less overhead, with its interval over two rounds) only says whether it is in regime
+    assert kk_claim["status"] in ("passed", "failed", "straddles"), kk_claim
     assert kk_claim["measured"]["time_saving"]["F=0.2"]["n"] == 2
-    net = kk_claim["measured"]["work_and_overhead"]["F=0.2"]["net_saving"]
-    assert (kk_claim["status"] == "not_measured") == (net["ci95"][0] < 0.05), kk_claim
-    assert kk_claim["status"] != "not_measured" or "reach 5% of F=0's time" in kk_claim["reason"]
+    work = kk_claim["measured"]["work_and_overhead"]["F=0.2"]
+    assert isinstance(work["in_regime"], bool) and work["net_saving"]["n"] == 2, kk_claim
+    assert "reason" not in kk_claim   # no gate: nothing left this F unjudged
     # the config has no partial-0.1 point: the papers' accuracy claims are there, and not measured
     for cid in ("random_local_partial_match_global_M2", "skewed_partial_recovers_global_M2"):
         assert claims[cid]["status"] == "not_measured"
