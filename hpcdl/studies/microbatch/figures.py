@@ -23,6 +23,20 @@ def _networks(df: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(df["network"])) if not df.empty else []
 
 
+def _per_network(plt, df: pd.DataFrame, panel: tuple[float, float], empty: str, rows: bool = False,
+                 **subplots):
+    """One panel per network of `df` (stacked when `rows`), or a single panel saying `empty`:
+    the figure and its (axes, network) pairs."""
+    names = _networks(df)
+    n = max(1, len(names))
+    shape, size = ((n, 1), (panel[0], panel[1] * n)) if rows else ((1, n), (panel[0] * n, panel[1]))
+    fig, axes = plt.subplots(*shape, figsize=size, squeeze=False, **subplots)
+    axes = axes[:, 0] if rows else axes[0]
+    if not names:
+        mark_no_data(axes[0], empty)
+    return fig, list(zip(axes, names, strict=False))
+
+
 def _device_word(df: pd.DataFrame) -> str:
     if df.empty or "device" not in df:
         return ""
@@ -80,14 +94,10 @@ def draw(cfg: dict, study_dir: Path) -> None:
     dev = _device_word(nets)
 
     # 1. per-layer measured speedup of the ILP plan, one bar per policy (predicted as markers)
-    names = _networks(layers)
     # constrained layout: each panel's rotated layer names clear the next panel's title
-    fig, axes = plt.subplots(len(names) or 1, 1, figsize=(11, 3.6 * max(1, len(names))), squeeze=False,
-                             layout="constrained")
-    for ax, net in zip(axes[:, 0], names or [None], strict=True):
-        if net is None:
-            mark_no_data(ax, "no executed plans in this run")
-            continue
+    fig, panels = _per_network(plt, layers, (11, 3.6), "no executed plans in this run", rows=True,
+                               layout="constrained")
+    for ax, net in panels:
         d = layers[(layers["network"] == net) & (layers["planner"] == "ilp")]
         order = list(dict.fromkeys(d["layer"]))
         pols = [p for p in POLICY_ORDER if p in set(d["policy"])]
@@ -109,12 +119,8 @@ def draw(cfg: dict, study_dir: Path) -> None:
     save_figure(fig, figs / "layer_speedup.png")
 
     # 2. network speedup vs total workspace budget, one line per policy, the seed as a reference
-    names = _networks(budget)
-    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(5 * max(1, len(names)), 4), squeeze=False)
-    for ax, net in zip(axes[0], names or [None], strict=True):
-        if net is None:
-            mark_no_data(ax, "no budget sweep in this run")
-            continue
+    fig, panels = _per_network(plt, budget, (5, 4), "no budget sweep in this run")
+    for ax, net in panels:
         d = budget[(budget["network"] == net)]
         pols = [p for p in POLICY_ORDER if p in set(d["policy"])]
         # series that differ only slightly still overlap: each group its own marker and line style
@@ -153,20 +159,10 @@ def draw(cfg: dict, study_dir: Path) -> None:
     save_figure(fig, figs / "budget_speedup.png")
 
     # 3. chosen micro-batches per layer and kernel (policy all, ILP): segments coloured by algorithm
-    names = _networks(plans)
-    fig, axes = plt.subplots(
-        1,
-        max(1, len(names)),
-        figsize=(6.5 * max(1, len(names)), 5),
-        squeeze=False,
-        gridspec_kw={"wspace": 0.75},
-    )
+    fig, panels = _per_network(plt, plans, (6.5, 5), "no plans in this run", gridspec_kw={"wspace": 0.75})
     algs = sorted(set("+".join(plans["algorithms"]).split("+"))) if not plans.empty else []
     acol = {a: f"C{i}" for i, a in enumerate(algs)}
-    for ax, net in zip(axes[0], names or [None], strict=True):
-        if net is None:
-            mark_no_data(ax, "no plans in this run")
-            continue
+    for ax, net in panels:
         pol = "all" if "all" in set(plans["policy"]) else plans["policy"].iloc[-1]
         d = plans[(plans["network"] == net) & (plans["policy"] == pol) & (plans["planner"] == "ilp")]
         labels = []
@@ -182,7 +178,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
     if acol:
         from matplotlib.patches import Patch
 
-        axes[0][0].legend(
+        fig.axes[0].legend(
             handles=[Patch(color=c, label=a) for a, c in acol.items()],
             fontsize=7,
             loc="lower right",
@@ -244,12 +240,9 @@ def draw(cfg: dict, study_dir: Path) -> None:
 def _cudnn_limits(plt, nets: pd.DataFrame, figs: Path) -> None:
     """5. μ-cuDNN's network speedup over the undivided baseline vs the per-kernel workspace limit,
     measured (DP and ILP, per policy), the planned speedup beside it, the papers' as references."""
-    names = _networks(nets)
-    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(5.5 * max(1, len(names)), 4.2), squeeze=False)
-    for ax, net in zip(axes[0], names or [None], strict=True):
-        if net is None:
-            mark_no_data(ax, "no cuDNN-engine run: it needs a GPU and microbatch.cudnn.engines")
-            continue
+    fig, panels = _per_network(plt, nets, (5.5, 4.2),
+                               "no cuDNN-engine run: it needs a GPU and microbatch.cudnn.engines")
+    for ax, net in panels:
         d = nets[(nets["network"] == net) & nets["feasible"].astype(str).str.lower().eq("true")]
         for (policy, planner), g in d.groupby(["policy", "planner"], sort=False):
             g = g.sort_values("limit_mib")
