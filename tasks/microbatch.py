@@ -55,7 +55,7 @@ def network_point(point: dict, slot) -> dict:
                         {"processorType": "GPU", "computingUnits": "$HPCDL_MICROBATCH_GPUS"}])
 @task(returns=1)
 def cudnn_point(point: dict, slot) -> dict:
-    return slot.run(cudnn_study.run_network, **point)
+    return slot.run(compute.run_cudnn_network, **point)
 
 
 def _rows(outcomes, names: tuple[str, ...]) -> dict[str, list[dict]]:

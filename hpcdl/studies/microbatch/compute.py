@@ -368,3 +368,11 @@ def run_network(
         "planning": planning_rows,
         "meta": meta,
     }
+
+
+def run_cudnn_network(**point) -> dict:
+    """μ-cuDNN's own experiment on one network (cuDNN's engines by id under workspace limits, CUDA
+    only): the task body's one call, delegated to cudnn_study, which imports the cuDNN frontend."""
+    from hpcdl.studies.microbatch import cudnn_study
+
+    return cudnn_study.run_network(**point)
