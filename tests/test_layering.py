@@ -251,3 +251,31 @@ def test_the_code_cites_the_design_inside_the_project():
     assert cited and cited <= headings, f"cited sections that do not exist: {cited - headings}"
     outside = [str(p.relative_to(repo)) for p in sources if "DESIGN.md" in p.read_text()]
     assert not outside, f"modules citing a design document outside the project: {outside}"
+
+
+def _task_bodies(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        decorators = node.decorator_list if isinstance(node, ast.FunctionDef) else []
+        if any(isinstance(d, ast.Call) and getattr(d.func, "id", None) == "task" for d in decorators):
+            yield node
+
+
+def _called_studies_functions(body: ast.FunctionDef) -> set[str]:
+    """Module attributes a task body calls or hands to its slot (slot.run(module.f, ...))."""
+    used = set()
+    for node in ast.walk(body):
+        if isinstance(node, ast.Call):
+            for target in [node.func, *node.args[:1]]:
+                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                        and target.value.id not in ("slot", "self"):
+                    used.add(target.value.id)
+    return used
+
+
+def test_every_task_body_calls_its_studys_compute_module_only():
+    """docs/architecture.md, "Adding a study": each task body calls one function of compute.py."""
+    tasks = sorted((HPCDL.parent / "tasks").glob("*.py"))
+    bodies = {(t.name, b.name): _called_studies_functions(b) for t in tasks for b in _task_bodies(t)}
+    assert bodies, "no @task bodies found"
+    bad = {k: v for k, v in bodies.items() if v - {"compute"}}
+    assert not bad, f"task bodies calling other modules than compute: {bad}"
