@@ -20,7 +20,6 @@ import time
 
 import pandas as pd
 
-from hpcdl.platform.kit.device import study_device
 from hpcdl.platform.kit.points import StudyRun, failed_row
 from hpcdl.platform.kit.results import write_table
 from hpcdl.platform.orchestration.task_runtime import (
@@ -85,9 +84,8 @@ def _submit_io(p: dict, slot):
 
 def main(argv=None) -> None:
     cfg = start_app("checkpoint", argv, __doc__.splitlines()[0])
-    # resolved once, here (start_app has refused `cuda` without a GPU); every point carries it
-    device = study_device(cfg, "checkpoint")
     run = StudyRun(cfg, "checkpoint")
+    device = run.device  # resolved once and recorded (start_app has refused `cuda` without a GPU)
     scratch = sweep.scratch_path(cfg)
     scratch.mkdir(parents=True, exist_ok=True)
 

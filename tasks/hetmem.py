@@ -3,7 +3,7 @@
     python -m tasks.hetmem --config configs/default.yaml          # local backend
     python -m hpcdl compss command hetmem --config FILE    # prints the runcompss command line
 
-Every app runs on hetmem.device, resolved here once (hpcdl.platform.kit.device.study_device), and its
+Every app runs on hetmem.device, resolved once and recorded (hpcdl.platform.kit.points.StudyRun), and its
 task body is one call, hpcdl.studies.hetmem.compute.run_point. On the CPU a task compiles the
 kernels, traces its app under valgrind lackey, simulates the two-tier reference (simulated: a CPU
 node has one memory tier), validates the differential estimator and runs the placement policies. On
@@ -24,7 +24,6 @@ import time
 
 import pandas as pd
 
-from hpcdl.platform.kit.device import study_device
 from hpcdl.platform.kit.points import StudyRun, failed_row
 from hpcdl.platform.kit.results import write_table
 from hpcdl.platform.orchestration.task_runtime import (
@@ -57,8 +56,8 @@ def device_label(device: str, trace: dict | None) -> str:
 def main(argv=None) -> None:
     cfg = start_app("hetmem", argv, __doc__.splitlines()[0])
     study = StudyRun(cfg, "hetmem")
-    # resolved once, here (start_app has refused `cuda` without a GPU); on cuda each task holds a GPU
-    device = study_device(cfg, "hetmem")
+    # resolved once and recorded (start_app has refused `cuda` without a GPU); on cuda each task holds a GPU
+    device = study.device
     block = sweep.compute_block(cfg, device)
     work_dir = str(study.dir / "traces")
     apps = sweep.app_points(cfg, device)

@@ -21,7 +21,6 @@ import pandas as pd
 
 from hpcdl.common.fashion_mnist import load_split
 from hpcdl.platform.kit.config import ConfigError
-from hpcdl.platform.kit.device import study_device
 from hpcdl.platform.kit.points import StudyRun
 from hpcdl.platform.kit.results import write_table
 from hpcdl.platform.orchestration.task_runtime import (
@@ -105,14 +104,14 @@ def main(argv=None) -> None:
     cfg = start_app("hpo", argv, __doc__.splitlines()[0])
     hpo = cfg["hpo"]
     units = int(os.environ[units_var("hpo")])  # start_app resolved it (a "$VAR" setting included)
-    device = study_device(cfg, "hpo")  # start_app has refused cuda without a GPU
+    run = StudyRun(cfg, "hpo")  # trials resume through the Optuna journal, not the point store
+    device = run.device  # resolved once and recorded (start_app has refused cuda without a GPU)
     plans = plan_studies(hpo, BACKEND, device, units)
     try:
         if BACKEND == "local" and device == "cuda":  # under COMPSs its own GPU resources bound the workers
             check_gpu_workers(hpo, device, gpu_pool(), POOL_ENV)
     except ConfigError as exc:
         _refuse(exc)
-    run = StudyRun(cfg, "hpo")  # trials resume through the Optuna journal, not the point store
     out, started = run.dir, run.started
     # fail early, with how-to-get, if data is missing; the count is the test accuracy's n (its interval)
     n_test = len(load_split(cfg["data"]["fashion_mnist_dir"], "test")[1])

@@ -25,7 +25,6 @@ import time
 
 import pandas as pd
 
-from hpcdl.platform.kit.device import study_device
 from hpcdl.platform.kit.points import StudyRun, failed_row
 from hpcdl.platform.kit.results import write_table
 from hpcdl.platform.orchestration.task_runtime import (
@@ -79,8 +78,8 @@ def _rows(outcomes, names: tuple[str, ...]) -> dict[str, list[dict]]:
 def main(argv=None) -> None:
     cfg = start_app("microbatch", argv, __doc__.splitlines()[0])
     run = StudyRun(cfg, "microbatch")
-    # resolved once, here (start_app has refused `cuda` without a GPU); on cuda each task holds a GPU
-    device = study_device(cfg, "microbatch")
+    # resolved once and recorded (start_app has refused `cuda` without a GPU); on cuda each task holds a GPU
+    device = run.device
     points = sweep.network_points(cfg, device)
     cudnn_points = sweep.cudnn_points(cfg, device)  # none unless cuda and microbatch.cudnn.engines
     print(

@@ -20,7 +20,6 @@ import time
 
 import pandas as pd
 
-from hpcdl.platform.kit.device import study_device
 from hpcdl.platform.kit.points import StudyRun, failed_row
 from hpcdl.platform.kit.results import write_table
 from hpcdl.platform.orchestration.task_runtime import (
@@ -62,8 +61,8 @@ def main(argv=None) -> None:
     except sweep.SlowTierError as exc:
         print(f"error: {exc.strerror}", file=sys.stderr)
         raise SystemExit(2) from None
-    # resolved once, here (start_app has refused `cuda` without a GPU); on cuda each task holds a GPU
-    device = study_device(cfg, "offload")
+    # resolved once and recorded (start_app has refused `cuda` without a GPU); on cuda each task holds a GPU
+    device = run.device
     cuda = device == "cuda"
     points, capacity = sweep.sweep_points(cfg, device), sweep.capacity_points(cfg, device)
     skipped = [s for s in cfg["offload"]["strategies"] if s not in sweep.strategies(cfg, device)]

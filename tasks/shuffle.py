@@ -19,7 +19,6 @@ import sys
 
 import pandas as pd
 
-from hpcdl.platform.kit.device import study_device
 from hpcdl.platform.kit.points import StudyRun, failed_row
 from hpcdl.platform.kit.results import write_table
 from hpcdl.platform.orchestration.task_runtime import (
@@ -58,10 +57,10 @@ def _kill_for(point: dict) -> dict | None:
 def main(argv=None) -> None:
     cfg = start_app("shuffle", argv, __doc__.splitlines()[0])
     block = cfg["shuffle"]
-    # resolved once, here (start_app has refused `cuda` without a GPU): every point's ranks run on it
-    device = study_device(cfg, "shuffle")
-    sharing = bool(block.get("gpu_sharing", False))
     study = StudyRun(cfg, "shuffle")
+    # resolved once and recorded (start_app has refused `cuda` without a GPU): every point's ranks run on it
+    device = study.device
+    sharing = bool(block.get("gpu_sharing", False))
     data = shuffle_data.prepare(cfg["data"]["fashion_mnist_dir"], study.dir / "cache", block["n_train"],
                                 block["n_val"], seed=block["seeds"][0])
     points = sweep.expand(block)

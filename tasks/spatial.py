@@ -23,7 +23,6 @@ import sys
 
 import pandas as pd
 
-from hpcdl.platform.kit.device import study_device
 from hpcdl.platform.kit.points import StudyRun, failed_row
 from hpcdl.platform.kit.results import available_cores, write_table
 from hpcdl.platform.orchestration.task_runtime import (
@@ -77,9 +76,9 @@ def main(argv=None) -> None:
     cfg = start_app("spatial", argv, __doc__.splitlines()[0])
     # absolute: under COMPSs a task runs in its sandbox directory, not where the app started
     block, res_dir = cfg["spatial"], os.path.abspath(cfg["data"]["resources_dir"])
-    # resolved once, here (start_app has refused `cuda` without a GPU): every launch runs on it
-    where = sweep.placement(block, study_device(cfg, "spatial"))
     study = StudyRun(cfg, "spatial")
+    # resolved once and recorded (start_app has refused `cuda` without a GPU): every launch runs on it
+    where = sweep.placement(block, study.device)
     out = study.dir / "raw"
     points = sweep.expand(block)
     for p in points:  # generate every field cache once, before any task reads it

@@ -197,10 +197,9 @@ def test_run_rule_asks_slurm_for_one_gpu_per_rank(test_config):
     assert res["slurm_partition"] == "gpu"
     cfg["spatial"]["device"] = "cpu"
     assert "gpu" not in wiring.run_resources(spatial, cfg, environ={"HPCDL_SLURM_GPU_PARTITION": "gpu"})
-    cfg["spatial"]["device"] = "auto"   # auto on a submit host without GPUs: a named GPU partition decides
+    cfg["spatial"]["device"] = "auto"   # auto: a named GPU partition decides, never the submitting host
     assert wiring.run_gpus(spatial, cfg, environ={"HPCDL_SLURM_GPU_PARTITION": "gpu"}) == largest
-    if NO_GPU:
-        assert wiring.run_gpus(spatial, cfg, environ={}) == 0
+    assert wiring.run_gpus(spatial, cfg, environ={}) == 0
     cfg["hpo"]["device"], cfg["hpo"]["workers"], cfg["hpo"]["grid"]["workers"] = "cuda", 3, [1, 2]
     assert wiring.run_gpus(spec("hpo"), cfg, environ={}) == 3  # concurrent trials, a GPU each
     cfg["malleable"]["device"] = "cuda"   # no CUDA path: never asks for GPUs

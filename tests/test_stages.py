@@ -16,8 +16,9 @@ import pytest
 
 from hpcdl.platform.kit import stages
 from hpcdl.platform.kit.results import available_cores, cpu_model, save_figure, write_table
-from hpcdl.platform.kit.sidecars import measured_on, study_measured_on
+from hpcdl.platform.kit.sidecars import measured_on
 from hpcdl.platform.kit.study import StudySpec, registered
+from hpcdl.platform.kit.study_dir import StudyDir
 from hpcdl.platform.orchestration import about, wiring
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,7 +84,8 @@ TOY = StudySpec(name="toy", title="Toy", raw_tables=("points", "log"), tables=("
 def test_every_file_a_stage_reads_is_its_input():
     cfg = {"results_dir": "res"}
     raw = ["res/toy/raw/points.csv", "res/toy/raw/points.provenance.json", "res/toy/raw/log.csv",
-           "res/toy/raw/log.provenance.json", "res/toy/raw/run_summary.json", "res/toy/journal.log"]
+           "res/toy/raw/log.provenance.json", "res/toy/raw/run_summary.json", "res/toy/raw/device.json",
+           "res/toy/journal.log"]
     assert wiring.raw_files("res", TOY, cfg) == raw
     tables = ["res/toy/tables/squares.csv", "res/toy/tables/squares.provenance.json"]
     assert wiring.table_files("res", TOY) == tables
@@ -163,7 +165,7 @@ def test_the_device_comes_from_provenance_and_marks_every_figure(tmp_path):
 
     bare = height(tmp_path / "figures" / "a.png")  # no sidecars: nothing to say
     write_table(pd.DataFrame({"x": [1]}), tmp_path / "raw" / "points.csv", {"k": 1}, time.time())
-    assert study_measured_on(tmp_path) == f"CPU: {cpu_model()} ({available_cores()} cores)"
+    assert StudyDir(tmp_path).measured_on() == f"CPU: {cpu_model()} ({available_cores()} cores)"
     assert height(tmp_path / "figures" / "b.png") > bare  # the line below the axes
     assert height(tmp_path / "elsewhere" / "c.png") == bare  # not a study's figure
 

@@ -11,8 +11,8 @@ import pytest
 from workflow_run import REPO, snakemake
 
 from hpcdl.platform.kit.claims import SHOWN
-from hpcdl.platform.kit.sidecars import study_measured_on
 from hpcdl.platform.kit.study import registered
+from hpcdl.platform.kit.study_dir import StudyDir
 
 
 @pytest.mark.slow
@@ -53,7 +53,8 @@ def test_whole_workflow_and_report(test_scale_workflow):
             words = run_part.read_text()
             assert words.startswith(("**This run:** test scale",
                                      "**Model, not measured:** computed at test scale")), (figure, words)
-            assert "configs/test.yaml" in words and study_measured_on(study_dir) in words, (figure, words)
+            device = StudyDir(study_dir).measured_on()
+            assert "configs/test.yaml" in words and device in words, (figure, words)
             _assert_caption(entry, REPO / "workflows" / "report" / study / f"{figure.stem}.rst", run_part)
         entry = shown["claims.html"]
         _assert_caption(entry, REPO / "workflows" / "report" / study / "claims.rst")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from hpcdl.platform.kit.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
     from hpcdl.platform.kit.claims import claim, every, not_measured
     from hpcdl.platform.kit.config import ConfigError, check_inside, load_config
-    from hpcdl.platform.kit.confirmation import confirmed_on, deterministic, unseeded
+    from hpcdl.platform.kit.confirmation import confirmed_on, deterministic, measured_afresh, unseeded
     from hpcdl.platform.kit.device import Placement, cuda_record, gpu_slug
     from hpcdl.platform.kit.device import resolve as resolved_device
     from hpcdl.platform.kit.intervals import (
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
         save_figure,
         write_table,
     )
-    from hpcdl.platform.kit.sidecars import provenance_path, run_sidecars
+    from hpcdl.platform.kit.sidecars import provenance_path
     from hpcdl.platform.kit.stages import (
         FAILURE_COLUMNS,
         failed_because,
@@ -61,13 +61,14 @@ if TYPE_CHECKING:
         why_point_missing,
     )
     from hpcdl.platform.kit.study import Ours, RunFiles, StudySpec, computing_units_of
+    from hpcdl.platform.kit.study_dir import StudyDir
 
 # kit module -> the names exported from it
 _MODULES = {
     "atomic": ("atomic_write_bytes", "atomic_write_json", "atomic_write_text"),
     "claims": ("claim", "every", "not_measured"),
     "config": ("ConfigError", "check_inside", "load_config"),
-    "confirmation": ("confirmed_on", "deterministic", "unseeded"),
+    "confirmation": ("confirmed_on", "deterministic", "measured_afresh", "unseeded"),
     "device": ("Placement", "cuda_record", "gpu_slug", "resolved_device"),
     "intervals": ("CONFIDENCE", "above", "all_of", "below", "mean_interval", "paired", "proportion_interval"),
     "procenv": ("PACKAGE_ROOT", "child_env"),
@@ -75,10 +76,11 @@ _MODULES = {
     "rank_runtime.placement": ("current_placement",),
     "results": ("config_hash", "cpu_model", "git_commit", "mark_no_data", "read_table", "save_figure",
                 "write_table"),
-    "sidecars": ("provenance_path", "run_sidecars"),
+    "sidecars": ("provenance_path",),
     "stages": ("FAILURE_COLUMNS", "failed_because", "failures_table", "last_error_line", "ok_rows", "pyplot",
                "read_or_empty", "read_tables", "started_at", "why_point_missing"),
     "study": ("Ours", "RunFiles", "StudySpec", "computing_units_of"),
+    "study_dir": ("StudyDir",),
 }
 # names the face gives apart from their module's (a bare `current` or `resolve` says nothing here)
 _RENAMED = {"current_placement": "current", "resolved_device": "resolve"}
@@ -89,14 +91,15 @@ EXPORTS: dict[str, tuple[str, str]] = {
 }
 
 __all__ = [
-    "CONFIDENCE", "FAILURE_COLUMNS", "PACKAGE_ROOT", "ConfigError", "Ours", "Placement", "RunFiles",
-    "StudySpec", "above", "all_of", "atomic_write_bytes", "atomic_write_json", "atomic_write_text",
-    "below", "check_inside", "child_env", "claim", "computing_units_of", "config_hash", "confirmed_on",
-    "cpu_model", "cuda_record", "current_placement", "deterministic", "every", "failed_because",
-    "failures_table", "git_commit", "gpu_slug", "last_error_line", "load_config", "mark_no_data",
-    "mean_interval", "not_measured", "ok_rows", "paired", "proportion_interval", "provenance_path", "pyplot",
-    "read_or_empty", "read_table", "read_tables", "resolved_device", "run_ranks", "run_sidecars",
-    "save_figure", "started_at", "unseeded", "why_point_missing", "write_table",
+    "CONFIDENCE", "ConfigError", "FAILURE_COLUMNS", "Ours", "PACKAGE_ROOT", "Placement", "RunFiles",
+    "StudyDir", "StudySpec", "above", "all_of", "atomic_write_bytes", "atomic_write_json",
+    "atomic_write_text", "below", "check_inside", "child_env", "claim", "computing_units_of", "config_hash",
+    "confirmed_on", "cpu_model", "cuda_record", "current_placement", "deterministic", "every",
+    "failed_because", "failures_table", "git_commit", "gpu_slug", "last_error_line", "load_config",
+    "mark_no_data", "mean_interval", "measured_afresh", "not_measured", "ok_rows", "paired",
+    "proportion_interval", "provenance_path", "pyplot", "read_or_empty", "read_table", "read_tables",
+    "resolved_device", "run_ranks", "save_figure", "started_at", "unseeded", "why_point_missing",
+    "write_table",
 ]
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from hpcdl.platform.kit.atomic import atomic_write_json, atomic_write_text, json_default
 from hpcdl.platform.kit.confirmation import describe, resolve_all
 from hpcdl.platform.kit.intervals import FAILS, HOLDS, STRADDLES
-from hpcdl.platform.kit.sidecars import study_measured_on
+from hpcdl.platform.kit.study_dir import StudyDir
 
 STATUSES = ("passed", "failed", "straddles", "not_measured")
 SHOWN = {"passed": ("green", "PASS"), "failed": ("firebrick", "FAIL"),
@@ -215,7 +215,7 @@ def write_claims(study_dir: str | Path, study: str, claims: list[dict],
     check(claims, ids)
     claims = annotate(claims, study, ids, tuned, confirmation, block)
     n = counts(claims)
-    device = study_measured_on(study_dir) or "unknown (no provenance sidecars)"
+    device = StudyDir(study_dir).measured_on() or "unknown (no provenance sidecars)"
     doc = {"study": study, "claims": claims, **n, "total": len(claims), "measured_on": device}
     json_path = atomic_write_json(study_dir / "claims.json", doc)
     confirmed = [c for c in claims if "confirmation" in c]

@@ -110,6 +110,11 @@ def unseeded(why: str) -> WithoutSeeds:
     return WithoutSeeds(why)
 
 
+def measured_afresh(what: str) -> WithoutSeeds:
+    """`unseeded` for the commonest reason: `what` (timings of this run) is measured afresh each run."""
+    return unseeded(f"{what}, measured afresh: no seed decides them")
+
+
 def resolve_all(study: str, declaration: Mapping, ids: Iterable[str], block: Mapping) -> dict[str, dict]:
     """Each declared claim id's confirmation entry; refuses a declaration that misses an id of `ids` or
     names one that is not among them."""

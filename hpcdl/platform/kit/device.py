@@ -37,12 +37,6 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def host_has_gpu() -> bool:
-    """Whether this host has an NVIDIA GPU, without importing torch (for the workflow's wiring,
-    which runs on every Snakemake start): `nvidia-smi -L` lists at least one."""
-    return bool(_run(["nvidia-smi", "-L"]))
-
-
 def resolve(requested: str, key: str) -> str:
     """`auto` → `cuda` when a GPU is visible, else `cpu`; `cuda` without one → ConfigError naming `key`."""
     from hpcdl.platform.kit.config import ConfigError

@@ -41,12 +41,14 @@ import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from hpcdl.platform.kit.atomic import atomic_write_bytes, atomic_write_json
 from hpcdl.platform.kit.config import study_dir
 from hpcdl.platform.kit.results import config_hash
+from hpcdl.platform.kit.study_dir import RUN_SUMMARY, StudyDir
 
 KEEP_FAILED_ENV = "HPCDL_KEEP_FAILED"
 SUMMARY_KEYS = ("ok", "failed", "skipped", "total")
@@ -199,6 +201,21 @@ class StudyRun:
         self.counts = {"ok": 0, "failed": 0, "skipped": 0}
         self._started_before: set[str] | None = None
 
+    @cached_property
+    def device(self) -> str:
+        """cpu or cuda: resolved once, where the app runs, and recorded in raw/device.json, which every
+        table and figure of the run reads back (a ConfigError for `cuda` without a GPU). Every task app
+        asks for it before its first point."""
+        from hpcdl.platform.kit.device import device_record, requested, resolve
+        from hpcdl.platform.kit.study import registered
+
+        if self.study in registered():
+            record = device_record(self.cfg, self.study)
+        else:  # a point store outside the registry (a test's): no declared devices to resolve among
+            want = requested(self.cfg, self.study)
+            record = {"device_requested": want, "device": resolve(want, f"{self.study}.device")}
+        return StudyDir(self.dir).record_device(record)["device"]
+
     def log(self, msg: str) -> None:
         print(f"[{self.study}] {msg}", file=sys.stderr, flush=True)
 
@@ -289,11 +306,12 @@ class StudyRun:
     def write_summary(self, counts: dict | None = None) -> Path:
         """`raw/run_summary.json`: points ok / failed (now or kept) / skipped (reused) / total, atomically."""
         summary = self.summary() if counts is None else {k: int(counts[k]) for k in SUMMARY_KEYS}
+        self.device  # noqa: B018 - raw/device.json is a declared output of every run, as the summary is
         if summary["total"] != summary["ok"] + summary["failed"] + summary["skipped"]:
             raise ValueError(f"run summary does not add up: {summary}")
         self.log(f"points: {summary['ok']} ok, {summary['failed']} failed, "
                  f"{summary['skipped']} finished in an earlier run and reused")
-        return atomic_write_json(self.dir / "raw" / "run_summary.json", summary)
+        return atomic_write_json(StudyDir(self.dir).raw / RUN_SUMMARY, summary)
 
 
 def executions(root: str | Path) -> dict[str, list[str]]:

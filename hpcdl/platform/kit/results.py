@@ -18,7 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from hpcdl.platform.kit.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text, json_default
-from hpcdl.platform.kit.sidecars import provenance_path, read_sidecars, study_measured_on
+from hpcdl.platform.kit.sidecars import provenance_path
+from hpcdl.platform.kit.study_dir import FIGURES, TABLES, StudyDir
 
 PROVENANCE_PACKAGES = ("torch", "numpy", "pandas", "matplotlib", "snakemake", "optuna", "safetensors",
                        "h5py", "jsonschema", "pycompss")
@@ -35,7 +36,7 @@ def save_figure(fig, path: str | Path, dpi: int = 120, model_only: bool = False)
     """Render a matplotlib figure to PNG in memory, write it atomically, close the figure.
 
     A study's figure (`<study_dir>/figures/<name>.png`) is stamped in its lower left corner with
-    the device its run was measured on (`study_measured_on`), so the image says it wherever it goes;
+    the device its run was measured on (StudyDir.measured_on), so the image says it wherever it goes;
     a `model_only` figure (a model's prediction, nothing in it measured) is stamped "model" instead.
     Either is recorded in the PNG (`figure_basis`).
     """
@@ -45,8 +46,9 @@ def save_figure(fig, path: str | Path, dpi: int = 120, model_only: bool = False)
 
     path = Path(path)
     stamp = "model: a prediction, nothing in this figure is measured" if model_only else ""
-    if path.parent.name == "figures" and not model_only:
-        device = study_measured_on(path.parent.parent)
+    held = StudyDir.holding(path)
+    if held and held[1] == FIGURES and not model_only:
+        device = held[0].measured_on()
         stamp = f"measured on {device}" if device else ""
     if stamp:  # under everything already drawn (legends below the axes included)
         fig.draw_without_rendering()  # runs a layout engine first, as savefig will
@@ -142,17 +144,6 @@ def record_task_backend(record: dict) -> None:
     _TASK_BACKEND.update(record)
 
 
-def _task_runtimes(table_path: Path) -> list[dict]:
-    """For a derived table in <study>/tables/: the backends recorded by the raw tables it came from."""
-    if table_path.parent.name != "tables":
-        return []
-    seen = []
-    for rec in read_sidecars(table_path.parent.parent / "raw"):
-        if rec.get("runtime") and rec["runtime"] not in seen:
-            seen.append(rec["runtime"])
-    return seen
-
-
 def provenance(cfg: dict, started_at: float, ended_at: float | None = None) -> dict:
     ended_at = time.time() if ended_at is None else ended_at
     slurm = {k: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_NTASKS",
@@ -173,20 +164,16 @@ def provenance(cfg: dict, started_at: float, ended_at: float | None = None) -> d
     }
 
 
-# What a sidecar says about the device (hpcdl.platform.kit.device.device_record).
-DEVICE_KEYS = ("device_requested", "device", "gpu_model", "gpu_count", "gpu_capability", "gpu_memory_bytes",
-               "driver", "cuda", "cudnn", "nccl")
-
-
 def device_provenance(table_path: Path, cfg: dict) -> dict:
-    """The device of the run a table comes from. A raw table's is resolved here, in the process that
-    measured it; a derived table (<study>/tables/) copies its raw tables', since the stage that
-    writes it may run on another host. {} where the config is not one study's."""
-    if table_path.parent.name == "tables":
-        for rec in read_sidecars(table_path.parent.parent / "raw"):
-            if rec.get("device"):
-                return {k: rec[k] for k in DEVICE_KEYS if k in rec}
-        return {}
+    """The device of the run a table comes from: the record its task app made once, at its start
+    (StudyDir.record_device), whichever process writes the table; a derived table on another host
+    copies it. A raw table written outside a recorded run (a benchmark, a test) resolves it here.
+    {} where the config is not one study's."""
+    held = StudyDir.holding(table_path)
+    if held:
+        recorded = held[0].device()
+        if recorded or held[1] == TABLES:
+            return recorded
     studies = cfg.get("studies") or []
     if len(studies) != 1 or not isinstance(cfg.get(studies[0]), dict):
         return {}
@@ -208,7 +195,8 @@ def write_table(df: pd.DataFrame, path: str | Path, cfg: dict, started_at: float
     meta = provenance(cfg, started_at)
     meta.update(table=path.name, rows=len(df), columns=list(map(str, df.columns)))
     meta.update(device_provenance(path, cfg))
-    task_runtimes = _task_runtimes(path)
+    held = StudyDir.holding(path)
+    task_runtimes = held[0].task_runtimes() if held and held[1] == TABLES else []
     if task_runtimes:
         meta["task_runtime"] = task_runtimes
     atomic_write_json(provenance_path(path), meta)

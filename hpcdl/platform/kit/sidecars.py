@@ -1,5 +1,6 @@
 """Reading provenance sidecars (`<table>.provenance.json`, written beside every table by
-hpcdl.platform.kit.results.write_table): where they are, what a run's say, what it was measured on."""
+hpcdl.platform.kit.results.write_table): where they are, what they say, what they were measured on.
+A run folder's own (which tables, which device) are hpcdl.platform.kit.study_dir.StudyDir's."""
 
 from __future__ import annotations
 
@@ -37,14 +38,3 @@ def measured_on(records: list[dict]) -> str:
         return "GPU: " + " / ".join(gpus)
     cpus = sorted({f"{r.get('cpu_model') or 'unknown model'} ({r.get('cores', '?')} cores)" for r in records})
     return "CPU: " + " / ".join(cpus)
-
-
-def run_sidecars(study_dir: str | Path) -> list[dict]:
-    """A study run's provenance: its raw tables' sidecars (the derived tables' where there are none)."""
-    study_dir = Path(study_dir)
-    return read_sidecars(study_dir / "raw") or read_sidecars(study_dir / "tables")
-
-
-def study_measured_on(study_dir: str | Path) -> str:
-    """`measured_on` of a study's run (`run_sidecars`)."""
-    return measured_on(run_sidecars(study_dir))

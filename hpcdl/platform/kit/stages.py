@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from hpcdl.platform.kit.sidecars import read_sidecars
+from hpcdl.platform.kit.study_dir import StudyDir
 
 ERROR_CHARS = 300  # of a failed point's last error line, in a claim's reason
 
@@ -30,7 +31,8 @@ def read_or_empty(path: str | Path, columns: list[str] | None = None) -> pd.Data
 
 def read_tables(study_dir: str | Path, *names: str, folder: str = "tables") -> list[pd.DataFrame]:
     """`read_or_empty` of each table `<study_dir>/<folder>/<name>.csv`, in the order named."""
-    return [read_or_empty(Path(study_dir) / folder / f"{name}.csv") for name in names]
+    run = StudyDir(study_dir)
+    return [read_or_empty(run.table(name, folder)) for name in names]
 
 
 def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -85,7 +87,7 @@ def started_at(study_dir: str | Path, raw_table: str) -> float:
 
     A derived table's provenance spans the whole run from the app's start to the stage's end.
     """
-    for record in read_sidecars(Path(study_dir) / "raw", raw_table):
+    for record in read_sidecars(StudyDir(study_dir).raw, raw_table):
         try:
             return pd.Timestamp(record["start_time"]).timestamp()
         except (KeyError, ValueError):

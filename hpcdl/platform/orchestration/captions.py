@@ -23,8 +23,8 @@ from pathlib import Path
 
 from hpcdl.platform.kit.atomic import atomic_write_text
 from hpcdl.platform.kit.results import MODEL, figure_basis
-from hpcdl.platform.kit.sidecars import study_measured_on
 from hpcdl.platform.kit.study import StudySpec
+from hpcdl.platform.kit.study_dir import StudyDir
 
 RUN_SUFFIX = ".run.rst"  # <study_dir>/figures/<figure>.run.rst
 SEED_KEY = re.compile(r"^(seed|seeds|\w+_seeds?)$")
@@ -68,7 +68,7 @@ def facts(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list[
     """What a caption and the about page say of the run: scale, device, seeds (plain text)."""
     found = seeds(cfg.get(spec.name) or {}, spec.name)
     return {"scale": scale(list(config_files)),
-            "device": study_measured_on(study_dir) or "an unknown device (no provenance sidecars)",
+            "device": StudyDir(study_dir).measured_on() or "an unknown device (no provenance sidecars)",
             "seeds": "; ".join(found) if found else "none in the config (nothing random is drawn)"}
 
 

@@ -31,8 +31,8 @@ from pathlib import Path
 import yaml
 
 from hpcdl.platform.kit.claims import SHOWN
-from hpcdl.platform.kit.sidecars import study_measured_on
 from hpcdl.platform.kit.study import REPO_ROOT, Ours, RunFiles, StudySpec, registered
+from hpcdl.platform.kit.study_dir import StudyDir
 from hpcdl.platform.orchestration import gpu_records
 from hpcdl.platform.orchestration.claim_lines import AMBER, readable
 
@@ -98,7 +98,7 @@ def run_files(study_dir: str | Path) -> RunFiles | None:
         claims = json.loads((study_dir / "claims.json").read_text())["claims"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return RunFiles(study_dir / "tables", tuple(claims), study_measured_on(study_dir))
+    return RunFiles(study_dir / "tables", tuple(claims), StudyDir(study_dir).measured_on())
 
 
 def _fmt(v: float) -> str:

@@ -28,10 +28,10 @@ import pandas as pd
 
 from hpcdl.platform.kit.atomic import atomic_write_text
 from hpcdl.platform.kit.claims import SHOWN
-from hpcdl.platform.kit.sidecars import measured_on, run_sidecars
+from hpcdl.platform.kit.sidecars import measured_on
+from hpcdl.platform.kit.study_dir import RUN_SUMMARY, StudyDir
 from hpcdl.platform.orchestration import claim_lines, gpu_records, paper_vs_ours
 
-RUN_SUMMARY = "run_summary.json"  # <study>/raw/, written by each task app: ok, failed, skipped, total
 PROVENANCE_FIELDS = ("git_commit", "config_hash", "host", "cores")
 EVIDENCE_CHARS = 400  # measured values shown on the front page; the full evidence is in claims.html
 
@@ -78,7 +78,7 @@ def run_provenance(study_dir: Path) -> dict:
     Each field lists its distinct values (one, unless the raw tables came from different runs);
     `started` / `ended` span all of them.
     """
-    records = run_sidecars(study_dir)
+    records = StudyDir(study_dir).sidecars()
     prov = {f: sorted({str(r[f]) for r in records if f in r}) for f in PROVENANCE_FIELDS}
     starts = [r["start_time"] for r in records if r.get("start_time")]
     ends = [r["end_time"] for r in records if r.get("end_time")]

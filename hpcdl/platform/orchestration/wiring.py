@@ -4,6 +4,7 @@ the study's declaration (docs/architecture.md, "Data flow"). workflows/*.smk onl
 Each rule lists every file its command reads, so Snakemake reruns it when one of them changes:
 
     <s>_run      config.json                        -> raw tables + their sidecars + run_summary.json
+                                                       + device.json (the device, resolved once)
     <s>_tables   config.json + everything of _run   -> tables + their sidecars
     <s>_figures  config.json + raw + tables         -> figures + the run's part of each caption
     <s>_claims   config.json + raw + tables         -> claims.json, claims.html
@@ -18,40 +19,40 @@ import os
 import shlex
 
 from hpcdl.platform.kit.study import StudySpec
+from hpcdl.platform.kit.study_dir import StudyDir
 from hpcdl.platform.orchestration import about, captions
-
-RUN_SUMMARY = "run_summary.json"  # raw/, written by every task app (hpcdl.platform.kit.points.StudyRun)
-STAGES = ("tables", "figures", "claims", "about")
 
 
 def study_dir(results: str, study: str) -> str:
     return f"{results}/{study}"
 
 
+def _run_dir(results: str, study: str) -> StudyDir:
+    return StudyDir(study_dir(results, study))
+
+
+def _strs(paths) -> list[str]:
+    return [str(p) for p in paths]
+
+
 def study_config_path(results: str, study: str) -> str:
     """The study's block of the validated config, the one file its app and stages read."""
-    return f"{study_dir(results, study)}/config.json"
-
-
-def _with_sidecars(paths: list[str]) -> list[str]:
-    return [q for p in paths for q in (p, p.removesuffix(".csv") + ".provenance.json")]
+    return str(_run_dir(results, study).config)
 
 
 def raw_files(results: str, spec: StudySpec, config: dict) -> list[str]:
-    """What the task app writes: each raw table with its provenance sidecar, the run summary, and
-    the other files the study declares (StudySpec.run_files)."""
-    raw = f"{study_dir(results, spec.name)}/raw"
-    return [*_with_sidecars([f"{raw}/{t}.csv" for t in spec.raw_tables]), f"{raw}/{RUN_SUMMARY}",
-            *map(str, spec.run_files(config))]
+    """What the task app writes (StudyDir.run_outputs): each raw table with its provenance sidecar,
+    the run summary, the device record and the other files the study declares (StudySpec.run_files)."""
+    return _strs(_run_dir(results, spec.name).run_outputs(spec, config))
 
 
 def table_files(results: str, spec: StudySpec) -> list[str]:
     """What the tables stage writes: each derived table with its provenance sidecar."""
-    return _with_sidecars([f"{study_dir(results, spec.name)}/tables/{t}.csv" for t in spec.tables])
+    return _strs(_run_dir(results, spec.name).table_outputs(spec))
 
 
 def figure_files(results: str, spec: StudySpec) -> list[str]:
-    return [f"{study_dir(results, spec.name)}/figures/{f}.png" for f in spec.figures]
+    return _strs(_run_dir(results, spec.name).figure_outputs(spec))
 
 
 def caption_files(results: str, spec: StudySpec) -> list[str]:
@@ -70,13 +71,10 @@ def headline_files(results: str, spec: StudySpec) -> list[str]:
 
 
 def stage_inputs(results: str, spec: StudySpec, config: dict, stage: str) -> list[str]:
-    """Every file a stage may read: the tables and about stages read the run's files, the figures
-    and claims stages read those and the tables (a claim may need a raw column the tables left out)."""
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
-    files = [study_config_path(results, spec.name), *raw_files(results, spec, config),
-             *spec.stage_files(config)]
-    return files if stage in ("tables", "about") else files + table_files(results, spec)
+    """Every file a stage may read (StudyDir.stage_inputs): the tables and about stages read the
+    run's files, the figures and claims stages read those and the tables (a claim may need a raw
+    column the tables left out)."""
+    return _strs(_run_dir(results, spec.name).stage_inputs(spec, config, stage))
 
 
 def verdict_inputs(results: str, specs: list[StudySpec], config: dict) -> list[str]:
@@ -120,16 +118,17 @@ GPU_PARTITION_VAR = "HPCDL_SLURM_GPU_PARTITION"
 
 def run_gpus(spec: StudySpec, config: dict, environ=None) -> int:
     """GPUs the study's run rule asks the cluster for: its tasks' GPUs at once (StudySpec.job_gpus,
-    else task_gpus) where its device is `cuda`, or `auto` on a workflow host that sees a GPU
-    (hpcdl.platform.kit.device.host_has_gpu) or with a GPU partition named ($HPCDL_SLURM_GPU_PARTITION:
-    the jobs run where GPUs are, although the host that submits them may have none); 0 for `cpu`."""
-    from hpcdl.platform.kit.device import host_has_gpu, requested
+    else task_gpus) where its device is `cuda`, or `auto` with a GPU partition named
+    ($HPCDL_SLURM_GPU_PARTITION: the jobs run where GPUs are); 0 for `cpu`, and for `auto` without a
+    GPU partition. The host that submits the jobs is never asked: the device is resolved where the app
+    runs (StudyRun.device), and a request decided from the submitting host would guess it."""
+    from hpcdl.platform.kit.device import requested
 
     environ = os.environ if environ is None else environ
     want = requested(config, spec.name)
     if "cuda" not in spec.devices or want == "cpu":
         return 0
-    if want == "auto" and not (environ.get(GPU_PARTITION_VAR) or host_has_gpu()):
+    if want == "auto" and not environ.get(GPU_PARTITION_VAR):
         return 0
     return int(spec.job_gpus(config) if spec.job_gpus else spec.task_gpus(config))
 

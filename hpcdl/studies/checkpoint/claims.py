@@ -24,15 +24,16 @@ import pandas as pd
 
 from hpcdl.platform import (
     FAILURE_COLUMNS,
+    StudyDir,
     claim,
     deterministic,
     every,
     failed_because,
+    measured_afresh,
     not_measured,
     ok_rows,
     read_or_empty,
     read_table,
-    unseeded,
     why_point_missing,
 )
 from hpcdl.studies.checkpoint.instruments import CEILINGS
@@ -42,20 +43,19 @@ from hpcdl.studies.checkpoint.tables import DEVICE_NAMES, MiB, run_device, singl
 CLAIMS = ("async_blocking", "bandwidth_vs_ceiling", "resume_bit_identical", "roundtrip")
 # where each verdict is confirmed (hpcdl.platform.kit.confirmation): no seed decides a save's time
 CONFIRMATION = {
-    "async_blocking": unseeded("save times of this run's repeats, measured afresh: no seed decides them"),
-    "bandwidth_vs_ceiling": unseeded("save and ceiling times of this run's repeats, measured afresh: no seed "
-                                     "decides them"),
+    "async_blocking": measured_afresh("save times of this run's repeats"),
+    "bandwidth_vs_ceiling": measured_afresh("save and ceiling times of this run's repeats"),
     "resume_bit_identical": deterministic("a resumed run equals the uninterrupted one bit for bit"),
     "roundtrip": deterministic("every checkpoint written loads back verified"),
 }
 
 
 def judge(cfg: dict, study_dir: Path) -> list[dict]:
-    tables = Path(study_dir) / "tables"
+    run = StudyDir(study_dir)
     block = cfg["checkpoint"]
-    io = read_table(tables / "io_cost.csv")
-    resume = read_table(tables / "resume.csv")
-    fails = read_or_empty(tables / "failures.csv", columns=FAILURE_COLUMNS)
+    io = read_table(run.table("io_cost"))
+    resume = read_table(run.table("resume"))
+    fails = read_or_empty(run.table("failures"), columns=FAILURE_COLUMNS)
     largest = max(sweep_sizes(**block["sizes"]))
     one = single_process(io)
     device = run_device(io, study_dir)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform import mark_no_data, pyplot, read_or_empty, read_table, save_figure
+from hpcdl.platform import StudyDir, mark_no_data, pyplot, read_table, read_tables, save_figure
 from hpcdl.studies.checkpoint.instruments import CEILINGS
 from hpcdl.studies.checkpoint.tables import MiB, run_device, single_process
 
@@ -44,9 +44,8 @@ def _ranks_label(device: str, placement: str) -> str:
 
 def draw(cfg: dict, study_dir: Path) -> None:
     plt = pyplot()
-    study_dir = Path(study_dir)
-    tables, figs = study_dir / "tables", study_dir / "figures"
-    io = read_table(tables / "io_cost.csv")
+    run = StudyDir(study_dir)
+    io = read_table(run.table("io_cost"))
     one = single_process(io)
     sync = one[one["mode"] == "sync"] if not one.empty else one
     col = _colors()
@@ -70,7 +69,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("time (s)")
     axes[0].legend()
-    save_figure(fig, figs / "save_load_time.png")
+    save_figure(fig, run.figure("save_load_time"))
 
     # 2. write bandwidth vs size with the storage ceiling
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -91,7 +90,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
     ax.set_ylim(bottom=0)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    save_figure(fig, figs / "bandwidth.png")
+    save_figure(fig, run.figure("bandwidth"))
 
     # 3. sync vs async blocking time
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -108,11 +107,10 @@ def draw(cfg: dict, study_dir: Path) -> None:
                   else "Blocking time: sync (solid) vs async (dashed)") + on)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    save_figure(fig, figs / "blocking.png")
+    save_figure(fig, run.figure("blocking"))
 
     # 4. throughput overhead vs interval with the Young/Daly points
-    _plot_overhead(plt, read_or_empty(tables / "overhead.csv"), read_or_empty(tables / "young_daly.csv"),
-                   figs / "overhead.png")
+    _plot_overhead(plt, *read_tables(run.root, "overhead", "young_daly"), run.figure("overhead"))
 
     # 5. bytes on disk per format: total at the largest size, and the bytes beyond the raw tensors
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -138,7 +136,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
     ax2.set(yscale="log", xlabel="model state (MiB, fp32)", ylabel="bytes beyond the raw tensors (KiB)",
             title="Format overhead (headers, metadata, padding)")
     ax2.grid(True, which="both", alpha=0.3)
-    save_figure(fig, figs / "bytes_on_disk.png")
+    save_figure(fig, run.figure("bytes_on_disk"))
 
     # 6. DCP from N ranks
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -158,7 +156,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
            title=f"DCP save/load by number of {'GPU ranks' if gpu else 'gloo ranks'}{on}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    save_figure(fig, figs / "dcp_ranks.png")
+    save_figure(fig, run.figure("dcp_ranks"))
 
 
 def _plot_overhead(plt, ovh: pd.DataFrame, yd: pd.DataFrame, path: Path) -> None:

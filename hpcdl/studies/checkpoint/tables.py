@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform import failures_table, ok_rows, read_table, run_sidecars, write_table
+from hpcdl.platform import StudyDir, failures_table, ok_rows, read_table, write_table
 from hpcdl.studies.checkpoint.instruments import CEILINGS
 from hpcdl.studies.checkpoint.training import young_daly_interval_s
 
@@ -39,10 +39,8 @@ def run_device(df: pd.DataFrame, study_dir: Path | None = None) -> str:
     (a run whose points all failed), else the CPU (tables from before the CUDA path)."""
     if "device" in df and df["device"].notna().any():
         return " / ".join(sorted(set(df["device"].dropna().astype(str))))
-    for rec in run_sidecars(study_dir) if study_dir is not None else []:
-        if rec.get("device") in DEVICE_NAMES:
-            return rec["device"]
-    return "cpu"
+    recorded = StudyDir(study_dir).device().get("device") if study_dir is not None else None
+    return recorded if recorded in DEVICE_NAMES else "cpu"
 
 
 def io_cost(raw: pd.DataFrame) -> pd.DataFrame:
@@ -119,22 +117,21 @@ def young_daly_table(overhead: pd.DataFrame, mtbf_s: list[float]) -> pd.DataFram
 FAILURE_KEYS = ("format", "mode", "ranks", "n_params", "interval_steps")
 
 
-def _raws(study_dir: Path) -> dict[str, pd.DataFrame]:
-    return {k: read_table(study_dir / "raw" / f"{k}.csv") for k in ("io", "resume", "overhead")}
+def _raws(run: StudyDir) -> dict[str, pd.DataFrame]:
+    return {k: read_table(run.raw_table(k)) for k in ("io", "resume", "overhead")}
 
 
 def write(cfg: dict, study_dir: Path) -> None:
     started = time.time()
-    study_dir = Path(study_dir)
-    raws = _raws(study_dir)
-    tables = study_dir / "tables"
-    write_table(io_cost(raws["io"]), tables / "io_cost.csv", cfg, started)
-    write_table(with_device(raws["resume"]), tables / "resume.csv", cfg, started)
+    run = StudyDir(study_dir)
+    raws = _raws(run)
+    write_table(io_cost(raws["io"]), run.table("io_cost"), cfg, started)
+    write_table(with_device(raws["resume"]), run.table("resume"), cfg, started)
     ovh = overhead_table(raws["overhead"])
-    write_table(ovh, tables / "overhead.csv", cfg, started)
-    write_table(young_daly_table(ovh, cfg["checkpoint"]["overhead"]["mtbf_s"]), tables / "young_daly.csv",
+    write_table(ovh, run.table("overhead"), cfg, started)
+    write_table(young_daly_table(ovh, cfg["checkpoint"]["overhead"]["mtbf_s"]), run.table("young_daly"),
                 cfg, started)
-    write_table(failures_table(raws, FAILURE_KEYS), tables / "failures.csv", cfg, started)
+    write_table(failures_table(raws, FAILURE_KEYS), run.table("failures"), cfg, started)
 
 
 def single_process(io: pd.DataFrame) -> pd.DataFrame:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform import confirmed_on, every, failed_because, read_or_empty, unseeded
+from hpcdl.platform import StudyDir, confirmed_on, every, failed_because, read_or_empty, read_tables, unseeded
 from hpcdl.studies.hetmem.gpu import HARDWARE, SAMPLE_EVERY
 from hpcdl.studies.hetmem.tables import on_hardware
 
@@ -44,7 +44,7 @@ CONFIRMATION = {
 
 def _failed_apps(study_dir: Path, cfg: dict, measured: set[str]) -> dict[str, str]:
     """Configured apps without results, and why (their error's last line, or absent)."""
-    traces = read_or_empty(study_dir / "tables" / "tracing.csv")
+    traces = read_or_empty(StudyDir(study_dir).table("tracing"))
     out = {}
     for app in (a["name"] for a in cfg["hetmem"]["apps"]):
         if app in measured:
@@ -58,15 +58,9 @@ def _failed_apps(study_dir: Path, cfg: dict, measured: set[str]) -> dict[str, st
 
 
 def judge(cfg: dict, study_dir: Path) -> list[dict]:
-    study_dir = Path(study_dir)
     block = cfg["hetmem"]
-    tables = study_dir / "tables"
-    val, speed, pol = (
-        read_or_empty(tables / "validation.csv"),
-        read_or_empty(tables / "speed.csv"),
-        read_or_empty(tables / "policies.csv"),
-    )
-    hw = on_hardware(val) or on_hardware(read_or_empty(tables / "tracing.csv"))
+    val, speed, pol, traces = read_tables(study_dir, "validation", "speed", "policies", "tracing")
+    hw = on_hardware(val) or on_hardware(traces)
     n = SAMPLE_EVERY if hw else block["sample_every"]
     v = val[val["sample_every"].eq(n)] if not val.empty else val
     missing_val = _failed_apps(study_dir, cfg, set(v["app"]) if not v.empty else set())

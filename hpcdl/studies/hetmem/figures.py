@@ -15,19 +15,18 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdl.platform import mark_no_data, pyplot, read_or_empty, save_figure
+from hpcdl.platform import StudyDir, mark_no_data, pyplot, read_tables, save_figure
 from hpcdl.studies.hetmem.gpu import SAMPLE_EVERY
 from hpcdl.studies.hetmem.tables import on_hardware
 
 
 def draw(cfg: dict, study_dir: Path) -> None:
     plt = pyplot()
-    study_dir = Path(study_dir)
+    run = StudyDir(study_dir)
     block = cfg["hetmem"]
-    tables, figs = study_dir / "tables", study_dir / "figures"
-    val, errs = read_or_empty(tables / "validation.csv"), read_or_empty(tables / "errors.csv")
-    speed, pol = read_or_empty(tables / "speed.csv"), read_or_empty(tables / "policies.csv")
-    hw = on_hardware(val) or on_hardware(read_or_empty(tables / "tracing.csv"))
+    val, errs, speed, pol, traces = read_tables(run.root, "validation", "errors", "speed", "policies",
+                                                "tracing")
+    hw = on_hardware(val) or on_hardware(traces)
     n = SAMPLE_EVERY if hw else block["sample_every"]
     tiers = ("GPU memory vs mapped pinned host" if hw
              else f"{block['tiers']['fast']['name']} vs {block['tiers']['slow']['name']}")
@@ -52,7 +51,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
     ax.set_ylabel("object-granularity estimate, bytes counted (µs)" if hw
                   else f"differential-tracing estimate, N={n} (µs)")
     ax.set_title(f"Estimate vs {'measured' if hw else 'simulated'} reference ({tiers})", fontsize=10)
-    save_figure(fig, figs / "parity.png")
+    save_figure(fig, run.figure("parity"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     if hw:
@@ -77,9 +76,9 @@ def draw(cfg: dict, study_dir: Path) -> None:
         ax.set_xlabel("sampling period N (1 in N LLC misses sampled)")
         ax.set_ylabel("mean |error| vs simulated reference (%)")
         ax.set_title("Estimator error vs sampling rate (reference simulated)", fontsize=10)
-    save_figure(fig, figs / "error_vs_sampling.png")
+    save_figure(fig, run.figure("error_vs_sampling"))
 
-    _plot_policies(plt, pol, hw, figs)
+    _plot_policies(plt, pol, hw, run.figures)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     if speed.empty:
@@ -105,7 +104,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
     ax.set_ylabel("wall time per placement (s, log)")
     ax.set_title("Cost of one estimate vs one hardware run of a placement (GPU)" if hw
                  else "Cost of one estimate vs one native run of the app", fontsize=10)
-    save_figure(fig, figs / "estimate_vs_reference_time.png")
+    save_figure(fig, run.figure("estimate_vs_reference_time"))
 
 
 def _error_vs_share(ax, v, ceiling: float) -> None:

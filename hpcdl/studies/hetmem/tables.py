@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform import read_or_empty, read_table, started_at, write_table
+from hpcdl.platform import StudyDir, read_or_empty, read_table, started_at, write_table
 from hpcdl.studies.hetmem.gpu import HARDWARE
 
 NOT_RECORDED = "not recorded"
@@ -147,16 +147,14 @@ def policy_table(pol: pd.DataFrame) -> pd.DataFrame:
 
 
 def write(cfg: dict, study_dir: Path) -> None:
-    study_dir = Path(study_dir)
-    raw = study_dir / "raw"
+    run = StudyDir(study_dir)
     # traces.csv always has a row per app (failed ones too): its absence is an error, not "no data"
-    traces = read_table(raw / "traces.csv")
-    val, pol = read_or_empty(raw / "validation.csv"), read_or_empty(raw / "policies.csv")
+    traces = read_table(run.raw_table("traces"))
+    val, pol = read_or_empty(run.raw_table("validation")), read_or_empty(run.raw_table("policies"))
     started = started_at(study_dir, "traces")
-    tables = study_dir / "tables"
-    write_table(tracing_table(with_device(traces)), tables / "tracing.csv", cfg, started)
-    write_table(with_device(val), tables / "validation.csv", cfg, started)
-    write_table(error_table(val), tables / "errors.csv", cfg, started)
+    write_table(tracing_table(with_device(traces)), run.table("tracing"), cfg, started)
+    write_table(with_device(val), run.table("validation"), cfg, started)
+    write_table(error_table(val), run.table("errors"), cfg, started)
     speed = speed_table(val, cfg["hetmem"]["sample_every"], traces)
-    write_table(speed, tables / "speed.csv", cfg, started)
-    write_table(policy_table(pol), tables / "policies.csv", cfg, started)
+    write_table(speed, run.table("speed"), cfg, started)
+    write_table(policy_table(pol), run.table("policies"), cfg, started)

@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform import above, claim, confirmed_on, not_measured, proportion_interval, read_table, unseeded
+from hpcdl.platform import (
+    StudyDir,
+    above,
+    claim,
+    confirmed_on,
+    not_measured,
+    proportion_interval,
+    read_table,
+    unseeded,
+)
 from hpcdl.studies.hpo.sweep import grid_size, pruning_baseline
 from hpcdl.studies.hpo.tables import grid_device
 
@@ -35,11 +44,11 @@ def _by_workers(scaling: pd.DataFrame, col: str) -> dict:
 
 
 def judge(cfg: dict, study_dir: Path) -> list[dict]:
-    tables = Path(study_dir) / "tables"
+    run = StudyDir(study_dir)
     hpo = cfg["hpo"]
-    return [_claim_speedup(hpo, read_table(tables / "grid_scaling.csv")),
-            _claim_test_acc(hpo, read_table(tables / "best_config.csv")),
-            _claim_pruning(hpo, read_table(tables / "pruning.csv"))]
+    return [_claim_speedup(hpo, read_table(run.table("grid_scaling"))),
+            _claim_test_acc(hpo, read_table(run.table("best_config"))),
+            _claim_pruning(hpo, read_table(run.table("pruning")))]
 
 
 def _claim_speedup(hpo: dict, scaling: pd.DataFrame) -> dict:

@@ -1,7 +1,7 @@
 """Figures stage of the HPO study: tables/ -> figures/ (best-so-far accuracy, grid scaling) and
-plots of the Optuna journal's trials: Optuna's own (importances, intermediate values) and a parallel
-coordinate plot of our own (`parallel_coordinate`: Optuna's writes each axis's tick labels over the
-trials' lines)."""
+plots of the search's trials, rebuilt from the raw tables (hpcdl.studies.hpo.replay): Optuna's own
+(importances, intermediate values) and a parallel coordinate plot of our own (`parallel_coordinate`:
+Optuna's writes each axis's tick labels over the trials' lines)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform import mark_no_data, pyplot, read_table, save_figure
+from hpcdl.platform import StudyDir, mark_no_data, pyplot, read_table, read_tables, save_figure
 from hpcdl.studies.hpo.sweep import pruning_baseline
 from hpcdl.studies.hpo.tables import grid_device, worker_label
 
@@ -164,63 +164,60 @@ def _parallel_coordinate(study):
     return fig
 
 
-def _optuna_figures(cfg: dict, figures: Path) -> None:
+def _optuna_figures(cfg: dict, run: StudyDir) -> None:
     """Optuna's own matplotlib plots: importances and parallel coordinates of the main unpruned
-    search, intermediate values of the pruned one (where the pruner's cuts show)."""
-    import optuna
+    search, intermediate values of the pruned one (where the pruner's cuts show), each drawn from the
+    study rebuilt from the run's raw tables (hpcdl.studies.hpo.replay: the stage reads no journal)."""
     from optuna.visualization import matplotlib as ovm
 
-    from hpcdl.studies.hpo.storage import journal_path, study_storage
+    from hpcdl.studies.hpo.replay import rebuilt_study
 
     plt = pyplot()
     hpo = cfg["hpo"]
     pair = pruning_baseline(hpo)
     main = pair[0] if pair else hpo["sampler"]
     pruned = pair[1] if pair else main
-    has_store = hpo.get("storage_url") or journal_path(cfg).exists()
-    storage = study_storage(cfg) if has_store else None
+    trials, intermediate = read_tables(run.root, "trials", "intermediate", folder="raw")
     jobs = {"optuna_param_importances": (main, ovm.plot_param_importances,
                                          ("importance (fraction of val. accuracy variance)", None)),
             "optuna_parallel_coordinate": (main, None, (None, None)),
             "optuna_intermediate_values": (pruned, ovm.plot_intermediate_values,
                                            ("epoch (pruner step)", "validation accuracy (fraction)"))}
     for name, (study_name, fn, (xlabel, ylabel)) in jobs.items():
-        path = figures / f"{name}.png"
+        path = run.figure(name)
         try:
-            if storage is None:
-                raise FileNotFoundError(f"no journal at {journal_path(cfg)}")
-            study = optuna.load_study(study_name=study_name, storage=storage)
+            study = rebuilt_study(hpo, trials, intermediate, study_name)
             if fn is None:
                 fig = parallel_coordinate(study)
-            else:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # optuna's matplotlib backend is marked experimental
-                    ax = fn(study)
+                fig.suptitle(f"study {study_name}", y=1.02)
+                save_figure(fig, path)
+                continue
+            # Optuna's plots switch pyplot's style for the whole process: keep the switch to this one
+            with plt.rc_context(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # optuna's matplotlib backend is marked experimental
+                ax = fn(study)
                 first = ax.flat[0] if hasattr(ax, "flat") else ax
                 if xlabel:
                     first.set_xlabel(xlabel)
                 if ylabel:
                     first.set_ylabel(ylabel)
                 fig = first.figure
-            fig.suptitle(f"study {study_name}", y=1.02)
-            save_figure(fig, path)
-            plt.close(fig)
+                fig.suptitle(f"study {study_name}", y=1.02)
+                save_figure(fig, path)
         except Exception as exc:  # noqa: BLE001 - e.g. too few complete trials: keep the workflow going
             _placeholder(path, f"{name} ({study_name})", f"not available for this run:\n{exc}")
 
 
 def draw(cfg: dict, study_dir: Path) -> None:
-    study_dir = Path(study_dir)
-    figures = study_dir / "figures"
-    tables = study_dir / "tables"
-    bsf = read_table(tables / "best_so_far.csv")
+    run = StudyDir(study_dir)
+    bsf = read_table(run.table("best_so_far"))
     if bsf["best_val_acc"].notna().any():
-        _plot_best_so_far(bsf, figures / "best_so_far.png")
+        _plot_best_so_far(bsf, run.figure("best_so_far"))
     else:
-        _placeholder(figures / "best_so_far.png", "best so far", "no completed trial")
-    scaling = read_table(tables / "grid_scaling.csv")
+        _placeholder(run.figure("best_so_far"), "best so far", "no completed trial")
+    scaling = read_table(run.table("grid_scaling"))
     if len(scaling):
-        _plot_scaling(scaling, figures / "grid_scaling.png")
+        _plot_scaling(scaling, run.figure("grid_scaling"))
     else:
-        _placeholder(figures / "grid_scaling.png", "grid scaling", "no grid study in this config")
-    _optuna_figures(cfg, figures)
+        _placeholder(run.figure("grid_scaling"), "grid scaling", "no grid study in this config")
+    _optuna_figures(cfg, run)

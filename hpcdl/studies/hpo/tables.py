@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform import read_table, started_at, write_table
+from hpcdl.platform import StudyDir, read_table, started_at, write_table
 from hpcdl.studies.hpo.sweep import pruning_baseline
 
 
@@ -104,14 +104,13 @@ def pruning_table(hpo: dict, studies: pd.DataFrame) -> pd.DataFrame:
 
 
 def write(cfg: dict, study_dir: Path) -> None:
-    study_dir = Path(study_dir)
+    run = StudyDir(study_dir)
     started = started_at(study_dir, "trials")
-    trials = read_table(study_dir / "raw" / "trials.csv")
-    studies = read_table(study_dir / "raw" / "studies.csv")
-    tables = study_dir / "tables"
-    write_table(trials, tables / "trials.csv", cfg, started)
-    write_table(read_table(study_dir / "raw" / "intermediate.csv"), tables / "intermediate.csv", cfg, started)
-    write_table(best_so_far(trials), tables / "best_so_far.csv", cfg, started)
-    write_table(grid_scaling(studies, trials), tables / "grid_scaling.csv", cfg, started)
-    write_table(best_config(studies), tables / "best_config.csv", cfg, started)
-    write_table(pruning_table(cfg["hpo"], studies), tables / "pruning.csv", cfg, started)
+    trials = read_table(run.raw_table("trials"))
+    studies = read_table(run.raw_table("studies"))
+    write_table(trials, run.table("trials"), cfg, started)
+    write_table(read_table(run.raw_table("intermediate")), run.table("intermediate"), cfg, started)
+    write_table(best_so_far(trials), run.table("best_so_far"), cfg, started)
+    write_table(grid_scaling(studies, trials), run.table("grid_scaling"), cfg, started)
+    write_table(best_config(studies), run.table("best_config"), cfg, started)
+    write_table(pruning_table(cfg["hpo"], studies), run.table("pruning"), cfg, started)

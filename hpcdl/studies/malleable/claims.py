@@ -22,6 +22,7 @@ from hpcdl.platform import (
     every,
     last_error_line,
     mean_interval,
+    measured_afresh,
     not_measured,
     unseeded,
 )
@@ -38,8 +39,7 @@ MIN_PAIRS = 2  # an interval needs two paired values
 CONFIRMATION = {
     "change_within_one_iteration": unseeded("iteration boundaries of this run's own thread-count changes, "
                                             "logged by the job: no seed decides when a change lands"),
-    "follow_quota_faster": unseeded("iteration times of this run's repeats, paired by repeat: no seed "
-                                    "decides them"),
+    "follow_quota_faster": measured_afresh("iteration times of this run's repeats, paired by repeat"),
     "malleable_beats_rigid": confirmed_on("cosched.jobs", kind="inputs"),
 }
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform import mark_no_data, pyplot, save_figure
+from hpcdl.platform import StudyDir, mark_no_data, pyplot, save_figure
 from hpcdl.studies.malleable.tables import PHASE_SKIP, raw, table
 
 # One colour per policy in every figure: rigid red, the malleable ones blue and orange.
@@ -20,21 +20,20 @@ def _policy_color(policy: str, i: int) -> str:
 
 def draw(cfg: dict, study_dir: Path) -> None:
     plt = pyplot()
-    study_dir = Path(study_dir)
-    figs = study_dir / "figures"
+    run = StudyDir(study_dir)
     _plot_gantt(
         plt,
         raw(study_dir, "decisions"),
         table(study_dir, "jobs"),
         table(study_dir, "policies"),
         cfg,
-        figs / "gantt.png",
+        run.figure("gantt"),
     )
-    _plot_policy_bars(plt, table(study_dir, "policies"), figs / "policy_bars.png")
+    _plot_policy_bars(plt, table(study_dir, "policies"), run.figure("policy_bars"))
     _plot_iter_time(
-        plt, table(study_dir, "series"), table(study_dir, "oversub"), cfg, figs / "iter_time.png"
+        plt, table(study_dir, "series"), table(study_dir, "oversub"), cfg, run.figure("iter_time")
     )
-    _plot_utilisation(plt, table(study_dir, "utilisation"), cfg, figs / "utilisation.png")
+    _plot_utilisation(plt, table(study_dir, "utilisation"), cfg, run.figure("utilisation"))
 
 
 def _first_repeat(df: pd.DataFrame) -> pd.DataFrame:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform import read_or_empty, write_table
+from hpcdl.platform import StudyDir, read_or_empty, write_table
 
 PHASE_SKIP = 2  # iterations at the start of a quota phase left out of its median
 UTIL_BIN_S = 0.25  # width of the utilisation-over-time bins
@@ -16,12 +16,12 @@ UTIL_BIN_S = 0.25  # width of the utilisation-over-time bins
 
 def raw(study_dir: Path, name: str) -> pd.DataFrame:
     """raw/<name>.csv, or an empty table."""
-    return read_or_empty(Path(study_dir) / "raw" / f"{name}.csv")
+    return read_or_empty(StudyDir(study_dir).raw_table(name))
 
 
 def table(study_dir: Path, name: str) -> pd.DataFrame:
     """tables/<name>.csv, or an empty table."""
-    return read_or_empty(Path(study_dir) / "tables" / f"{name}.csv")
+    return read_or_empty(StudyDir(study_dir).table(name))
 
 
 def response_table(changes: pd.DataFrame, series: pd.DataFrame) -> pd.DataFrame:
@@ -194,12 +194,11 @@ def write(cfg: dict, study_dir: Path) -> None:
     the rigid run of the same repeat), jobs.csv, utilisation.csv (busy and allocated cores over time
     per policy and repeat), change_cost.csv (first iteration after a change /
     steady iteration, every applied change) and series.csv (every iteration)."""
-    study_dir = Path(study_dir)
     cores = cfg["malleable"]["cores"]
     points, series, changes = raw(study_dir, "points"), raw(study_dir, "series"), raw(study_dir, "changes")
     decisions, jobs = raw(study_dir, "decisions"), raw(study_dir, "jobs")
     started = pd.Timestamp.now().timestamp()
-    tables = study_dir / "tables"
+    run = StudyDir(study_dir)
     out = {
         "response": response_table(changes, series),
         "oversub": oversub_table(series, cfg),
@@ -210,4 +209,4 @@ def write(cfg: dict, study_dir: Path) -> None:
         "series": series,
     }
     for name, df in out.items():
-        write_table(df, tables / f"{name}.csv", cfg, started)
+        write_table(df, run.table(name), cfg, started)

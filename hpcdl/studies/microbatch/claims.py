@@ -25,8 +25,8 @@ from hpcdl.platform import (
     every,
     failed_because,
     mean_interval,
+    measured_afresh,
     read_tables,
-    unseeded,
 )
 from hpcdl.studies.microbatch import cudnn_claims
 
@@ -41,12 +41,10 @@ MIN_ROUNDS = 2  # an interval needs two paired rounds
 # where each verdict is confirmed (hpcdl.platform.kit.confirmation): `seed` sets the layers' inputs, and
 # no kernel's time depends on their values
 CONFIRMATION = {
-    "algorithm_choice_not_slower": unseeded("whole-network times of this run's rounds, measured afresh: no "
-                                            "seed decides them"),
-    "algorithm_choice_prediction_within_tolerance": unseeded("planned and measured times of this run, "
-                                                             "measured afresh: no seed decides them"),
+    "algorithm_choice_not_slower": measured_afresh("whole-network times of this run's rounds"),
+    "algorithm_choice_prediction_within_tolerance": measured_afresh("planned and measured times of this run"),
     "outputs_exact": deterministic("each plan's outputs equal the undivided layer's, element by element"),
-    **{cid: unseeded("cuDNN engine times of this run, measured afresh: no seed decides them")
+    **{cid: measured_afresh("cuDNN engine times of this run")
        for cid in cudnn_claims.CLAIMS},
 }
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform import mark_no_data, pyplot, read_or_empty, save_figure
+from hpcdl.platform import StudyDir, mark_no_data, pyplot, read_or_empty, read_tables, save_figure
 from hpcdl.studies.microbatch.cudnn_claims import PAPER_SPEEDUP
 from hpcdl.studies.microbatch.cudnn_plan import DEFAULT_LIMIT_MIB
 from hpcdl.studies.microbatch.tables import SEED_SPEEDUP
@@ -85,12 +85,9 @@ def _budget_lines(d: pd.DataFrame, policies: list[str]) -> list[tuple[str, str]]
 def draw(cfg: dict, study_dir: Path) -> None:
     plt = pyplot()
 
-    study_dir = Path(study_dir)
-    tables, figs = study_dir / "tables", study_dir / "figures"
-    layers = read_or_empty(tables / "layer_speedup.csv")
-    nets = read_or_empty(tables / "network_speedup.csv")
-    budget = read_or_empty(tables / "budget_speedup.csv")
-    plans = read_or_empty(tables / "plans.csv")
+    run = StudyDir(study_dir)
+    layers, nets, budget, plans = read_tables(run.root, "layer_speedup", "network_speedup", "budget_speedup",
+                                              "plans")
     dev = _device_word(nets)
 
     # 1. per-layer measured speedup of the ILP plan, one bar per policy (predicted as markers)
@@ -116,7 +113,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
         )
         ax.legend(fontsize=7, ncol=4, loc="lower left", bbox_to_anchor=(0, 1.1))  # above, not on the bars
         ax.grid(True, axis="y", alpha=0.3)
-    save_figure(fig, figs / "layer_speedup.png")
+    save_figure(fig, run.figure("layer_speedup"))
 
     # 2. network speedup vs total workspace budget, one line per policy, the seed as a reference
     fig, panels = _per_network(plt, budget, (5, 4), "no budget sweep in this run")
@@ -156,7 +153,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
         # below the axes: inside, it covered the paper's reference line
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))
-    save_figure(fig, figs / "budget_speedup.png")
+    save_figure(fig, run.figure("budget_speedup"))
 
     # 3. chosen micro-batches per layer and kernel (policy all, ILP): segments coloured by algorithm
     fig, panels = _per_network(plt, plans, (6.5, 5), "no plans in this run", gridspec_kw={"wspace": 0.75})
@@ -184,7 +181,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
             loc="lower right",
             framealpha=0.9,
         )
-    save_figure(fig, figs / "microbatch_sizes.png")
+    save_figure(fig, run.figure("microbatch_sizes"))
 
     # 4. predicted vs measured time of the plans (and of the default), per network and policy
     fig, ax = plt.subplots(figsize=(6, 5.5))
@@ -233,8 +230,8 @@ def draw(cfg: dict, study_dir: Path) -> None:
         title=f"Predicted vs measured ({dev})",
     )
     ax.grid(True, which="both", alpha=0.3)
-    save_figure(fig, figs / "predicted_vs_measured.png")
-    _cudnn_limits(plt, read_or_empty(tables / "cudnn_networks.csv"), figs)
+    save_figure(fig, run.figure("predicted_vs_measured"))
+    _cudnn_limits(plt, read_or_empty(run.table("cudnn_networks")), run.figures)
 
 
 def _cudnn_limits(plt, nets: pd.DataFrame, figs: Path) -> None:

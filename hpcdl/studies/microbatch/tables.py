@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform import ok_rows, read_or_empty, write_table
+from hpcdl.platform import StudyDir, ok_rows, read_or_empty, write_table
 from hpcdl.studies.microbatch.cudnn_plan import rollup
 
 # μ-cuDNN (Oyama et al., Cluster 2018) on a V100: a reference, not a bar on this machine
@@ -160,19 +160,18 @@ def failures(raws: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 def write(cfg: dict, study_dir: Path) -> None:
     started = time.time()
-    study_dir = Path(study_dir)
-    raws = {k: read_or_empty(study_dir / "raw" / f"{k}.csv") for k in (*RAW, *CUDNN_RAW)}
-    tables = study_dir / "tables"
+    run = StudyDir(study_dir)
+    raws = {k: read_or_empty(run.raw_table(k)) for k in (*RAW, *CUDNN_RAW)}
     nets = network_speedup(raws["execution"], raws["network_rounds"], raws["plans"])
-    write_table(nets, tables / "network_speedup.csv", cfg, started)
-    write_table(network_rounds(raws["execution"], raws["network_rounds"]), tables / "network_rounds.csv", cfg,
+    write_table(nets, run.table("network_speedup"), cfg, started)
+    write_table(network_rounds(raws["execution"], raws["network_rounds"]), run.table("network_rounds"), cfg,
                 started)
-    write_table(layer_speedup(raws["execution"]), tables / "layer_speedup.csv", cfg, started)
-    write_table(ok_rows(raws["budget"]), tables / "budget_speedup.csv", cfg, started)
-    write_table(ok_rows(raws["plans"]), tables / "plans.csv", cfg, started)
-    write_table(ok_rows(raws["planning"]), tables / "planning_cost.csv", cfg, started)
-    write_table(exactness_table(raws["exactness"], raws["execution"]), tables / "exactness.csv", cfg, started)
-    write_table(failures(raws), tables / "failures.csv", cfg, started)
+    write_table(layer_speedup(raws["execution"]), run.table("layer_speedup"), cfg, started)
+    write_table(ok_rows(raws["budget"]), run.table("budget_speedup"), cfg, started)
+    write_table(ok_rows(raws["plans"]), run.table("plans"), cfg, started)
+    write_table(ok_rows(raws["planning"]), run.table("planning_cost"), cfg, started)
+    write_table(exactness_table(raws["exactness"], raws["execution"]), run.table("exactness"), cfg, started)
+    write_table(failures(raws), run.table("failures"), cfg, started)
     limits = ok_rows(raws["cudnn_limits"])
-    write_table(limits, tables / "cudnn_limits.csv", cfg, started)
-    write_table(rollup(limits), tables / "cudnn_networks.csv", cfg, started)
+    write_table(limits, run.table("cudnn_limits"), cfg, started)
+    write_table(rollup(limits), run.table("cudnn_networks"), cfg, started)

@@ -22,13 +22,16 @@ import pandas as pd
 from hpcdl.platform import (
     CONFIDENCE,
     FAILURE_COLUMNS,
+    StudyDir,
     above,
     claim,
     deterministic,
     every,
     mean_interval,
+    measured_afresh,
     not_measured,
     read_or_empty,
+    read_tables,
     unseeded,
     why_point_missing,
 )
@@ -40,7 +43,7 @@ CLAIMS = ("memory_ratio", "hidden_fraction", "weights_equal", "capacity_ratio")
 # from the seed, and no memory peak or timing depends on the values
 CONFIRMATION = {
     "memory_ratio": unseeded("measured peaks of this run: tensor sizes, not the seeded values, decide them"),
-    "hidden_fraction": unseeded("transfer and step times of this run, measured afresh: no seed decides them"),
+    "hidden_fraction": measured_afresh("transfer and step times of this run"),
     "weights_equal": deterministic("each strategy's weights equal those of 'none' bit for bit, from one "
                                    "seed"),
     "capacity_ratio": unseeded("the largest depth whose measured peak fits the budget: tensor sizes, not the "
@@ -53,12 +56,10 @@ UNKNOWN_MEASURE = "RSS high-water mark on CPU, allocator peak on CUDA"
 
 
 def judge(cfg: dict, study_dir: Path) -> list[dict]:
-    tables = Path(study_dir) / "tables"
-    tr = read_or_empty(tables / "tradeoff.csv")
-    cap = read_or_empty(tables / "capacity.csv")
-    fails = read_or_empty(tables / "failures.csv", columns=FAILURE_COLUMNS)
+    # tiers: both tiers' bandwidths, measured in the same run: is the slow tier slower here?
+    tr, cap, host = read_tables(study_dir, "tradeoff", "capacity", "tiers")
+    fails = read_or_empty(StudyDir(study_dir).table("failures"), columns=FAILURE_COLUMNS)
     block = cfg["offload"]
-    host = read_or_empty(tables / "tiers.csv")  # both tiers' bandwidths: is the slow tier slower here?
     return [
         _on_this_host(_claim_memory(tr, block, fails), host, block),
         _claim_hidden(tr, block, fails),

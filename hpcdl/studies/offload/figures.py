@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform import mark_no_data, pyplot, read_or_empty, save_figure
+from hpcdl.platform import StudyDir, mark_no_data, pyplot, read_or_empty, read_tables, save_figure
 from hpcdl.studies.offload.tables import ORDER
 
 MiB = 2**20
@@ -26,10 +26,8 @@ def _tier_label(df: pd.DataFrame) -> str:
 
 def draw(cfg: dict, study_dir: Path) -> None:
     plt = pyplot()
-    study_dir = Path(study_dir)
-    tables, figs = study_dir / "tables", study_dir / "figures"
-    tr = read_or_empty(tables / "tradeoff.csv")
-    cap = read_or_empty(tables / "capacity.csv")
+    run = StudyDir(study_dir)
+    tr, cap = read_tables(run.root, "tradeoff", "capacity")
     tier = _tier_label(tr)
 
     # 1. peak fast-tier memory vs step time, one point per size
@@ -63,7 +61,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
         axis.set_minor_formatter(NullFormatter())
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    save_figure(fig, figs / "tradeoff.png")
+    save_figure(fig, run.figure("tradeoff"))
 
     # 2. stacked step-time breakdown at every depth
     parts = [
@@ -87,7 +85,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
     ax.set(ylabel="time per step (ms, median step)", title=f"Step time split\n{tier}")
     ax.title.set_fontsize(9)
     ax.grid(True, axis="y", alpha=0.3)
-    save_figure(fig, figs / "breakdown.png")
+    save_figure(fig, run.figure("breakdown"))
 
     # 3. largest trainable model per strategy under the budget
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -110,10 +108,10 @@ def draw(cfg: dict, study_dir: Path) -> None:
         mark_no_data(ax, "no successful capacity search in this run")
     ax.set(xlabel="strategy", ylabel="parameters that train (millions)")
     ax.margins(y=0.2)
-    save_figure(fig, figs / "capacity.png")
+    save_figure(fig, run.figure("capacity"))
 
     # 4. one step's timeline: compute vs transfer lanes
-    _plot_timeline(plt, read_or_empty(study_dir / "raw" / "timeline.csv"), tr, figs / "timeline.png")
+    _plot_timeline(plt, read_or_empty(run.raw_table("timeline")), tr, run.figure("timeline"))
 
 
 TIMELINE_COLORS = {"forward": "C0", "backward": "C2", "optimizer": "C1", "optimizer_update": "C5",

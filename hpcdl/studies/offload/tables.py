@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform import failures_table, ok_rows, read_or_empty, write_table
+from hpcdl.platform import StudyDir, failures_table, ok_rows, read_or_empty, write_table
 from hpcdl.studies.offload import tiers
 
 ORDER = ["none", "optimizer", "activations", "both", "save_on_cpu"]
@@ -65,10 +65,9 @@ FAILURE_KEYS = ("strategy", "depth", "width", "budget_mb")
 
 def write(cfg: dict, study_dir: Path) -> None:
     started = time.time()
-    study_dir = Path(study_dir)
-    raw = {k: read_or_empty(study_dir / "raw" / f"{k}.csv") for k in ("steps", "capacity")}
-    tables = study_dir / "tables"
-    write_table(tradeoff(raw["steps"]), tables / "tradeoff.csv", cfg, started)
-    write_table(capacity(raw["capacity"]), tables / "capacity.csv", cfg, started)
-    write_table(tiers.table(ok_rows(raw["steps"])), tables / "tiers.csv", cfg, started)
-    write_table(failures_table(raw, FAILURE_KEYS), tables / "failures.csv", cfg, started)
+    run = StudyDir(study_dir)
+    raw = {k: read_or_empty(run.raw_table(k)) for k in ("steps", "capacity")}
+    write_table(tradeoff(raw["steps"]), run.table("tradeoff"), cfg, started)
+    write_table(capacity(raw["capacity"]), run.table("capacity"), cfg, started)
+    write_table(tiers.table(ok_rows(raw["steps"])), run.table("tiers"), cfg, started)
+    write_table(failures_table(raw, FAILURE_KEYS), run.table("failures"), cfg, started)

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.platform import (
+    StudyDir,
     above,
     all_of,
     below,
@@ -27,6 +28,7 @@ from hpcdl.platform import (
     not_measured,
     paired,
     read_or_empty,
+    read_tables,
 )
 from hpcdl.studies.shuffle.compute import SAMPLE_BYTES
 from hpcdl.studies.shuffle.sweep import expand
@@ -84,11 +86,9 @@ class _Points:
 
 
 def judge(cfg: dict, study_dir: Path) -> list[dict]:
-    study_dir = Path(study_dir)
     block = cfg["shuffle"]
-    final = read_or_empty(study_dir / "tables" / "final.csv")
-    epochs = read_or_empty(study_dir / "tables" / "epochs.csv")
-    pts = _Points(block, read_or_empty(study_dir / "raw" / "points.csv"), final)
+    final, epochs = read_tables(study_dir, "final", "epochs")
+    pts = _Points(block, read_or_empty(StudyDir(study_dir).raw_table("points")), final)
     sizes = sorted({m for g in block["grids"] for m in g["world_sizes"]})
     out = []
     for m in sizes:

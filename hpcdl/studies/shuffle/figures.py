@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdl.platform import mark_no_data, pyplot, read_table, save_figure
+from hpcdl.platform import StudyDir, mark_no_data, pyplot, read_table, save_figure
 from hpcdl.studies.shuffle.compute import SAMPLE_BYTES
 from hpcdl.studies.shuffle.tables import PARTITIONINGS, plain_runs
 
@@ -24,10 +24,9 @@ def _order(labels) -> list[str]:
 
 def draw(cfg: dict, study_dir: Path) -> None:
     plt = pyplot()
-    study_dir = Path(study_dir)
-    epochs = read_table(study_dir / "tables" / "epochs.csv")
-    final = read_table(study_dir / "tables" / "final.csv")
-    figs = study_dir / "figures"
+    run = StudyDir(study_dir)
+    epochs = read_table(run.table("epochs"))
+    final = read_table(run.table("final"))
     plain = epochs[~epochs["point"].str.startswith("kakurenbo-")]
     plain_final = plain_runs(final)
     sizes = sorted(plain["world_size"].unique())
@@ -49,7 +48,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
     axes[0].set_ylabel("validation accuracy (%)")
     # beside the panels: inside, it covered the skewed curves
     axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
-    save_figure(fig, figs / "acc_vs_epoch.png")
+    save_figure(fig, run.figure("acc_vs_epoch"))
     plt.close(fig)
 
     # 2. final accuracy vs Q (Q on a categorical axis: 0 = local, 1 = global)
@@ -64,7 +63,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
     ax.set_ylabel("final validation accuracy (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    save_figure(fig, figs / "final_acc_vs_q.png")
+    save_figure(fig, run.figure("final_acc_vs_q"))
     plt.close(fig)
 
     # 3. stacked time per epoch vs Q, one panel per M (random partitioning)
@@ -84,7 +83,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
     where = _measured_where(plain_final)
     if where:
         fig.suptitle(where, fontsize=9)
-    save_figure(fig, figs / "time_per_epoch_vs_q.png")
+    save_figure(fig, run.figure("time_per_epoch_vs_q"))
     plt.close(fig)
 
     # 4. bytes exchanged per epoch vs Q, against Q * N samples
@@ -100,21 +99,21 @@ def draw(cfg: dict, study_dir: Path) -> None:
     ax.set_xscale("symlog", linthresh=0.01)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    save_figure(fig, figs / "bytes_vs_q.png")
+    save_figure(fig, run.figure("bytes_vs_q"))
     plt.close(fig)
 
-    _gap_figure(plt, cfg, study_dir)
-    _kakurenbo_figure(plt, cfg, study_dir)
+    _gap_figure(plt, cfg, run)
+    _kakurenbo_figure(plt, cfg, run)
 
 
-def _gap_figure(plt, cfg: dict, study_dir: Path) -> None:
+def _gap_figure(plt, cfg: dict, run: StudyDir) -> None:
     """Accuracy gap to global vs Q per partitioning: mean over paired seeds with its 95 % interval
     (one-seed points hollow, no interval), the tolerance line, and the smallest Q within it."""
-    gap = read_table(study_dir / "tables" / "gap.csv")
-    rec = read_table(study_dir / "tables" / "recovery.csv")
+    gap = read_table(run.table("gap"))
+    rec = read_table(run.table("recovery"))
     tol = cfg["shuffle"]["tolerance_pt"]
     if gap.empty:
-        _nothing(plt, study_dir / "figures" / "acc_gap_vs_q.png", "no local or partial point to compare "
+        _nothing(plt, run.figure("acc_gap_vs_q"), "no local or partial point to compare "
                  "with global in this config")
         return
     sizes = sorted(gap["world_size"].unique())
@@ -149,17 +148,17 @@ def _gap_figure(plt, cfg: dict, study_dir: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("final accuracy minus global's (pt)")
     axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
-    save_figure(fig, study_dir / "figures" / "acc_gap_vs_q.png")
+    save_figure(fig, run.figure("acc_gap_vs_q"))
     plt.close(fig)
 
 
-def _kakurenbo_figure(plt, cfg: dict, study_dir: Path) -> None:
+def _kakurenbo_figure(plt, cfg: dict, run: StudyDir) -> None:
     """Per hiding fraction F: wall time saved (paired with F = 0 of the same round, 95 % interval)
     beside the backward work skipped and the overhead added; and the accuracy change."""
-    k = read_table(study_dir / "tables" / "kakurenbo.csv")
+    k = read_table(run.table("kakurenbo"))
     tol = cfg["shuffle"]["tolerance_pt"]
     if k.empty:
-        _nothing(plt, study_dir / "figures" / "kakurenbo.png", "no KAKURENBO round with F > 0 in this run")
+        _nothing(plt, run.figure("kakurenbo"), "no KAKURENBO round with F > 0 in this run")
         return
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
     x = np.arange(len(k))
@@ -198,7 +197,7 @@ def _kakurenbo_figure(plt, cfg: dict, study_dir: Path) -> None:
     kk = cfg["shuffle"]["kakurenbo"]
     rounds = int(k["rounds"].max()) if not k.empty else 0
     fig.suptitle(f"KAKURENBO on global shuffling, M = {kk['world_size']}, {rounds} interleaved rounds")
-    save_figure(fig, study_dir / "figures" / "kakurenbo.png")
+    save_figure(fig, run.figure("kakurenbo"))
     plt.close(fig)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform import CONFIDENCE, mean_interval, read_table, started_at, write_table
+from hpcdl.platform import CONFIDENCE, StudyDir, mean_interval, read_table, started_at, write_table
 from hpcdl.studies.shuffle.compute import SAMPLE_BYTES
 from hpcdl.studies.shuffle.exchange_plan import exchange_count
 from hpcdl.studies.shuffle.sweep import WARMUP_ROUND
@@ -229,22 +229,21 @@ def kakurenbo_table(rounds: pd.DataFrame, min_net_saving: float) -> pd.DataFrame
 
 
 def write(cfg: dict, study_dir: Path) -> None:
-    study_dir = Path(study_dir)
+    run = StudyDir(study_dir)
     block = cfg["shuffle"]
-    raw = read_table(study_dir / "raw" / "epochs.csv")
+    raw = read_table(run.raw_table("epochs"))
     started = started_at(study_dir, "epochs")
-    tables = study_dir / "tables"
     if raw.empty:
-        raise ValueError(f"{study_dir / 'raw' / 'epochs.csv'} has no rows: every sweep point failed "
-                         f"(see {study_dir / 'raw' / 'points.csv'})")
+        raise ValueError(f"{run.raw_table('epochs')} has no rows: every sweep point failed "
+                         f"(see {run.raw_table('points')})")
     epochs = epoch_table(raw)
     final = final_table(epochs, block["n_train"])
-    write_table(epochs, tables / "epochs.csv", cfg, started)
-    write_table(final, tables / "final.csv", cfg, started)
+    write_table(epochs, run.table("epochs"), cfg, started)
+    write_table(final, run.table("final"), cfg, started)
     gap = gap_table(final)
-    write_table(gap, tables / "gap.csv", cfg, started)
-    write_table(recovery_table(gap, block["tolerance_pt"]), tables / "recovery.csv", cfg, started)
+    write_table(gap, run.table("gap"), cfg, started)
+    write_table(recovery_table(gap, block["tolerance_pt"]), run.table("recovery"), cfg, started)
     rounds = kakurenbo_rounds(final)
-    write_table(rounds, tables / "kakurenbo_rounds.csv", cfg, started)
-    write_table(kakurenbo_table(rounds, block["kakurenbo"]["min_net_saving"]), tables / "kakurenbo.csv", cfg,
+    write_table(rounds, run.table("kakurenbo_rounds"), cfg, started)
+    write_table(kakurenbo_table(rounds, block["kakurenbo"]["min_net_saving"]), run.table("kakurenbo"), cfg,
                 started)

@@ -11,6 +11,7 @@ import pandas as pd
 
 from hpcdl.platform import (
     CONFIDENCE,
+    StudyDir,
     above,
     all_of,
     below,
@@ -22,6 +23,7 @@ from hpcdl.platform import (
     mean_interval,
     not_measured,
     read_or_empty,
+    read_tables,
     unseeded,
 )
 from hpcdl.studies.spatial.sweep import expand as expand_runs
@@ -55,21 +57,22 @@ def _run_missing(raw: pd.DataFrame, run: str) -> str:
 
 
 def judge(cfg: dict, study_dir: Path) -> list[dict]:
-    tables = Path(study_dir) / "tables"
     block = cfg["spatial"]
-    df = read_or_empty(tables / "runs.csv")
-    raw = read_or_empty(Path(study_dir) / "raw" / "runs.csv")
+    df, exact, loss, ext, check, repeats, fit = read_tables(
+        study_dir, "runs", "exactness", "loss", "extrapolation", "compute_check", "oracle_repeats",
+        "calibration_fit")
+    raw = read_or_empty(StudyDir(study_dir).raw_table("runs"))
     runs = [r for r in dict.fromkeys(p["run"] for p in expand_runs(block))]
     timed = {r: float(df.loc[df["run"] == r, "time_per_iter_s"].iloc[0]) for r in runs
              if "run" in df and (df["run"] == r).any()}
-    oracle, oracle_holds = _claim_oracle_error(block, df, raw, tables,
+    oracle, oracle_holds = _claim_oracle_error(block, df, raw, repeats, fit,
                                                [r for r in runs if not r.startswith("ceiling")])
-    return [_claim_exact(block, read_or_empty(tables / "exactness.csv")),
+    return [_claim_exact(block, exact),
             _claim_efficiency(block, df, raw, timed),
             oracle,
-            _claim_loss(block, read_or_empty(tables / "loss.csv"), raw, runs),
-            _claim_pick(block, read_or_empty(tables / "extrapolation.csv"), oracle, oracle_holds),
-            claim_compute_term(block, read_or_empty(tables / "compute_check.csv"))]
+            _claim_loss(block, loss, raw, runs),
+            _claim_pick(block, ext, oracle, oracle_holds),
+            claim_compute_term(block, check)]
 
 
 def claim_compute_term(block: dict, check: pd.DataFrame) -> dict:
@@ -195,8 +198,8 @@ def _per_run_intervals(reps: pd.DataFrame, runs: list[str]) -> dict:
     return out
 
 
-def _claim_oracle_error(block: dict, df: pd.DataFrame, raw: pd.DataFrame, tables: Path,
-                        runs: list[str]) -> tuple[dict, dict]:
+def _claim_oracle_error(block: dict, df: pd.DataFrame, raw: pd.DataFrame, repeats: pd.DataFrame,
+                        fit: pd.DataFrame, runs: list[str]) -> tuple[dict, dict]:
     """Judged out of sample and per run: each held-out run (spatial.held_out), whose layer shapes the
     calibration left out (tables.write), so the oracle predicts it rather than re-adding timings it was
     fitted on, must be within the bound on its own (a mean would hide a run that misses); where a run
@@ -223,13 +226,12 @@ def _claim_oracle_error(block: dict, df: pd.DataFrame, raw: pd.DataFrame, tables
                             "nothing is predicted out of sample", threshold=bound, in_sample=in_sample), {}
     out = {r: err[r] for r in held if r in err}
     missing = {r: _run_missing(raw, r) for r in held if r not in err}
-    ivs = _per_run_intervals(read_or_empty(tables / "oracle_repeats.csv"), list(out))
+    ivs = _per_run_intervals(repeats, list(out))
     holds = {r: all_of([above(ivs[r][0], -bound), below(ivs[r][0], bound)]) if r in ivs else abs(e) <= bound
              for r, e in out.items()}
     mae = _mean_abs(out)
     worst = max(out, key=lambda r: abs(out[r])) if out else None
     # Evidence only: where the error sits, in runs with a core per rank vs runs sharing cores.
-    fit = read_or_empty(tables / "calibration_fit.csv")
     cores = int(fit["cores"].iloc[0]) if "cores" in fit and len(fit) else None
     split = {}
     if cores is not None and "ranks" in df:

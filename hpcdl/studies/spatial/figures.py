@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcdl.platform import mark_no_data, pyplot, read_table, save_figure
+from hpcdl.platform import StudyDir, mark_no_data, pyplot, read_table, save_figure
 from hpcdl.studies.spatial.tables import COMPONENTS
 
 COLORS = {"compute_s": "tab:blue", "halo_s": "tab:orange", "gather_s": "tab:purple",
@@ -79,16 +79,19 @@ def _plot_scaling(plt, df: pd.DataFrame, block: dict, kind: str, figs: Path) -> 
 
 def draw(cfg: dict, study_dir: Path) -> None:
     plt = pyplot()
-    tables, figs = Path(study_dir) / "tables", Path(study_dir) / "figures"
+    study = StudyDir(study_dir)
+    # the figures folder, as the plotting helpers below take it; a model-only figure's name stays a
+    # literal "<name>.png" in its save_figure call (tests/test_captions.py reads them from the source)
+    figs = study.figures
     figs.mkdir(parents=True, exist_ok=True)
-    df = read_table(tables / "runs.csv")
+    df = read_table(study.table("runs"))
     block = cfg["spatial"]
     for kind in ("strong", "weak"):
         _plot_scaling(plt, df, block, kind, figs)
 
     _plot_oracle(plt, df, block, figs)
 
-    ext = read_table(tables / "extrapolation.csv")
+    ext = read_table(study.table("extrapolation"))
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for fam, g in ext.groupby("family"):
         g = g.sort_values("gpus")
@@ -120,13 +123,13 @@ def draw(cfg: dict, study_dir: Path) -> None:
     ax.set_xticks(sorted(set(df.loc[df["kind"].isin(["strong", "weak"]), "ranks"].astype(int))))
     ax.legend(fontsize=8)
     fig.tight_layout()
-    save_figure(fig, figs / "memory.png")
+    save_figure(fig, study.figure("memory"))
 
     _plot_efficiency(plt, df, block, figs)
-    _plot_papers(plt, read_table(tables / "paper_predictions.csv"), figs)
-    _plot_sensitivity(plt, read_table(tables / "paper_sensitivity.csv"), figs)
+    _plot_papers(plt, read_table(study.table("paper_predictions")), figs)
+    _plot_sensitivity(plt, read_table(study.table("paper_sensitivity")), figs)
 
-    _plot_loss(plt, read_table(tables / "loss.csv"), figs)
+    _plot_loss(plt, read_table(study.table("loss")), figs)
 
 
 def _plot_loss(plt, loss: pd.DataFrame, figs: Path) -> None:

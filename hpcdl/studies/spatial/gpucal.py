@@ -45,34 +45,36 @@ from hpcdl.studies.spatial.perfmodel.gpu_table import slug
 PACE_AFTER = 3  # items measured before the estimate's scale to this device is trusted for the budget
 
 
+# the item's own columns, in the table's order: (column, the item's keys for it, first found first,
+# the default where it has none; None: the item must have it). A 3D item may say depth and height.
+_ITEM_COLUMNS = (("id", ("id",), None), ("kind", ("kind",), None), ("key", ("key",), None),
+                 ("network", ("network",), ""), ("axis", ("axis",), ""), ("d", ("d", "depth"), 0),
+                 ("h", ("h", "height"), 0), ("w", ("w",), 0), ("batch", ("batch",), None),
+                 ("units", ("units",), 0), ("flops", ("flops",), None), ("bytes", ("bytes",), None))
+
+
+def _item_value(it: dict, keys: tuple, default):
+    for key in keys:
+        if key in it:
+            return it[key]
+    if default is None:
+        raise KeyError(f"calibration item {it.get('id', '?')} has no {keys[0]!r}")
+    return default
+
+
+def _spread(total: np.ndarray) -> dict:
+    """The median, quartiles and range of an item's repeated forward+backward times."""
+    q25, q50, q75 = np.percentile(total, [25, 50, 75])
+    return {"median_s": float(q50), "p25_s": float(q25), "p75_s": float(q75),
+            "min_s": float(total.min()), "max_s": float(total.max()), "repeats": len(total)}
+
+
 def _row(it: dict, search: float, times: list, ref: float, session: int) -> dict:
     t = np.asarray(times)
-    tot = t.sum(axis=1)
-    return {
-        "id": it["id"],
-        "kind": it["kind"],
-        "key": it["key"],
-        "network": it.get("network", ""),
-        "axis": it.get("axis", ""),
-        "d": it.get("d", it.get("depth", 0)),
-        "h": it.get("h", it.get("height", 0)),
-        "w": it.get("w", 0),
-        "batch": it["batch"],
-        "units": it.get("units", 0),
-        "flops": it["flops"],
-        "bytes": it["bytes"],
-        "fwd_median_s": float(np.median(t[:, 0])),
-        "bwd_median_s": float(np.median(t[:, 1])),
-        "median_s": float(np.median(tot)),
-        "p25_s": float(np.percentile(tot, 25)),
-        "p75_s": float(np.percentile(tot, 75)),
-        "min_s": float(tot.min()),
-        "max_s": float(tot.max()),
-        "repeats": len(tot),
-        "search_s": search,
-        "ref_s": ref,
-        "session": session,
-    }
+    row = {col: _item_value(it, keys, default) for col, keys, default in _ITEM_COLUMNS}
+    row.update(fwd_median_s=float(np.median(t[:, 0])), bwd_median_s=float(np.median(t[:, 1])),
+               **_spread(t.sum(axis=1)), search_s=search, ref_s=ref, session=session)
+    return row
 
 
 class _Progress:

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from hpcdl.platform import StudyDir
+
 
 def summary(study_dir: Path) -> str:
-    study_dir = Path(study_dir)
-    claims = {c["id"]: c for c in json.loads((study_dir / "claims.json").read_text())["claims"]}
-    lines = [f"spatial run in {study_dir}"]
+    study = StudyDir(study_dir)  # `run` below names the study's runs
+    claims = {c["id"]: c for c in json.loads((study.root / "claims.json").read_text())["claims"]}
+    lines = [f"spatial run in {study.root}"]
     for cid, c in claims.items():
         lines.append(f"  {cid:24s} {c['status'].upper()}" + (f" ({c['reason']})" if c.get("reason") else ""))
     eff = claims.get("strong_efficiency_2", {}).get("measured", {})
@@ -43,13 +45,13 @@ def summary(study_dir: Path) -> str:
             per_run = ", ".join(f"{r} {100 * v:+.1f} %" for r, v in inside["per_run"].items())
             lines.append(f"  oracle mean |error| in sample {100 * inside['mean_abs_error']:.1f} % "
                          f"(not judged): {per_run}")
-    runs = pd.read_csv(study_dir / "tables" / "runs.csv")
+    runs = pd.read_csv(study.table("runs"))
     cols = [c for c in ("run", "time_per_iter_s", "time_per_iter_median_s", "iterations_timed", "phases",
                         "phases_disturbed", "other_load_cores", "other_load_cores_max", "halo_s",
                         "allreduce_s", "gather_s") if c in runs]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.precision", 4):
         lines.append(runs[cols].to_string(index=False))
-    fit = pd.read_csv(study_dir / "tables" / "calibration_fit.csv")
+    fit = pd.read_csv(study.table("calibration_fit"))
     cal = {c.removeprefix("calibration_"): getattr(v := fit[c].iloc[0], "item", lambda: v)() for c in fit
            if c.startswith("calibration_")}  # numbers, and the held-out shapes (a string)
     lines.append(f"  calibration: {cal}")

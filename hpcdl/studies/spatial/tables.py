@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.common.layers import build_spec
-from hpcdl.platform import read_table, write_table
+from hpcdl.platform import StudyDir, read_table, write_table
 from hpcdl.studies.spatial.load import other_load_cores
 from hpcdl.studies.spatial.papers import compute_check, paper_predictions, sensitivity
 from hpcdl.studies.spatial.perfmodel.calibrate import fit_machine
@@ -221,15 +221,15 @@ def write(cfg: dict, study_dir: Path) -> None:
     """The oracle is fitted on this study's own microbenchmarks (raw/calibration.csv) and predicts
     every run; the same oracle on the configured machine extrapolates to CosmoFlow scale."""
     block = cfg["spatial"]
-    raw, tables = Path(study_dir) / "raw", Path(study_dir) / "tables"
+    study = StudyDir(study_dir)
     started = pd.Timestamp.now().timestamp()
-    runs, iters, ranks = (read_table(raw / f) for f in ("runs.csv", "iterations.csv", "ranks.csv"))
-    cal = read_table(raw / "calibration.csv")
+    runs, iters, ranks = (read_table(study.raw_table(t)) for t in ("runs", "iterations", "ranks"))
+    cal = read_table(study.raw_table("calibration"))
     rows, cal_evidence = fit_rows(cal, block)
     machine, consts = fit_machine(rows, cores=int(cal["cores"].iloc[0]),
                                   threads_per_rank=block["threads_per_rank"], overlap=block["overlap"])
     write_table(pd.DataFrame([{**consts, **{f"calibration_{k}": v for k, v in cal_evidence.items()}}]),
-                tables / "calibration_fit.csv", cfg, started)
+                study.table("calibration_fit"), cfg, started)
     measured = _summaries(runs, iters, ranks, block["warmup"], block["timing_statistic"],
                           block["disturbed_load_cores"])
     summary = _speedups(_oracle(measured, machine, block["model"]))
@@ -237,21 +237,21 @@ def write(cfg: dict, study_dir: Path) -> None:
     held_runs = set(block["held_out"])
     summary["oracle_sample"] = [("" if k == "ceiling" else "held_out" if r in held_runs else "in_sample")
                                 for r, k in zip(summary["run"], summary["kind"], strict=True)]
-    write_table(summary, tables / "runs.csv", cfg, started)
+    write_table(summary, study.table("runs"), cfg, started)
     # the oracle's error on each kept repeat of each training run: the spread its claim's intervals use
     reps = repeat_times(runs, iters, block["warmup"], block["timing_statistic"],
                         block["disturbed_load_cores"])
     pred = summary[summary["oracle_sample"] != ""][["run", "pred_time_per_iter_s", "oracle_sample"]]
     reps = reps.merge(pred, on="run", how="inner")
     reps["oracle_error"] = (reps["pred_time_per_iter_s"] - reps["time_per_iter_s"]) / reps["time_per_iter_s"]
-    write_table(reps, tables / "oracle_repeats.csv", cfg, started)
+    write_table(reps, study.table("oracle_repeats"), cfg, started)
     # the loss curve of the first repeat (repeats of a run train the same model on the same data)
     loss = iters[iters["repeat"] == 0].groupby(["run", "iteration"], as_index=False)["loss"].mean()
-    write_table(loss, tables / "loss.csv", cfg, started)
-    write_table(read_table(raw / "exactness.csv"), tables / "exactness.csv", cfg, started)
+    write_table(loss, study.table("loss"), cfg, started)
+    write_table(read_table(study.raw_table("exactness")), study.table("exactness"), cfg, started)
     ex = block["extrapolate"]
     ext = extrapolation(block)
-    write_table(ext, tables / "extrapolation.csv", cfg, started)
+    write_table(ext, study.table("extrapolation"), cfg, started)
     # the oracle's pick per scale (none where no strategy fits in memory)
     picks = ext[ext["chosen"]].set_index("gpus")
     choice = pd.DataFrame({"gpus": ex["gpus"]})
@@ -259,16 +259,16 @@ def write(cfg: dict, study_dir: Path) -> None:
                 "memory_bytes"):
         choice[col] = choice["gpus"].map(picks[col]) if len(picks) else None
     choice["strategy"] = choice["strategy"].fillna("none fits in memory")
-    write_table(choice, tables / "strategy_choice.csv", cfg, started)
+    write_table(choice, study.table("strategy_choice"), cfg, started)
     cal = gpu_calibration(cfg, study_dir)
-    write_table(pd.DataFrame(paper_predictions(block, cal)), tables / "paper_predictions.csv", cfg, started)
-    write_table(pd.DataFrame(paper_predictions(block, cal, every_basis=True)), tables / "paper_bases.csv",
+    write_table(pd.DataFrame(paper_predictions(block, cal)), study.table("paper_predictions"), cfg, started)
+    write_table(pd.DataFrame(paper_predictions(block, cal, every_basis=True)), study.table("paper_bases"),
                 cfg, started)
-    write_table(pd.DataFrame(sensitivity(block, cal)), tables / "paper_sensitivity.csv", cfg, started)
+    write_table(pd.DataFrame(sensitivity(block, cal)), study.table("paper_sensitivity"), cfg, started)
     check = pd.DataFrame(compute_check(cal), columns=[
         "network", "depth", "height", "gpu", "measured_step_s", "measured_step_p25_s", "measured_step_p75_s",
         "oracle_compute_s", "error", "layers", "interpolated_items"])
-    write_table(check, tables / "compute_check.csv", cfg, started)
+    write_table(check, study.table("compute_check"), cfg, started)
 
 
 def gpu_calibration(cfg: dict, study_dir: Path):
@@ -276,7 +276,7 @@ def gpu_calibration(cfg: dict, study_dir: Path):
     own (raw/gpu_calibration/, made where the study ran on a GPU), else the committed one in
     <data.resources_dir>/calibration/, else None (the assumed efficiency)."""
     use = cfg["spatial"]["gpu_calibration"]["use"]
-    own = Path(study_dir) / "raw" / "gpu_calibration"
+    own = StudyDir(study_dir).raw / "gpu_calibration"
     if use == "auto" and list(own.glob("*.csv")):
         return find_calibration(own, use)
     return find_calibration(Path(cfg["data"]["resources_dir"]) / "calibration", use)
