@@ -89,7 +89,8 @@ def _conformance_config(tmp_path: Path, test_config: dict, name: str, runtime: s
     for study in STUDIES:
         cfg[study]["runtime"] = runtime
     ck = cfg["checkpoint"]
-    ck.update(formats=["torch", "dcp"], modes=["sync"], computing_units="2",
+    # one format (io_point and resume_point run the same task for each): DCP, which ranks_point needs
+    ck.update(formats=["dcp"], modes=["sync"], computing_units="2",
               sizes={"min_params": 4096, "max_params": 4096, "points": 1})
     ck["overhead"].update(modes=["sync"], intervals=[2])
     cfg["shuffle"]["kakurenbo"] = {"fractions": [0], "world_size": 2}
@@ -104,7 +105,9 @@ def _conformance_config(tmp_path: Path, test_config: dict, name: str, runtime: s
     cfg["microbatch"].update(algorithms=["onednn-nchw"], policies=["undivided"], backward_forms=["fused"])
     ml = cfg["malleable"]  # one point per task: each point starts a driver and a torch forkserver
     ml["response"]["methods"], ml["oversub"]["modes"] = ["signal"], ["follow"]
-    ml["cosched"]["policies"] = ["equal"]
+    ml["cosched"]["policies"], ml["repeats"] = ["equal"], 1
+    # one depth: a second one runs the same two tasks on a bigger model
+    cfg["offload"]["model"]["depths"] = cfg["offload"]["model"]["depths"][:1]
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path

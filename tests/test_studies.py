@@ -238,8 +238,9 @@ def test_a_new_study_needs_only_its_own_files(tmp_path):
                       "toy2: {xs: [5, 4]}\n")
     env = child_env(copy, drop=[REPO], HPCDL_PROGRESS="0",
                     PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    # 2 cores, as `make figures` here: the two toy studies' jobs run side by side
     run = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(copy / "Snakefile"), "--directory",
-                          str(copy), "--cores", "1", "--configfile", str(config)], cwd=copy, env=env,
+                          str(copy), "--cores", "2", "--configfile", str(config)], cwd=copy, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     toy = tmp_path / "results" / "toy"
