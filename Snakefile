@@ -6,7 +6,7 @@ import os
 
 from snakemake.utils import min_version, validate
 
-from hpcdl.platform.kit.atomic import atomic_write_json
+from hpcdl.platform.kit.atomic import json_text
 from hpcdl.platform.kit.config import ConfigError, study_config, validate_config, write_full_schema
 from hpcdl.platform.kit.study import registered
 from hpcdl.platform.orchestration import gpu_records, wiring

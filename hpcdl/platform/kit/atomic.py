@@ -47,8 +47,13 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def json_text(obj) -> str:
+    """The project's JSON file form: indented, keys sorted, a final newline."""
+    return json.dumps(obj, indent=2, sort_keys=True, default=json_default) + "\n"
+
+
 def atomic_write_json(path: str | Path, obj) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=json_default) + "\n")
+    return atomic_write_text(path, json_text(obj))
 
 
 def json_default(obj):
