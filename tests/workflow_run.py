@@ -1,10 +1,10 @@
 """pytest plugin (registered in conftest.py): one real test-scale Snakemake run, shared by the suite.
 
 `test_scale_workflow` (session scope) runs `snakemake --cores 2` with configs/test.yaml in a fresh
-directory and then `--report` with the report's stylesheet (as `make report`), once per session:
-tests/test_workflow.py checks the outputs and the report's embedded data, tests/test_report.py
-renders the same report in Chromium. Running the
-workflow once keeps `make test` within its time budget. The processes' results are returned, not
+directory and then `--report` with the report's stylesheet (as `make report`), once per session (per
+pytest-xdist worker: `make test` runs two, and a worker's tests never read a run another worker's
+tests change): tests/test_workflow.py checks the outputs and the report's embedded data,
+tests/test_report.py renders the same report in Chromium. The processes' results are returned, not
 asserted, so each test fails with snakemake's own output.
 """
 
