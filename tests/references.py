@@ -14,8 +14,19 @@ from hpcdl.studies.spatial.model import CosmoFlow
 
 def reference_losses(data_dir: str, model: dict, batch_size: int, iterations: int, lr: float, seed: int,
                      dtype: str = "float64") -> list[float]:
-    """The same training on one process with the whole model and batch (no process group needed)."""
+    """The same training on one process with the whole model and batch (no process group needed).
+
+    It runs in the test's own process: torch's default dtype is set for it and restored after, so the
+    tests that run later in the same process (a pytest-xdist worker's) see float32 as usual."""
+    before = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, dtype))
+    try:
+        return _train(data_dir, model, batch_size, iterations, lr, seed)
+    finally:
+        torch.set_default_dtype(before)
+
+
+def _train(data_dir: str, model: dict, batch_size: int, iterations: int, lr: float, seed: int) -> list[float]:
     reader = SlabReader(data_dir)
     torch.manual_seed(seed)
     net = CosmoFlow(build_spec(reader.shape, model))
