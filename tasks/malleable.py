@@ -57,7 +57,7 @@ def main(argv=None) -> None:
     cfg = start_app("malleable", argv, __doc__.splitlines()[0])
     block = cfg["malleable"]
     run = StudyRun(cfg, "malleable")
-    run.device  # noqa: B018 - recorded before the first table (a CPU study: cpu)
+    run.record_device()  # before the first table (a CPU study: cpu)
     period = block["cfs_period_us"]
     sweeps = (
         ("response", sweep.response_points(cfg), response_point),

@@ -216,6 +216,10 @@ class StudyRun:
             record = {"device_requested": want, "device": resolve(want, f"{self.study}.device")}
         return StudyDir(self.dir).record_device(record)["device"]
 
+    def record_device(self) -> str:
+        """Make sure raw/device.json is written (a declared output of every run); the device, as `device`."""
+        return self.device
+
     def log(self, msg: str) -> None:
         print(f"[{self.study}] {msg}", file=sys.stderr, flush=True)
 
@@ -306,7 +310,7 @@ class StudyRun:
     def write_summary(self, counts: dict | None = None) -> Path:
         """`raw/run_summary.json`: points ok / failed (now or kept) / skipped (reused) / total, atomically."""
         summary = self.summary() if counts is None else {k: int(counts[k]) for k in SUMMARY_KEYS}
-        self.device  # noqa: B018 - raw/device.json is a declared output of every run, as the summary is
+        self.record_device()  # as the summary, a declared output of every run
         if summary["total"] != summary["ok"] + summary["failed"] + summary["skipped"]:
             raise ValueError(f"run summary does not add up: {summary}")
         self.log(f"points: {summary['ok']} ok, {summary['failed']} failed, "
