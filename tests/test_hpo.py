@@ -92,8 +92,12 @@ def test_factories_and_unknown_names():
 
 def test_plan_of_default_config(repo):
     cfg = validate_config(yaml.safe_load((repo / "configs" / "default.yaml").read_text()))
-    names = [p.name for p in sweep.plan_studies(cfg["hpo"])]
-    assert names[:2] == ["grid-1w", "grid-2w"]
+    plans = sweep.plan_studies(cfg["hpo"])
+    names = [p.name for p in plans]
+    # hpo.grid.repeats 3, round-robin: every worker count of a repeat before the next repeat starts
+    assert names[:6] == ["grid-1w", "grid-2w", "grid-1w-r1", "grid-2w-r1", "grid-1w-r2", "grid-2w-r2"]
+    assert [p.repeat for p in plans[:6]] == [0, 0, 1, 1, 2, 2] and {p.repeat for p in plans[6:]} == {0}
+    assert [p.kind for p in plans[6:]] == ["search"] * len(plans[6:]) and len(set(names)) == len(names)
     base, pruned = sweep.pruning_baseline(cfg["hpo"])
     assert base in names and pruned in names and pruned.endswith("-" + cfg["hpo"]["pruner"])
 
@@ -280,3 +284,61 @@ def test_grid_scaling_splits_speedup_into_busy_workers_and_trial_speed():
     # super-linear 2.4x = 1.8x more busy workers x trials training 3.0/2.25 = 1.33x faster
     busy_ratio = t.loc[2, "busy_workers"] / t.loc[1, "busy_workers"]
     assert t.loc[2, "speedup"] == pytest.approx(busy_ratio * 3.0 / 2.25)
+
+
+def _repeated_grid():
+    """Raw studies/trials of a grid timed twice on 1 and 2 workers (repeat 1's 1-worker run lost), a
+    search, and a pruned study."""
+    studies = pd.DataFrame({
+        "study": ["grid-1w", "grid-2w", "grid-2w-r1", "random", "random-median"],
+        "kind": ["grid", "grid", "grid", "search", "search"], "pruner": ["none"] * 4 + ["median"],
+        "workers": [1, 2, 2, 2, 2], "repeat": [0, 0, 1, 0, 0], "n_finished": [4] * 5,
+        "elapsed_s": [12.0, 6.0, 6.5, 3.0, 2.0], "sessions": [1] * 5,
+        "best_trial": [0, 0, 1, 2, 1], "best_val_acc": [0.80, 0.80, 0.95, 0.85, 0.84],
+        "best_test_acc": [0.79, None, None, 0.84, 0.83], "best_test_n": [200, None, None, 200, 200],
+        "best_optimizer": ["adam", "adam", "sgd", "sgd", "adam"]})
+    trials = pd.DataFrame({
+        "study": [s for s in studies["study"] for _ in range(2)],
+        "repeat": [r for r in studies["repeat"] for _ in range(2)],
+        "sampler": "random", "pruner": "none", "trial": [0, 1] * 5, "state": "COMPLETE", "counted": True,
+        "val_acc": [0.7, 0.8] * 5, "end_s": [1.0, 2.0] * 5, "train_time_s": [3.0] * 10})
+    return studies, trials
+
+
+def test_grid_repeats_pair_by_repeat_and_stay_out_of_the_best_tables():
+    from hpcdl.studies.hpo.tables import best_config, best_so_far, grid_scaling
+
+    studies, trials = _repeated_grid()
+    t = grid_scaling(studies, trials)
+    assert list(zip(t["study"], t["workers"], t["repeat"], strict=True)) == [
+        ("grid-1w", 1, 0), ("grid-2w", 2, 0), ("grid-2w-r1", 2, 1)]
+    assert t.loc[1, "speedup"] == pytest.approx(2.0) and t.loc[1, "efficiency"] == pytest.approx(1.0)
+    assert math.isnan(t.loc[2, "speedup"])  # its repeat has no 1-worker run to pair with
+    # a later repeat is a timing only: not a best-so-far curve, not a candidate for the overall best
+    assert "grid-2w-r1" not in set(best_so_far(trials)["study"])
+    best = best_config(studies)
+    assert "grid-2w-r1" not in set(best["study"])
+    assert best.loc[best["overall_best"], "study"].tolist() == ["random"]
+
+
+def test_the_grid_figure_shows_the_mean_over_repeats_and_each_repeat():
+    from hpcdl.platform import pyplot
+    from hpcdl.studies.hpo.figures import scaling_figure
+    from hpcdl.studies.hpo.tables import grid_scaling
+
+    studies = pd.DataFrame({"study": ["grid-1w", "grid-2w", "grid-1w-r1", "grid-2w-r1"], "kind": ["grid"] * 4,
+                            "pruner": ["none"] * 4, "workers": [1, 2, 1, 2], "repeat": [0, 0, 1, 1],
+                            "n_finished": [4] * 4, "elapsed_s": [12.0, 6.0, 10.0, 6.25], "sessions": [1] * 4,
+                            "device": ["cpu"] * 4, "cores_per_worker": [1] * 4})
+    trials = pd.DataFrame({"study": studies["study"].repeat(4), "train_time_s": [3.0] * 16})
+    fig = scaling_figure(grid_scaling(studies, trials))
+    a1, a2 = fig.axes
+    assert a1.get_title() == "4-point grid, 2 repeats"
+    lines = {ln.get_label(): ln for ln in a2.get_lines()}
+    mean = lines["measured speedup (mean over repeats)"]
+    assert list(mean.get_xdata()) == [1, 2] and list(mean.get_ydata()) == pytest.approx([1.0, 1.8])
+    each = lines["each repeat's speedup"]  # 12/6 and 10/6.25
+    assert sorted(each.get_ydata()[2:]) == pytest.approx([1.6, 2.0])
+    assert [ln.get_label() for ln in a1.get_lines()] == ["mean of 2 repeats", "each repeat"]
+    assert list(a1.get_lines()[0].get_ydata()) == pytest.approx([11.0, 6.125])
+    pyplot().close(fig)

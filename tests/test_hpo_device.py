@@ -82,6 +82,11 @@ def test_plans_carry_the_device_and_cores(cfg):
     plans = sweep.plan_studies(cfg["hpo"], "local", "cuda", 3)
     assert plans and {(p.device, p.units) for p in plans} == {("cuda", 3)}
     assert {(p.device, p.units) for p in sweep.plan_studies(cfg["hpo"])} == {("cpu", 1)}
+    # the grid's timing repeats run on the GPUs like repeat 0 (and check_gpu_workers reads the same counts)
+    hpo = {**cfg["hpo"], "grid": {**cfg["hpo"]["grid"], "repeats": 2}}
+    grids = [(p.name, p.repeat, p.device, p.units) for p in sweep.plan_studies(hpo, "local", "cuda", 3)
+             if p.kind == "grid"]
+    assert grids == [("grid-1w", 0, "cuda", 3), ("grid-1w-r1", 1, "cuda", 3)]
 
 
 def test_a_cpu_study_records_its_device_in_every_row(cfg, tmp_path):
@@ -162,7 +167,8 @@ def test_on_cuda_the_grid_counts_gpus():
     assert fig.axes[0].get_title() == "4-point grid on GPUs"
     assert "20.0 trials/min" in [t.get_text() for t in fig.axes[0].texts]
     c = claims._claim_speedup(HPO, scaling)
-    assert c["statement"] == "2 GPUs (one trial each) finish the 4-point grid >= 1.60x faster than 1"
+    assert c["statement"] == ("2 GPUs (one trial each) finish the 4-point grid >= 1.60x faster than 1 "
+                              "(one repeat: a point comparison, no interval)")
     assert c["status"] == "passed" and c["measured"]["device"] == "cuda"
 
 
@@ -172,7 +178,9 @@ def test_on_the_cpu_the_grid_counts_workers_and_their_cores():
     assert [a.get_xlabel() for a in fig.axes] == ["concurrent workers (2 cores each)"] * 2
     assert fig.axes[1].get_ylabel() == "ratio over 1 worker(s) (x)"
     c = claims._claim_speedup(HPO, scaling)
-    assert c["statement"] == "2 workers finish the 4-point grid >= 1.60x faster than 1"  # as before #25
+    # as before #25, and one repeat (#40) says it has no interval
+    assert c["statement"] == ("2 workers finish the 4-point grid >= 1.60x faster than 1 (one repeat: a point "
+                              "comparison, no interval)")
     assert "device" not in c["measured"]
     # one worker count on one GPU: not measured, saying that the speedup needs two GPU counts
     one = claims._claim_speedup({**HPO, "grid": {**HPO["grid"], "workers": [1]}},

@@ -80,6 +80,21 @@ def test_repeat_times_give_each_kept_repeat_its_own_time():
     assert mean_of_5["time_per_iter_s"].tolist() == pytest.approx([0.02])
 
 
+def test_every_run_the_train_run_included_is_repeated_round_robin():
+    """The train run is a held-out run of the oracle claim: it is repeated with the others (each round
+    runs every run once), so its error has an interval like theirs."""
+    import yaml
+
+    from hpcdl.platform.kit.config import validate_config
+    from hpcdl.studies.spatial.sweep import expand
+
+    block = validate_config(yaml.safe_load(open("configs/default.yaml")))["spatial"]
+    points = expand({**block, "repeats": 3})
+    names = list(dict.fromkeys(p["run"] for p in points))
+    assert "train-d1x2x1" in names
+    assert [(p["run"], p["repeat"]) for p in points] == [(n, r) for r in range(3) for n in names]
+
+
 def test_calibration_keeps_the_fastest_undisturbed_round():
     cal = pd.DataFrame([
         {"kind": "conv", "key": "c", "units": 1e6, "fraction": 1.0, "concurrent": 1, "round": 0,

@@ -12,7 +12,7 @@ import pandas as pd
 
 from hpcdl.platform import StudyDir, mark_no_data, pyplot, read_table, read_tables, save_figure
 from hpcdl.studies.hpo.sweep import pruning_baseline
-from hpcdl.studies.hpo.tables import grid_device, worker_label
+from hpcdl.studies.hpo.tables import grid_device, repeat_of, worker_label
 
 
 def _placeholder(path: Path, title: str, why: str) -> None:
@@ -50,33 +50,49 @@ def _plot_scaling(df: pd.DataFrame, path: Path) -> None:
 
 
 def scaling_figure(df: pd.DataFrame):
-    """Elapsed time and speedup against the workers; on cuda a worker is a GPU (worker_label)."""
+    """Elapsed time and speedup against the workers; on cuda a worker is a GPU (worker_label). With
+    several timing repeats the lines are the means over repeats and each repeat is a small cross (its
+    speedup over its own fewest-workers run, the pairing the claim judges)."""
     plt = pyplot()
     cuda = grid_device(df) == "cuda"
     unit = "GPU" if cuda else "worker"
     xlabel = worker_label(df)
+    df = df.assign(repeat=repeat_of(df))
+    w0 = df["workers"].min()
+    base_busy = df[df["workers"] == w0].set_index("repeat")["busy_workers"]
+    df = df.assign(busy_ratio=df["busy_workers"] / df["repeat"].map(base_busy))
+    shown = ["elapsed_s", "trials_per_min", "speedup", "busy_ratio"]  # trials/min: not in older tables
+    mean = df.groupby("workers", sort=True)[[c for c in shown if c in df]].mean().reindex(columns=shown)
+    w = mean.index.to_numpy()
+    n_rep = df["repeat"].nunique()
+    several = n_rep > 1
+    each = dict(ls="none", marker="x", ms=5, color="0.35", alpha=0.8)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.8))
-    a1.plot(df["workers"], df["elapsed_s"], "o-")
-    if "trials_per_min" in df:  # the throughput a device comparison reads
-        for w, t, tpm in zip(df["workers"], df["elapsed_s"], df["trials_per_min"], strict=True):
-            a1.annotate(f"{tpm:.1f} trials/min", (w, t), textcoords="offset points", xytext=(4, 4),
+    a1.plot(w, mean["elapsed_s"], "o-", label=f"mean of {n_rep} repeats" if several else None)
+    if several:
+        a1.plot(df["workers"], df["elapsed_s"], label="each repeat", **each)
+        a1.legend(fontsize=8, loc="lower left")
+    for x, t, tpm in zip(w, mean["elapsed_s"], mean["trials_per_min"], strict=True):
+        if pd.notna(tpm):  # the throughput a device comparison reads
+            a1.annotate(f"{tpm:.1f} trials/min", (x, t), textcoords="offset points", xytext=(4, 4),
                         fontsize=7)
     a1.set_xlabel(xlabel)
     a1.set_ylabel("elapsed time for the grid (s)")
-    a1.set_title(f"{int(df['n_trials'].iloc[0])}-point grid" + (" on GPUs" if cuda else ""))
+    a1.set_title(f"{int(df['n_trials'].max())}-point grid" + (" on GPUs" if cuda else "")
+                 + (f", {n_rep} repeats" if several else ""))
     a1.set_ylim(bottom=0)
-    a2.plot(df["workers"], df["speedup"], "o-", label="measured speedup")
-    w = df["workers"].to_numpy(dtype=float)
+    a2.plot(w, mean["speedup"], "o-", label="measured speedup" + (" (mean over repeats)" if several else ""))
+    if several:
+        a2.plot(df["workers"], df["speedup"], label="each repeat's speedup", **each)
     # Busy workers isolate the concurrency from the trials' own speed (see grid_scaling).
-    a2.plot(w, df["busy_workers"] / df["busy_workers"].iloc[0], "s:",
-            label=f"busy-{unit} ratio (Σ train time ÷ wall)")
-    a2.plot(w, w / w[0], "k--", label="ideal")
+    a2.plot(w, mean["busy_ratio"], "s:", label=f"busy-{unit} ratio (Σ train time ÷ wall)")
+    a2.plot(w, w / float(w0), "k--", label="ideal")
     a2.set_xlabel(xlabel)
-    a2.set_ylabel(f"ratio over {int(w[0])} {unit}(s) (x)")
+    a2.set_ylabel(f"ratio over {int(w0)} {unit}(s) (x)")
     a2.set_title("Grid speedup")
     a2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize=8)  # inside, it hid the lines
     for a in (a1, a2):
-        a.set_xticks(df["workers"])
+        a.set_xticks(w)
         a.grid(alpha=0.3)
     fig.tight_layout()
     return fig

@@ -35,7 +35,8 @@ def trial_rows(study: optuna.Study) -> list[dict]:
         workers = sorted({e["worker"] for e in epochs})
         rows.append({
             "study": study.study_name, "sampler": plan.get("sampler"), "pruner": plan.get("pruner"),
-            "workers": plan.get("workers"), "trial": t.number, "state": t.state.name,
+            "workers": plan.get("workers"), "repeat": plan.get("repeat", 0),  # the grid's timing repeat
+            "trial": t.number, "state": t.state.name,
             "counted": counted(t), "val_acc": t.value if t.state == TrialState.COMPLETE else None,
             "last_val_acc": epochs[-1]["val_acc"] if epochs else None,
             **{f"param_{k}": params.get(k) for k in PARAM_COLUMNS},
@@ -78,6 +79,8 @@ def study_row(study: optuna.Study) -> dict:
     return {
         "study": study.study_name, "kind": plan.get("kind"), "sampler": plan.get("sampler"),
         "pruner": plan.get("pruner"), "workers": plan.get("workers"),
+        # repeat r > 0: a timing repeat of the grid (sweep.plan_studies), its best trial never tested
+        "repeat": plan.get("repeat", 0),
         # a worker is a GPU on cuda (one per trial task), a set of cores on the CPU
         "device": plan.get("device", "cpu"), "cores_per_worker": plan.get("units"),
         "n_trials_planned": plan.get("n_trials"),

@@ -2,6 +2,10 @@
 
 - grid-<w>w for each w in hpo.grid.workers: the PDML'19 grid, one task per configuration (no
   chunking, no pruning), with w concurrent workers; the elapsed times give the scaling figure.
+  With hpo.grid.repeats > 1 the grid is timed again, round-robin (every worker count of repeat 0,
+  then of repeat 1, ...) so a burst of load on the machine hits one repeat's pair, not one worker
+  count in every repeat; repeat r > 0 is grid-<w>w-r<r>, a timing repeat only (no test accuracy,
+  left out of the tables that pick a best trial or a baseline).
 - <s> for each sampler in hpo.compare_samplers (plus hpo.sampler): the model-based search
   without pruning; curves for the best-so-far figure and the pruning baseline.
 - <sampler>-<pruner>: the configured sampler with the configured pruner on the same budget.
@@ -31,6 +35,17 @@ class StudyPlan:
     chunk_epochs: int  # epochs per task; pruning decisions happen between chunks
     device: str = "cpu"  # where every trial trains (hpo.device, resolved): on cuda one GPU per worker
     units: int = 1  # cores each trial task holds (hpo.computing_units, resolved)
+    repeat: int = 0  # the grid's timing repeat (hpo.grid.repeats); 0 for the searches
+
+
+def grid_study(workers: int, repeat: int = 0) -> str:
+    """The grid study's name: repeat 0 keeps grid-<w>w (the journals and the pruning baseline name it)."""
+    return f"grid-{workers}w" + (f"-r{repeat}" if repeat else "")
+
+
+def grid_repeats(grid: dict) -> int:
+    """How many times the grid is timed at each worker count (1 where the key is absent)."""
+    return int(grid.get("repeats", 1))
 
 
 def grid_size(grid: dict) -> int:
@@ -43,12 +58,13 @@ def plan_studies(hpo: dict, backend: str = "local", device: str = "cpu", units: 
     grid = hpo["grid"]
     n_grid = grid_size(grid)
     max_grid_epochs = max(grid["epochs"])
-    for w in grid["workers"]:
-        # Locally the backend's core count enforces w workers, so submit the whole grid at once
-        # (PDML'19: one task per point). Under COMPSs the resources are fixed: cap in-flight tasks at w.
-        in_flight = n_grid if backend == "local" else w
-        plans.append(StudyPlan(f"grid-{w}w", "grid", "grid", "none", n_grid, w, in_flight, max_grid_epochs,
-                               **on))
+    for r in range(grid_repeats(grid)):  # round-robin: a repeat's worker counts run back to back
+        for w in grid["workers"]:
+            # Locally the backend's core count enforces w workers, so submit the whole grid at once
+            # (PDML'19: one task per point). Under COMPSs the resources are fixed: cap in-flight tasks at w.
+            in_flight = n_grid if backend == "local" else w
+            plans.append(StudyPlan(grid_study(w, r), "grid", "grid", "none", n_grid, w, in_flight,
+                                   max_grid_epochs, repeat=r, **on))
     search_workers = int(hpo["workers"])
     in_flight = max(int(hpo["max_in_flight"]), search_workers)
     baselines = list(dict.fromkeys([*hpo["compare_samplers"], hpo["sampler"]]))
@@ -90,5 +106,5 @@ def pruning_baseline(hpo: dict) -> tuple[str, str] | None:
     if hpo["pruner"] == "none":
         return None
     s = hpo["sampler"]
-    base = f"grid-{max(hpo['grid']['workers'])}w" if s == "grid" else s
+    base = grid_study(max(hpo["grid"]["workers"])) if s == "grid" else s
     return base, f"{s}-{hpo['pruner']}"

@@ -26,6 +26,7 @@ from hpcdl.platform import (
     not_measured,
     unseeded,
 )
+from hpcdl.studies.malleable.sweep import repeats_of
 from hpcdl.studies.malleable.tables import raw, table
 
 CLAIMS = ("change_within_one_iteration", "follow_quota_faster", "malleable_beats_rigid")
@@ -65,8 +66,8 @@ def _status(points: pd.DataFrame, experiment: str, variant: str, repeats: int = 
     return "ok", ""
 
 
-def _too_few(what: str, n: int) -> str:
-    return (f"{what} has {n} paired repeat(s); an interval needs {MIN_PAIRS} (malleable.repeats)")
+def _too_few(what: str, n: int, key: str = "malleable.repeats") -> str:
+    return f"{what} has {n} paired repeat(s); an interval needs {MIN_PAIRS} ({key})"
 
 
 def judge(cfg: dict, study_dir: Path) -> list[dict]:
@@ -108,7 +109,7 @@ def _claim_change(cfg, points, resp) -> dict:
 
 def _claim_oversub(cfg, points, over) -> dict:
     block = cfg["malleable"]
-    line, repeats = float(block["claims"]["keep_over_follow_min"]), int(block["repeats"])
+    line, repeats = float(block["claims"]["keep_over_follow_min"]), repeats_of(block, "oversub")
     statement = (
         "under a cut CPU quota, a job that follows the quota with its thread count runs an iteration "
         "faster than one that keeps its threads (oversubscribed): at every cut quota, the 95 % interval "
@@ -137,7 +138,7 @@ def _claim_oversub(cfg, points, over) -> dict:
                 missing[key] = "following this quota does not change the thread count"
                 continue
             if len(per) < MIN_PAIRS:
-                missing[key] = _too_few(key, len(per))
+                missing[key] = _too_few(key, len(per), "malleable.oversub.repeats or malleable.repeats")
                 continue
             iv = mean_interval(per["keep"] / per["follow"])
             ratios[key] = iv.evidence(3, keys=[f"repeat {r}" for r in per.index])
@@ -157,7 +158,7 @@ def _claim_oversub(cfg, points, over) -> dict:
 
 def _claim_policies(cfg, pol, points) -> dict:
     block = cfg["malleable"]
-    line, repeats = float(block["claims"]["over_rigid_max"]), int(block["repeats"])
+    line, repeats = float(block["claims"]["over_rigid_max"]), repeats_of(block, "cosched")
     statement = (
         "on the same workload, every malleable policy's makespan and mean turnaround are both below the "
         f"rigid policy's: the 95 % intervals of their ratios to rigid, paired by repeat, are below {line:g}"

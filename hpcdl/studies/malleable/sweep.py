@@ -40,11 +40,18 @@ def _rotated(variants: list, repeat: int) -> list:
     return list(variants[k:]) + list(variants[:k])
 
 
+def repeats_of(block: dict, experiment: str) -> int:
+    """How many repeats `experiment` runs: its own `repeats` where the block sets one (oversub), else
+    malleable.repeats."""
+    own = block.get(experiment, {}).get("repeats")
+    return int(own if own is not None else block["repeats"])
+
+
 def _repeats(cfg: dict, experiment: str, key: str, compared: list, **fixed) -> list[dict]:
     """One point per repeat of an experiment that compares `compared` (under `key`) inside each point,
     in the repeat's rotated order."""
     return [{"experiment": experiment, "repeat": r, key: _rotated(compared, r), **fixed, **_common(cfg)}
-            for r in range(cfg["malleable"]["repeats"])]
+            for r in range(repeats_of(cfg["malleable"], experiment))]
 
 
 def oversub_points(cfg: dict) -> list[dict]:

@@ -57,7 +57,7 @@ SPEC = StudySpec(
     title="Spatial scaling (hybrid data x spatial 3D CNN)",
     short_title="Spatial scaling",
     raw_tables=("exactness", "calibration", "runs", "iterations", "ranks"),
-    tables=("runs", "oracle_repeats", "loss", "exactness", "calibration_fit", "extrapolation",
+    tables=("runs", "repeat_times", "oracle_repeats", "loss", "exactness", "calibration_fit", "extrapolation",
             "strategy_choice", "paper_predictions", "paper_bases", "paper_sensitivity", "compute_check"),
     figures=("strong_scaling", "weak_scaling", "efficiency", "oracle_parity", "extrapolation",
              "paper_predictions", "paper_sensitivity", "memory", "loss"),

@@ -21,7 +21,8 @@ def expand(block: dict) -> list[dict]:
     """Every scaling run of the config, in a fixed order (ids are stable for tests and tables).
 
     With `repeats` > 1 the whole list is run again (round robin), so a burst of load from other
-    processes hits one repeat of a run, not all of them; the train run is not repeated.
+    processes hits one repeat of a run, not all of them. The train run is repeated too: it is a
+    held-out run of the oracle claim, judged like the others on the interval of its repeats.
     """
     points = []
     for kind in ("strong", "weak", "hybrid"):
@@ -36,13 +37,12 @@ def expand(block: dict) -> list[dict]:
         # independent processes, all at once, with no communication (train_run(communicate=False))
         for p in [p for p in points if p["kind"] == "strong" and p["ranks"] > 1 and p["layout"][0] == 1]:
             points.append({**p, "run": p["run"].replace("strong", "ceiling"), "kind": "ceiling"})
-    points = [{**p, "repeat": r} for r in range(block["repeats"]) for p in points]
     t = block["train"]
     d, pd, ph = t["layout"]
     points.append({"run": f"train-d{d}x{pd}x{ph}", "kind": "train", "layout": list(t["layout"]),
                    "ranks": d * pd * ph, "shape": list(run_shape("train", t["grid"], t["layout"])),
-                   "batch_size": t["batch_size"], "iterations": t["iterations"], "repeat": 0})
-    return points
+                   "batch_size": t["batch_size"], "iterations": t["iterations"]})
+    return [{**p, "repeat": r} for r in range(block["repeats"]) for p in points]
 
 
 # What each unit of work reads from the `spatial:` block. Its task receives only that part, and

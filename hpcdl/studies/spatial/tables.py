@@ -238,9 +238,12 @@ def write(cfg: dict, study_dir: Path) -> None:
     summary["oracle_sample"] = [("" if k == "ceiling" else "held_out" if r in held_runs else "in_sample")
                                 for r, k in zip(summary["run"], summary["kind"], strict=True)]
     write_table(summary, study.table("runs"), cfg, started)
-    # the oracle's error on each kept repeat of each training run: the spread its claim's intervals use
+    # every run's own time on each kept repeat (the ceiling's included): the run-to-run spread the
+    # efficiency claim's interval pairs by repeat
     reps = repeat_times(runs, iters, block["warmup"], block["timing_statistic"],
                         block["disturbed_load_cores"])
+    write_table(reps, study.table("repeat_times"), cfg, started)
+    # the oracle's error on each kept repeat of each training run: the spread its claim's intervals use
     pred = summary[summary["oracle_sample"] != ""][["run", "pred_time_per_iter_s", "oracle_sample"]]
     reps = reps.merge(pred, on="run", how="inner")
     reps["oracle_error"] = (reps["pred_time_per_iter_s"] - reps["time_per_iter_s"]) / reps["time_per_iter_s"]
