@@ -107,8 +107,34 @@ def _set(t, table, mask_fn, col, value):
     df.loc[mask_fn(df), col] = value
 
 
+def _async_repeats(ratios: dict[str, list[float]]):
+    """Per format, the async / sync blocking ratio of each repeat at the largest size
+    (tables/async_repeats.csv)."""
+    rows = [{"device": "cpu", "format": f, "n_params": 1024, "repeat": i, "async_blocking_s": r,
+             "sync_blocking_s": 1.0, "blocking_over_sync": r}
+            for f, rs in ratios.items() for i, r in enumerate(rs)]
+    return lambda c, t: t.__setitem__("tables/async_repeats.csv", pd.DataFrame(rows))
+
+
 def _ckpt_sync(fmt):
     return lambda d: (d["format"] == fmt) & (d["mode"] == "sync") & (d["ranks"] == 1)
+
+
+def test_checkpoint_async_interval_pairs_each_repeats_saves(tmp_path):
+    from hpcdl.studies.checkpoint.tables import async_repeats
+
+    raw = pd.DataFrame([{"format": f, "mode": m, "process_group": False, "ranks": 1, "n_params": 1024,
+                         "repeat": r, "status": "ok", "device": "cpu",
+                         "blocking_s": (1.0 + r) if m == "sync" else 0.1 * (r + 1)}
+                        for f in ("torch", "npz") for m in ("sync", "async") for r in range(3)])
+    pairs = async_repeats(raw)
+    torch_ratios = pairs[pairs["format"] == "torch"].sort_values("repeat")["blocking_over_sync"]
+    assert torch_ratios.tolist() == pytest.approx([0.1, 0.1, 0.1])  # repeat r's async over repeat r's sync
+    c = _find(_run("checkpoint", lambda c, t: t.__setitem__("tables/async_repeats.csv", pairs), tmp_path),
+              "async_blocking")
+    ev = c["measured"]["async_over_sync_per_repeat"]["npz"]
+    assert ev["n"] == 3 and set(ev["per_pair"]) == {"repeat 0", "repeat 1", "repeat 2"}
+    assert c["status"] == "straddles"  # every ratio at the 0.10 line: the interval crosses it
 
 
 def test_checkpoint_defective_ceiling_names_the_bandwidths(tmp_path):
@@ -727,6 +753,13 @@ BUILDERS = {"checkpoint": _checkpoint, "hpo": _hpo, "shuffle": _shuffle, "spatia
 CASES = [
     # checkpoint
     ("checkpoint", "async_blocking", "passed", None, None),
+    # per format on the interval of its per-repeat ratios where it has 2 or more repeats
+    ("checkpoint", "async_blocking", "passed",
+     _async_repeats({"torch": [0.05, 0.06, 0.055], "npz": [0.04, 0.05, 0.045]}), None),
+    ("checkpoint", "async_blocking", "straddles",
+     _async_repeats({"torch": [0.05, 0.06, 0.055], "npz": [0.06, 0.23, 0.05]}), None),
+    ("checkpoint", "async_blocking", "failed",
+     _async_repeats({"torch": [0.05, 0.06, 0.055], "npz": [0.30, 0.32, 0.31]}), None),
     (
         "checkpoint",
         "async_blocking",
