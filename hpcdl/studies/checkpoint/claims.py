@@ -99,10 +99,10 @@ def _claim_async(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame, de
                 f"{limit:.0%} of sync save time (device-to-host copy, write, fsync, commit)")
     else:
         what = f"async blocking time <= {limit:.0%} of sync save time"
-    statement = (f"{what} at the largest size ({n} parameters), for every configured format, {_on(device)}: "
-                 f"on the {CONFIDENCE:.0%} interval of the per-repeat ratios (async and sync saves of the "
-                 "same repeat) where a format has 2 or more repeats (straddles where it crosses the line), "
-                 "else on the ratio of the medians")
+    statement = (f"{what} at the largest size ({n} parameters), for every configured format (on the "
+                 f"{CONFIDENCE:.0%} interval of the per-repeat ratios, async and sync saves of the same "
+                 "repeat, where a format has 2 or more repeats: straddles where it crosses the line; else "
+                 f"on the ratio of the medians), {_on(device)}")
     if not {"sync", "async"} <= set(block["modes"]):
         return not_measured("async_blocking", statement, f"checkpoint.modes is {block['modes']}, "
                             "the claim compares sync with async", threshold=limit, device=device)
