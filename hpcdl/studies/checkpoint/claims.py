@@ -91,8 +91,8 @@ def _repeat_ratios(pairs: pd.DataFrame, fmt: str, n: int) -> pd.Series:
     return d.set_index("repeat")["blocking_over_sync"].dropna().sort_index()
 
 
-def _claim_async(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame, device: str = "cpu",
-                 pairs: pd.DataFrame | None = None) -> dict:
+def _claim_async(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame, device: str,
+                 pairs: pd.DataFrame) -> dict:
     limit = block["claims"]["async_max_ratio"]
     if device == "cuda":
         what = ("async blocking time (the snapshot of GPU-resident state into pinned host memory) <= "
@@ -115,7 +115,7 @@ def _claim_async(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame, de
                                    for m in absent)
             continue
         ratios[f] = round(float(rows["async"]["blocking_s"] / rows["sync"]["blocking_s"]), 4)
-        reps = _repeat_ratios(pairs if pairs is not None else pd.DataFrame(), f, n)
+        reps = _repeat_ratios(pairs, f, n)
         if len(reps) >= 2:
             iv = mean_interval(reps)
             per_repeat[f] = iv.evidence(4, keys=[f"repeat {int(r)}" for r in reps.index])

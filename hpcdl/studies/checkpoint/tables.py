@@ -90,10 +90,10 @@ def async_repeats(raw: pd.DataFrame) -> pd.DataFrame:
     of the same repeat, the run-to-run spread the async claim's interval is taken over."""
     cols = ["device", "format", "n_params", "repeat", "async_blocking_s", "sync_blocking_s",
             "blocking_over_sync"]
-    ok = with_device(ok_rows(raw)) if not raw.empty else raw
+    ok = ok_rows(raw)
     if ok.empty or "repeat" not in ok:
         return pd.DataFrame(columns=cols)
-    ok = ok[~ok["process_group"].astype(bool)]
+    ok = with_device(ok[~ok["process_group"].astype(bool)])
     keys = ["device", "format", "n_params", "repeat"]
     by_mode = {m: ok[ok["mode"] == m].groupby(keys)["blocking_s"].median().rename(f"{m}_blocking_s")
                for m in ("async", "sync")}
