@@ -4,6 +4,9 @@ The GPU image has torch built for CUDA (and many of our dependencies) but not al
 and no Fashion-MNIST. This writes into .gpu-carry/ (git-ignored):
   wheels/        every pin of constraints.txt the image lacks (envs/gpu_image_packages.txt), as wheels
                  for its Python (3.12, manylinux x86-64), without their dependencies (they are pinned too)
+  sdists/        the pins published as source only that compile an extension (pycachesim): a wheel
+                 built here would be for this machine's Python (3.11), which pip refuses there and which
+                 would stop the whole install, so they are built on the GPU machine against its Python
   fashion-mnist/ the four IDX files, from the data directory given (Debian's dataset-fashion-mnist),
                  as xz (a device call carries at most 64 MiB with the repository; xz saves about 4 MiB
                  over the gzip files, which the 50 MiB cap of this folder needs)
@@ -20,8 +23,10 @@ import gzip
 import lzma
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +71,26 @@ def missing_pins(constraints: Path = ROOT / "constraints.txt") -> list[str]:
     return [p for p in image_lacks(constraints) if norm(p.split("==")[0]) not in NOT_NEEDED]
 
 
+def is_portable(wheel: Path) -> bool:
+    """Whether a wheel installs on any CPython 3 (its tags: python-abi-platform, the last three fields)."""
+    python, abi, platform = wheel.name[: -len(".whl")].split("-")[-3:]
+    return abi == "none" and platform == "any" and python.startswith(("py3", "py2.py3"))
+
+
+def carry_source_only(pip: list, pin: str, wheels: Path, sdists: Path) -> None:
+    """A pure-Python wheel built here, or else the source archive, built on the GPU machine."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([*pip, "wheel", "--no-deps", "-w", tmp, pin], check=True)
+        built = next(Path(tmp).glob("*.whl"))
+        if is_portable(built):
+            shutil.copy2(built, wheels / built.name)
+            return
+    for stale in wheels.glob(f"{norm(pin.split('==')[0]).replace('-', '_')}-*.whl"):
+        stale.unlink()  # an older carry's wheel for this machine's Python
+    sdists.mkdir(parents=True, exist_ok=True)
+    subprocess.run([*pip, "download", "--no-deps", "--no-binary=:all:", "-d", str(sdists), pin], check=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / ".gpu-carry"))
@@ -81,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         got = subprocess.run([*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version",
                               args.python_version, "--implementation", "cp", *platforms, "-d", str(wheels),
                               pin], capture_output=True, text=True)
-        if got.returncode != 0:  # published as a source archive only: a pure-Python wheel built here
-            subprocess.run([*pip, "wheel", "--no-deps", "-w", str(wheels), pin], check=True)
+        if got.returncode != 0:  # published as a source archive only
+            carry_source_only(pip, pin, wheels, out / "sdists")
     data = out / "fashion-mnist"
     data.mkdir(exist_ok=True)
     for stale in [f for f in data.iterdir() if f.suffix != ".xz"]:  # an older carry's gzip files
@@ -102,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             tmp.write_bytes(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME))
             os.replace(tmp, target)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and "site" not in f.parts) / 2**20
-    print(f"{out}: {len(list(wheels.glob('*.whl')))} wheels and Fashion-MNIST, {size:.1f} MiB")
+    n_sdists = len(list((out / "sdists").glob("*.tar.gz")))
+    print(f"{out}: {len(list(wheels.glob('*.whl')))} wheels, {n_sdists} source archives and Fashion-MNIST, "
+          f"{size:.1f} MiB")
     if size >= CARRY_MAX_MIB:
         print(f"error: {out} is {size:.1f} MiB, over the {CARRY_MAX_MIB} MiB a device call can carry beside "
               "the repository", file=sys.stderr)

@@ -140,6 +140,16 @@ class Runner:
             rc = self.run("setup", pip, limit_s - (time.monotonic() - t0))
             if rc:
                 return rc
+        sdists = sorted((Path(self.args.carry) / "sdists").glob("*.tar.gz"))
+        if sdists and not self.args.smoke:
+            # compiled here against the image's own Python (envs/gpu_carry.py); a failure costs only the
+            # study that imports the package, so it is logged and the call goes on
+            build = [self.wrapper, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                     "--no-cache-dir", "--no-build-isolation", "--upgrade", "--target", self.carry_site,
+                     *sdists]
+            if self.run("setup", build, limit_s - (time.monotonic() - t0)):
+                print(f"[gpu_run] setup: building {[s.name for s in sdists]} failed (setup.log); the studies "
+                      "that import them will fail", flush=True)
         data = Path(self.args.fashion_mnist)
         carried = Path(self.args.carry) / "fashion-mnist"
         if not _has_fashion(data) and carried.is_dir():

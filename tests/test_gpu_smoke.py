@@ -20,6 +20,7 @@ from hpcdl.platform.kit.procenv import child_env
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "envs"))
+import gpu_carry  # noqa: E402
 import gpu_run  # noqa: E402
 
 
@@ -43,6 +44,16 @@ def test_an_unknown_step_is_refused_by_name():
     proc = subprocess.run([sys.executable, str(REPO / "envs" / "gpu_run.py"), "--steps", "setup,bogus",
                            "--plan"], capture_output=True, text=True)
     assert proc.returncode == 2 and "bogus" in proc.stderr
+
+
+def test_only_wheels_for_any_python_3_are_carried_as_wheels():
+    """A wheel built here for this machine's CPython 3.11 (pycachesim) made the image's pip (3.12) refuse
+    the whole install; such a pin travels as its source archive and is built there."""
+    portable = ["throttler-1.2.3-py3-none-any.whl", "humanfriendly-10.0-py2.py3-none-any.whl"]
+    local = ["pycachesim-0.3.1-cp311-cp311-linux_x86_64.whl",
+             "greenlet-3.5.6-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"]
+    assert all(gpu_carry.is_portable(Path(w)) for w in portable)
+    assert not any(gpu_carry.is_portable(Path(w)) for w in local)
 
 
 def _imports(python: str, env: dict) -> subprocess.CompletedProcess:
