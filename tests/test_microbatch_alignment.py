@@ -40,6 +40,23 @@ def test_alignment_arithmetic():
         al.offset_alignment(CONV1_227, 65, batch=64)
 
 
+def test_a_frontend_that_cannot_declare_alignment_refuses_only_graphs_below_16_bytes():
+    """nvidia-cudnn-frontend 1.32 (the H200 run, 2026-11-26) lowers every graph tensor at 16 bytes."""
+    conv1 = alexnet(227)[0]
+    fwd1 = al.declared_alignment(al.operands(conv1, "forward"), 1, 64)
+    why = al.undeclarable(fwd1, 1, "nvidia-cudnn-frontend 1.32.0")
+    assert why.startswith("at micro-batch 1, x is 4-byte aligned at some offset; "
+                          "nvidia-cudnn-frontend 1.32.0 cannot declare a tensor's alignment")
+    dgrad2 = al.declared_alignment(al.operands(conv1, "backward_data"), 2, 64)
+    refused = al.undeclarable(dgrad2, 2, "f")
+    assert "dx is 8-byte aligned" in refused and "dy" not in refused
+    assert al.undeclarable(al.declared_alignment(al.operands(conv1, "forward"), 4, 64), 4, "f") == ""
+    for layer in alexnet(224) + resnet18(224):  # the study's shapes: nothing is refused
+        for kernel in al.ROLES:
+            assert all(al.undeclarable(al.declared_alignment(al.operands(layer, kernel), b, 64), b, "f") == ""
+                       for b in SIZES), (layer, kernel)
+
+
 def test_the_study_layers_sample_sizes_and_fully_aligned_micro_batches():
     conv1 = alexnet(227)[0]
     ops = al.operands(conv1, "forward")

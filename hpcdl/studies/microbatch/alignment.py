@@ -114,6 +114,20 @@ def declared_alignment(
     return {o.role: offset_alignment(o.sample_bytes, micro_batch, o.base_alignment, cap, batch) for o in ops}
 
 
+def undeclarable(declared: dict[str, int], micro_batch: int, frontend: str) -> str:
+    """Why a frontend that cannot declare a tensor's alignment may not build this graph ("": it may).
+
+    Such a frontend (nvidia-cudnn-frontend 1.32, whose Python graph lowers every tensor at the default
+    16 bytes and has no byte-alignment setter) can only run graphs whose every tensor is 16-byte
+    aligned at every offset; anything less would let cuDNN pick an engine that faults there."""
+    low = {r: a for r, a in declared.items() if a < CUDNN_ALIGN}
+    if not low:
+        return ""
+    roles = ", ".join(f"{r} is {a}-byte aligned" for r, a in low.items())
+    return (f"at micro-batch {micro_batch}, {roles} at some offset; {frontend} cannot declare a tensor's "
+            f"alignment (every graph tensor is lowered at {CUDNN_ALIGN} bytes), so no plan may run there")
+
+
 def alignment_at(op: Operand, start: int, cap: int = CUDNN_ALIGN) -> int:
     """The alignment (at most `cap`) of `op`'s view that starts at sample `start`."""
     return min(pow2_alignment(start * op.sample_bytes, cap), op.base_alignment, cap)

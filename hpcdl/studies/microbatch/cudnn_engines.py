@@ -25,7 +25,11 @@ declares, per tensor, the alignment it has at every offset its micro-batch takes
 (alignment.declared_alignment, set through the frontend's `tensor.set_alignment(bytes)`, the
 Python binding of Tensor_attributes::set_alignment, default 16: cudnn-frontend python/properties.cpp
 since 1.16, include/cudnn_frontend/graph_properties.h), so cuDNN lists only engines valid there and
-each plan runs at every offset as timed. A copy would add a micro-batch of memory and traffic beside
+each plan runs at every offset as timed. Release 1.32 (the one `make gpu-carry` pins) replaced the
+public graph by a pure-Python one whose tensors have no such setter and are lowered at 16 bytes
+(seen on the H200, 2026-11-26): there a graph that would need less than 16 is refused with the reason
+(alignment.undeclarable) and its micro-batch size becomes a skipped row; the study's 224x224 layers
+are 16-byte aligned at every size and run. A copy would add a micro-batch of memory and traffic beside
 the workspace the division exists to save (conv1's input at b = 32 is about 19 MiB, over the 8 MiB limit)
 and run at a time nobody benchmarked. `run_division` runs a division largest step first (offsets
 then multiples of each power-of-two size, as benchmarked) and checks every step before any runs.
@@ -51,6 +55,7 @@ from hpcdl.studies.microbatch.alignment import (
     execution_order,
     operands,
     pow2_alignment,
+    undeclarable,
 )
 from hpcdl.studies.microbatch.workloads import ConvLayer
 
@@ -109,6 +114,16 @@ def library_record() -> dict:
         "torch_cudnn_version": int(torch_cudnn or 0),
         "same_cudnn": int(backend) == int(torch_cudnn or -1),
     }
+
+
+def frontend_declares_alignment() -> bool:
+    """Whether this frontend's graph tensors take a byte alignment (1.32's do not: see the docstring)."""
+    cudnn = binding()
+    f32 = cudnn.data_type.FLOAT
+    g = cudnn.pygraph(io_data_type=f32, intermediate_data_type=f32, compute_data_type=f32,
+                      handle=_handle(torch.device("cuda")))
+    probe = g.tensor(name="probe", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32)
+    return hasattr(probe, "set_alignment")
 
 
 _HANDLES: dict[int, object] = {}
@@ -171,15 +186,22 @@ class KernelGraph:
         conv = {"padding": [layer.pad_h, layer.pad_w], "stride": [layer.stride] * 2, "dilation": [1, 1]}
 
         # each tensor declares its real alignment (CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT): see the docstring
+        def declare(made, role):
+            if hasattr(made, "set_alignment"):
+                made.set_alignment(self.alignment[role])
+                return made
+            why = undeclarable(self.alignment, self.size, f"{PACKAGE} {getattr(cudnn, '__version__', '?')}")
+            if why:
+                raise ValueError(f"{layer.name} {kernel}: {why}")
+            return made  # every role is at the default 16 bytes, which the frontend declares itself
+
         def tensor(name, t):
             made = g.tensor(name=name, dim=list(t.shape), stride=list(t.stride()), data_type=f32)
-            made.set_alignment(self.alignment[name])
-            return made
+            return declare(made, name)
 
         def output(node, like):
             node.set_output(True).set_dim(list(like.shape)).set_stride(list(like.stride()))
-            node.set_alignment(self.alignment[self.roles[2]])
-            return node
+            return declare(node, self.roles[2])
 
         # the output's shape and strides are those of the buffer PyTorch will pass
         if kernel == "forward":
