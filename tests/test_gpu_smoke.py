@@ -56,6 +56,19 @@ def test_only_wheels_for_any_python_3_are_carried_as_wheels():
     assert not any(gpu_carry.is_portable(Path(w)) for w in local)
 
 
+def test_a_study_that_cannot_finish_in_the_time_left_is_not_started(tmp_path):
+    """The H200 run started spatial with 99 s left, then with 235 s; it needs about 250 s and kept
+    nothing either time. A study is started only where its measured GPU time fits what is left."""
+    records = tmp_path / "records"
+    proc = subprocess.run([sys.executable, str(REPO / "envs" / "gpu_run.py"), "--steps", "studies",
+                           "--studies", "spatial hetmem", "--records", str(records), "--call-budget-s", "45"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert "spatial needs about 270 s" in proc.stdout, proc.stdout
+    assert "hetmem needs about 50 s" in proc.stdout
+    assert (records / "studies-left.txt").read_text().split() == ["hetmem", "spatial"]
+    assert not (records / "workflow.log").exists()  # no Snakemake call was made
+
+
 def _imports(python: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([python, "-c", "import pandas, torch, jsonschema, snakemake"], env=env,
                           capture_output=True, text=True, timeout=120)
