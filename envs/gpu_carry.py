@@ -72,9 +72,13 @@ def missing_pins(constraints: Path = ROOT / "constraints.txt") -> list[str]:
 
 
 def is_portable(wheel: Path) -> bool:
-    """Whether a wheel installs on any CPython 3 (its tags: python-abi-platform, the last three fields)."""
-    python, abi, platform = wheel.name[: -len(".whl")].split("-")[-3:]
-    return abi == "none" and platform == "any" and python.startswith(("py3", "py2.py3"))
+    """Whether a wheel installs on any CPython 3: pure Python, no ABI, any platform."""
+    # packaging is imported where used: envs/gpu_run.py imports this module and needs only the stdlib
+    from packaging.utils import parse_wheel_filename
+
+    tags = parse_wheel_filename(wheel.name)[3]
+    return all(t.abi == "none" and t.platform == "any" for t in tags) and any(
+        t.interpreter.startswith("py3") for t in tags)
 
 
 def carry_source_only(pip: list, pin: str, wheels: Path, sdists: Path) -> None:
@@ -85,7 +89,10 @@ def carry_source_only(pip: list, pin: str, wheels: Path, sdists: Path) -> None:
         if is_portable(built):
             shutil.copy2(built, wheels / built.name)
             return
-    for stale in wheels.glob(f"{norm(pin.split('==')[0]).replace('-', '_')}-*.whl"):
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    name = canonicalize_name(pin.split("==")[0])
+    for stale in [w for w in wheels.glob("*.whl") if parse_wheel_filename(w.name)[0] == name]:
         stale.unlink()  # an older carry's wheel for this machine's Python
     sdists.mkdir(parents=True, exist_ok=True)
     subprocess.run([*pip, "download", "--no-deps", "--no-binary=:all:", "-d", str(sdists), pin], check=True)

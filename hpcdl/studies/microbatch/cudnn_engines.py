@@ -119,11 +119,15 @@ def library_record() -> dict:
 def frontend_declares_alignment() -> bool:
     """Whether this frontend's graph tensors take a byte alignment (1.32's do not: see the docstring)."""
     cudnn = binding()
-    f32 = cudnn.data_type.FLOAT
-    g = cudnn.pygraph(io_data_type=f32, intermediate_data_type=f32, compute_data_type=f32,
-                      handle=_handle(torch.device("cuda")))
-    probe = g.tensor(name="probe", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32)
+    g = _fp32_graph(cudnn, _handle(torch.device("cuda")))
+    probe = g.tensor(name="probe", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT)
     return hasattr(probe, "set_alignment")
+
+
+def _fp32_graph(cudnn, handle):
+    """An empty cuDNN graph whose tensors and arithmetic are all fp32."""
+    f32 = cudnn.data_type.FLOAT
+    return cudnn.pygraph(io_data_type=f32, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
 
 
 _HANDLES: dict[int, object] = {}
@@ -180,9 +184,7 @@ class KernelGraph:
         self.device = x.device
         self.handle = _handle(x.device)
         f32 = cudnn.data_type.FLOAT
-        g = cudnn.pygraph(
-            io_data_type=f32, intermediate_data_type=f32, compute_data_type=f32, handle=self.handle
-        )
+        g = _fp32_graph(cudnn, self.handle)
         conv = {"padding": [layer.pad_h, layer.pad_w], "stride": [layer.stride] * 2, "dilation": [1, 1]}
 
         # each tensor declares its real alignment (CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT): see the docstring
