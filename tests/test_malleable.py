@@ -115,14 +115,21 @@ def test_api_and_signal_changes_apply_at_the_next_iteration_boundary(tmp_path):
         ("applied", 1, 0),
         ("applied", 2, 0),
     ]
-    threads = [s["threads"] for s in res["series"]]
-    assert threads[:3] == [2, 2, 2] and threads[3:6] == [1, 1, 1] and threads[6:] == [2, 2]
+    # each change holds from the boundary it was applied at to the next; where the API thread's call
+    # lands (it waits for iteration 2, then 5, to start) is the scheduler's choice, so only its order
+    k1, k2 = (r["applied_iteration"] for r in rows)
+    assert 3 <= k1 < k2 and k2 >= 6
+    want = {s["iteration"]: 2 if s["iteration"] < k1 or s["iteration"] >= k2 else 1 for s in res["series"]}
+    assert {s["iteration"]: s["threads"] for s in res["series"]} == want and len(want) == 8
 
     spec = _job_spec(tmp_path, "sig", 8)
     res = response._run(spec, [(2, response._signal_action(spec["control_file"], 1))], 120)
     (row,) = compute.change_rows({"experiment": "response", "variant": "signal"}, res)
     assert row["outcome"] == "applied" and row["lag_iters"] == 0 and row["target_threads"] == 1
-    assert row["applied_iteration"] in (2, 3) and res["series"][-1]["threads"] == 1
+    # the iteration the signal lands in is the scheduler's choice (a clean-clone `make test` once saw
+    # the driver send it during iteration 4): what the job controls is lag_iters == 0 above, the first
+    # boundary after the request, and never a change before the signal was sent (at iteration 2)
+    assert row["applied_iteration"] >= 2 and res["series"][-1]["threads"] == 1
     assert row["latency_s"] > 0
 
 
