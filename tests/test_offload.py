@@ -45,6 +45,18 @@ def _spec(tmp_path, strategy, depth=3, **kw) -> RunSpec:
     return RunSpec(strategy, **{**base, **kw})
 
 
+def test_training_leaves_copy_cores_to_the_slow_tier_and_restores_the_threads(tmp_path):
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        for copy_cores, expected in ((1, 2), (0, 3), (5, 1)):  # never fewer than one compute thread
+            rec, _ = train(_spec(tmp_path, "optimizer", copy_cores=copy_cores))
+            assert rec["compute_threads"] == expected, copy_cores
+            assert torch.get_num_threads() == 3  # the caller's count is back
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("foreach", [True, False])
 def test_every_offload_strategy_trains_to_bit_identical_weights(tmp_path, foreach):
     runs = {s: train(_spec(tmp_path, s, foreach=foreach), keep_weights=True) for s in ("none", *OFFLOADS)}
@@ -291,7 +303,9 @@ def test_an_interrupted_run_leaves_no_stale_offload_files_after_the_next_run(tmp
 
 def test_task_app_end_to_end_tables_figures_claims(tmp_path, repo, test_config):
     cfg = {**test_config, "studies": ["offload"], "results_dir": str(tmp_path / "r")}
-    cfg["offload"] = {**cfg["offload"], "model": {**cfg["offload"]["model"], "depths": [3]}}
+    # two cores a task, one of them left to the copy threads (slow_tier.copy_cores defaults to 1)
+    cfg["offload"] = {**cfg["offload"], "model": {**cfg["offload"]["model"], "depths": [3]},
+                      "computing_units": "2"}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = child_env(repo, HPCDL_PROGRESS="0")
@@ -306,6 +320,7 @@ def test_task_app_end_to_end_tables_figures_claims(tmp_path, repo, test_config):
     assert run.returncode == 0, run.stderr[-3000:]
     raw = tmp_path / "r" / "offload" / "raw"
     steps = pd.read_csv(raw / "steps.csv")
+    assert (steps["compute_threads"] == 1).all()
     assert set(steps["strategy"]) == {"none", *OFFLOADS} and (steps["status"] == "ok").all()
     assert steps["weights_sha256"].nunique() == 1
     assert set(pd.read_csv(raw / "timeline.csv")["lane"]) == {"compute", "wait", "to_slow", "from_slow"}

@@ -43,6 +43,7 @@ def _common(cfg: dict, device: str) -> dict:
         "device": device,  # resolved once by the app, so a stored point names where it ran
         "slow_dir": str(slow_dir(cfg)[0]),
         "io_mode": b["slow_tier"]["io_mode"],
+        "copy_cores": b["slow_tier"]["copy_cores"],
         "bucket_mb": b["optimizer"]["bucket_mb"],
         "foreach": b["optimizer"]["foreach"],
         "fused": b["optimizer"]["fused"],
