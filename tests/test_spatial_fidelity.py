@@ -89,10 +89,27 @@ def test_every_run_the_train_run_included_is_repeated_round_robin():
     from hpcdl.studies.spatial.sweep import expand
 
     block = validate_config(yaml.safe_load(open("configs/default.yaml")))["spatial"]
-    points = expand({**block, "repeats": 3})
+    points = expand({**block, "repeats": 3, "held_out_repeats": None})
     names = list(dict.fromkeys(p["run"] for p in points))
     assert "train-d1x2x1" in names
     assert [(p["run"], p["repeat"]) for p in points] == [(n, r) for r in range(3) for n in names]
+
+
+def test_held_out_runs_alone_get_the_extra_repeats_after_the_whole_rounds():
+    import yaml
+
+    from hpcdl.platform.kit.config import validate_config
+    from hpcdl.studies.spatial.sweep import expand
+
+    block = validate_config(yaml.safe_load(open("configs/default.yaml")))["spatial"]
+    held = ["weak-d1x1x1", "train-d1x2x1"]
+    points = expand({**block, "repeats": 2, "held_out_repeats": 4, "held_out": held})
+    names = list(dict.fromkeys(p["run"] for p in points))
+    assert [(p["run"], p["repeat"]) for p in points] == (
+        [(n, r) for r in range(2) for n in names] + [(n, r) for r in (2, 3) for n in names if n in held])
+    # no more than `repeats` where held_out_repeats is smaller: it only ever adds
+    fewer = expand({**block, "repeats": 2, "held_out_repeats": 1, "held_out": held})
+    assert [(p["run"], p["repeat"]) for p in fewer] == [(n, r) for r in range(2) for n in names]
 
 
 def test_calibration_keeps_the_fastest_undisturbed_round():

@@ -23,6 +23,7 @@ def expand(block: dict) -> list[dict]:
     With `repeats` > 1 the whole list is run again (round robin), so a burst of load from other
     processes hits one repeat of a run, not all of them. The train run is repeated too: it is a
     held-out run of the oracle claim, judged like the others on the interval of its repeats.
+    `held_out_repeats` above `repeats` adds rounds of the held-out runs alone after the whole ones.
     """
     points = []
     for kind in ("strong", "weak", "hybrid"):
@@ -42,7 +43,10 @@ def expand(block: dict) -> list[dict]:
     points.append({"run": f"train-d{d}x{pd}x{ph}", "kind": "train", "layout": list(t["layout"]),
                    "ranks": d * pd * ph, "shape": list(run_shape("train", t["grid"], t["layout"])),
                    "batch_size": t["batch_size"], "iterations": t["iterations"]})
-    return [{**p, "repeat": r} for r in range(block["repeats"]) for p in points]
+    held_out = set(block.get("held_out", []))
+    rounds = max(block["repeats"], block.get("held_out_repeats") or 0)
+    return [{**p, "repeat": r} for r in range(rounds) for p in points
+            if r < block["repeats"] or p["run"] in held_out]
 
 
 # What each unit of work reads from the `spatial:` block. Its task receives only that part, and
