@@ -116,6 +116,14 @@ def _async_repeats(ratios: dict[str, list[float]]):
     return lambda c, t: t.__setitem__("tables/async_repeats.csv", pd.DataFrame(rows))
 
 
+def _bw_repeats(ratios: dict[str, list[float]]):
+    """Per format, each sync repeat's bandwidth over its ceiling at the largest size
+    (tables/bandwidth_repeats.csv)."""
+    rows = [{"device": "cpu", "format": f, "n_params": 1024, "repeat": i, "bw_over_ceiling": r,
+             "ceiling_spread": 0.04} for f, rs in ratios.items() for i, r in enumerate(rs)]
+    return lambda c, t: t.__setitem__("tables/bandwidth_repeats.csv", pd.DataFrame(rows))
+
+
 def _ckpt_sync(fmt):
     return lambda d: (d["format"] == fmt) & (d["mode"] == "sync") & (d["ranks"] == 1)
 
@@ -135,6 +143,26 @@ def test_checkpoint_async_interval_pairs_each_repeats_saves(tmp_path):
     ev = c["measured"]["async_over_sync_per_repeat"]["npz"]
     assert ev["n"] == 3 and set(ev["per_pair"]) == {"repeat 0", "repeat 1", "repeat 2"}
     assert c["status"] == "straddles"  # every ratio at the 0.10 line: the interval crosses it
+
+
+def test_checkpoint_bandwidth_interval_is_over_each_sync_repeats_paired_ratio(tmp_path):
+    from hpcdl.studies.checkpoint.tables import bandwidth_repeats
+
+    raw = pd.DataFrame([{"format": f, "mode": m, "process_group": pg, "ranks": 1, "n_params": 1024,
+                         "repeat": r, "status": "ok", "device": "cpu", "ceiling_spread": 0.02,
+                         "bw_over_ceiling": (0.9 + 0.02 * r) if m == "sync" else float("nan")}
+                        for f in ("torch", "npz") for m in ("sync", "async") for r in range(3)
+                        for pg in (False, True)])
+    pairs = bandwidth_repeats(raw)
+    # sync rows from one process only: async points probe no ceiling, DCP ranks points are not compared
+    assert len(pairs) == 6 and set(pairs["format"]) == {"torch", "npz"}
+    torch_rows = pairs[pairs["format"] == "torch"]
+    assert torch_rows["bw_over_ceiling"].tolist() == pytest.approx([0.90, 0.92, 0.94])
+    c = _find(_run("checkpoint", lambda c, t: t.__setitem__("tables/bandwidth_repeats.csv", pairs),
+                   tmp_path), "bandwidth_vs_ceiling")
+    ev = c["measured"]["bw_over_ceiling_per_repeat"]["torch"]
+    assert ev["n"] == 3 and ev["mean"] == pytest.approx(0.92)
+    assert c["status"] == "straddles"  # 0.90-0.94 over 3 repeats: the interval reaches below 0.90
 
 
 def test_checkpoint_defective_ceiling_names_the_bandwidths(tmp_path):
@@ -826,6 +854,14 @@ CASES = [
     # the thresholds come from the config
     ("checkpoint", "bandwidth_vs_ceiling", "failed",
      lambda c, t: c["checkpoint"]["claims"].__setitem__("bandwidth_min_ratio", 0.97), None),
+    # judged on each format's interval of its per-repeat ratios: one format's above the line passes
+    ("checkpoint", "bandwidth_vs_ceiling", "passed",
+     _bw_repeats({"torch": [0.95, 0.96, 0.97], "npz": [0.50, 0.52, 0.51]}), None),
+    # a mean above the line with a wide spread (a noisy probe) straddles: noise never eases a pass
+    ("checkpoint", "bandwidth_vs_ceiling", "straddles",
+     _bw_repeats({"torch": [0.80, 1.00, 1.02], "npz": [0.50, 0.52, 0.51]}), None),
+    ("checkpoint", "bandwidth_vs_ceiling", "failed",
+     _bw_repeats({"torch": [0.60, 0.62, 0.61], "npz": [0.50, 0.52, 0.51]}), None),
     ("checkpoint", "async_blocking", "failed",
      lambda c, t: c["checkpoint"]["claims"].__setitem__("async_max_ratio", 0.04), None),
     ("checkpoint", "resume_bit_identical", "passed", None, None),

@@ -39,6 +39,15 @@ def test_verdicts_against_a_line():
     assert intervals.all_of([intervals.HOLDS, intervals.HOLDS]) == intervals.HOLDS
 
 
+def test_any_of_holds_where_one_part_holds_and_straddles_only_where_none_does():
+    h, s, f = intervals.HOLDS, intervals.STRADDLES, intervals.FAILS
+    assert intervals.any_of([f, s, h]) == h
+    assert intervals.any_of([f, s, f]) == s
+    assert intervals.any_of([f, f]) == f
+    assert intervals.any_of([]) == f  # nothing shown
+    assert intervals.any_of([False, True]) == h and intervals.any_of([False, s]) == s  # bools: no interval
+
+
 def test_evidence_shows_each_pair_the_mean_and_the_interval():
     ev = intervals.mean_interval([1.0, 2.0, 3.0]).evidence(2, keys=["seed 0", "seed 1", "seed 2"])
     assert ev == {"per_pair": {"seed 0": 1.0, "seed 1": 2.0, "seed 2": 3.0}, "mean": 2.0,

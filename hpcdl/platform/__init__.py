@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         CONFIDENCE,
         above,
         all_of,
+        any_of,
         below,
         mean_interval,
         paired,
@@ -70,7 +71,8 @@ _MODULES = {
     "config": ("ConfigError", "check_inside", "load_config"),
     "confirmation": ("confirmed_on", "deterministic", "measured_afresh", "unseeded"),
     "device": ("Placement", "cuda_record", "gpu_slug", "resolved_device"),
-    "intervals": ("CONFIDENCE", "above", "all_of", "below", "mean_interval", "paired", "proportion_interval"),
+    "intervals": ("CONFIDENCE", "above", "all_of", "any_of", "below", "mean_interval", "paired",
+                  "proportion_interval"),
     "procenv": ("PACKAGE_ROOT", "child_env"),
     "rank_runtime.launch": ("run_ranks",),
     "rank_runtime.placement": ("current_placement",),
@@ -92,7 +94,7 @@ EXPORTS: dict[str, tuple[str, str]] = {
 
 __all__ = [
     "CONFIDENCE", "ConfigError", "FAILURE_COLUMNS", "Ours", "PACKAGE_ROOT", "Placement", "RunFiles",
-    "StudyDir", "StudySpec", "above", "all_of", "atomic_write_bytes", "atomic_write_json",
+    "StudyDir", "StudySpec", "above", "all_of", "any_of", "atomic_write_bytes", "atomic_write_json",
     "atomic_write_text", "below", "check_inside", "child_env", "claim", "computing_units_of", "config_hash",
     "confirmed_on", "cpu_model", "cuda_record", "current_placement", "deterministic", "every",
     "failed_because", "failures_table", "git_commit", "gpu_slug", "last_error_line", "load_config",

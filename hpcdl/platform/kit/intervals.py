@@ -122,3 +122,10 @@ def all_of(verdicts: Iterable[str]) -> str:
     """A conjunction: fails if any part fails, straddles if any part straddles, else holds."""
     verdicts = list(verdicts)
     return FAILS if FAILS in verdicts else STRADDLES if STRADDLES in verdicts else HOLDS
+
+
+def any_of(verdicts: Iterable[str | bool]) -> str:
+    """A disjunction: holds if any part holds, straddles if none holds and one straddles, else fails
+    (an empty one fails: nothing was shown). A bool part is a verdict without an interval."""
+    verdicts = [{True: HOLDS, False: FAILS}.get(v, v) if isinstance(v, bool) else v for v in verdicts]
+    return HOLDS if HOLDS in verdicts else STRADDLES if STRADDLES in verdicts else FAILS

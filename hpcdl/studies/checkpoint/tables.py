@@ -102,6 +102,19 @@ def async_repeats(raw: pd.DataFrame) -> pd.DataFrame:
     return out[cols]
 
 
+def bandwidth_repeats(raw: pd.DataFrame) -> pd.DataFrame:
+    """Per single-process format, size and sync repeat: the save's write bandwidth over the ceiling
+    probed around it (compute.ceiling_pair), the spread the bandwidth claim's interval is taken over."""
+    cols = ["device", "format", "n_params", "repeat", "bw_over_ceiling", "ceiling_spread"]
+    ok = ok_rows(raw)
+    if ok.empty or not {"repeat", "bw_over_ceiling"} <= set(ok):
+        return pd.DataFrame(columns=cols)
+    ok = with_device(ok[~ok["process_group"].astype(bool) & (ok["mode"] == "sync")])
+    if "ceiling_spread" not in ok:
+        ok["ceiling_spread"] = float("nan")
+    return ok[cols].dropna(subset=["bw_over_ceiling"]).sort_values(cols[:4]).reset_index(drop=True)
+
+
 def overhead_table(raw: pd.DataFrame) -> pd.DataFrame:
     """Successful overhead runs; each carries its paired no-checkpoint baseline and its overhead
     as extra training time per unit of work (comparable with the C/T of the Young/Daly model)."""
@@ -144,6 +157,7 @@ def write(cfg: dict, study_dir: Path) -> None:
     raws = _raws(run)
     write_table(io_cost(raws["io"]), run.table("io_cost"), cfg, started)
     write_table(async_repeats(raws["io"]), run.table("async_repeats"), cfg, started)
+    write_table(bandwidth_repeats(raws["io"]), run.table("bandwidth_repeats"), cfg, started)
     write_table(with_device(raws["resume"]), run.table("resume"), cfg, started)
     ovh = overhead_table(raws["overhead"])
     write_table(ovh, run.table("overhead"), cfg, started)
