@@ -159,7 +159,7 @@ def compute_threads(available: int, copy_cores: int, cuda: bool) -> int:
     return max(1, available - copy_cores)
 
 
-def train(spec: RunSpec, keep_weights: bool = False) -> dict:
+def train(spec: RunSpec, keep_weights: bool = False) -> tuple:
     """`_train` on `compute_threads` intra-op threads (restored after); the record names them."""
     before = torch.get_num_threads()
     threads = compute_threads(before, spec.copy_cores, resolve_device(spec.device) == "cuda")
