@@ -107,11 +107,9 @@ def bandwidth_repeats(raw: pd.DataFrame) -> pd.DataFrame:
     probed around it (compute.ceiling_pair), the spread the bandwidth claim's interval is taken over."""
     cols = ["device", "format", "n_params", "repeat", "bw_over_ceiling", "ceiling_spread"]
     ok = ok_rows(raw)
-    if ok.empty or not {"repeat", "bw_over_ceiling"} <= set(ok):
+    if ok.empty or not {"repeat", "bw_over_ceiling", "ceiling_spread"} <= set(ok):  # ceiling_pair writes both
         return pd.DataFrame(columns=cols)
     ok = with_device(ok[~ok["process_group"].astype(bool) & (ok["mode"] == "sync")])
-    if "ceiling_spread" not in ok:
-        ok["ceiling_spread"] = float("nan")
     return ok[cols].dropna(subset=["bw_over_ceiling"]).sort_values(cols[:4]).reset_index(drop=True)
 
 
