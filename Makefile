@@ -91,7 +91,8 @@ bench: $(STAMP) data
 # budget). Run with that machine's own torch ($(GPU_PY), reached through a wrapper script; no venv: the
 # CPU wheel of requirements.txt would replace its CUDA build). What the image lacks comes from `make
 # gpu-carry`, run beforehand where PyPI is reachable (.gpu-carry/: wheels and Fashion-MNIST, < 50 MiB).
-# `make gpu-studies` runs the studies the first call had no time for (GPU_STUDIES="a b": a subset).
+# `make gpu-studies` runs the studies the first call had no time for (GPU_STUDIES="a b": a subset),
+# into $(GPU_RECORDS)-studies: each call starts its records folder afresh, so the first call's stay.
 # `make gpu-smoke` proves the same plumbing on this CPU, and CI runs it (tests/test_gpu_smoke.py).
 GPU_PY ?= python3
 GPU_RECORDS ?= gpu-records
@@ -120,7 +121,7 @@ gpu-tests:
 	$(GPU_RUN) --steps setup,tests
 
 gpu-studies:
-	$(GPU_RUN) --steps setup,studies --studies "$(GPU_STUDIES)"
+	$(GPU_RUN) --steps setup,studies --studies "$(GPU_STUDIES)" --records $(GPU_RECORDS)-studies
 
 gpu-smoke: $(STAMP) data
 	$(PY) envs/gpu_run.py --smoke --records $(GPU_RECORDS)-smoke --fashion-mnist $(FASHION_MNIST) \

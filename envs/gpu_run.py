@@ -51,10 +51,11 @@ CALL_BUDGET_S = 540  # 9 minutes: a device call's 10 less start-up and the archi
 FASHION_FILES = gpu_carry.FASHION_FILES
 # Studies cheapest first, with the seconds each Snakemake call takes on one H200, so that the rest of
 # a call completes as many studies as it can and starts none it cannot finish (the H200 run of
-# 2026-11-26 started spatial with 99 s left and again with 235 s, and lost both: it needs about 250 s).
-# Measured there: hetmem 49, microbatch 46, offload 84, spatial > 235 (13 of its 14 runs of about
-# 13 s, then killed); the rest are estimates, doubled after spatial's estimate of 120 proved half.
-STUDY_ORDER = (("microbatch", 50), ("hetmem", 50), ("offload", 90), ("shuffle", 240), ("spatial", 270),
+# 2026-11-26 started spatial with 99 s left and again with 235 s, and lost both).
+# Measured on H200s: hetmem 49, offload 84 (2026-11-26); microbatch 63 with its cuDNN engine plans,
+# spatial 322, shuffle > 274 (killed after 13 of its 15 tasks, its own estimate 40 s more) (2026-11-27).
+# Malleable, hpo and checkpoint are estimates, doubled after spatial's estimate of 120 proved half.
+STUDY_ORDER = (("hetmem", 55), ("microbatch", 70), ("offload", 95), ("shuffle", 330), ("spatial", 340),
                ("malleable", 300), ("hpo", 360), ("checkpoint", 420))
 
 
@@ -92,7 +93,12 @@ class Runner:
     def __init__(self, args):
         self.args = args
         self.records = Path(args.records).resolve()
-        self.records.mkdir(parents=True, exist_ok=True)
+        if self.records.is_dir():
+            # a device machine may keep ignored folders between calls: an earlier call's records left
+            # there (the 2026-11-26 hetmem and offload in the 2026-11-27 archive) are not this call's
+            print(f"[gpu_run] {self.records.name}: an earlier call's records removed", flush=True)
+            shutil.rmtree(self.records)
+        self.records.mkdir(parents=True)
         self.bin = ROOT / (".gpu-smoke/bin" if args.smoke else ".gpu-bin")
         self.wrapper = self.bin / "python"
         # the smoke's carried site is its own: a real .gpu-carry/site stays untouched
@@ -187,10 +193,13 @@ class Runner:
         out = self.records / "engines"
         out.mkdir(exist_ok=True)
         config = "configs/test.yaml" if self.args.smoke else "configs/gpu.yaml"
+        started = time.time()
         rc = self.run("engines", [self.wrapper, "-m", "hpcdl.studies.microbatch.engine_table", "--config",
                                   config, "--out", ROOT / "tests" / "data" / "microbatch_cudnn_{gpu}.csv",
                                   "--budget-s", int(limit_s - 10)], limit_s)
-        _copy_matching(ROOT / "tests" / "data", out, ("microbatch_cudnn_*.csv", "microbatch_cudnn_*.json"))
+        # this call's table only: a committed one (tests/data/microbatch_cudnn_h200.csv) is not its output
+        _copy_matching(ROOT / "tests" / "data", out, ("microbatch_cudnn_*.csv", "microbatch_cudnn_*.json"),
+                       since=started)
         return rc
 
     def calibrate(self, limit_s: float) -> int:

@@ -169,6 +169,18 @@ def test_a_second_call_adds_its_studies_and_keeps_the_others(tmp_path):
     assert [i["studies"] for i in got["imports"]] == [["hetmem", "microbatch"], ["microbatch"]]
 
 
+def test_an_import_keeps_the_readme_and_logs_committed_beside_the_studies(tmp_path):
+    root = tmp_path / "records"
+    folder = import_records(hand_made_run(tmp_path, studies=("hetmem", "microbatch")), root)
+    (folder / "README.md").write_text("# one H200, two calls\n")
+    (folder / "logs" / "2026-05-02").mkdir(parents=True)
+    (folder / "logs" / "2026-05-02" / "workflow.log").write_text("$ snakemake ...\n")
+    import_records(hand_made_run(tmp_path, "second", studies=("microbatch",)), root)
+    assert (folder / "README.md").read_text() == "# one H200, two calls\n"
+    assert (folder / "logs" / "2026-05-02" / "workflow.log").read_text() == "$ snakemake ...\n"
+    assert sorted(read_records(root)[0]["studies"]) == ["hetmem", "microbatch"]
+
+
 def test_a_failed_import_leaves_the_committed_record_as_it_was(tmp_path):
     root = tmp_path / "records"
     import_records(hand_made_run(tmp_path), root)

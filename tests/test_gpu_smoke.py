@@ -63,10 +63,25 @@ def test_a_study_that_cannot_finish_in_the_time_left_is_not_started(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "envs" / "gpu_run.py"), "--steps", "studies",
                            "--studies", "spatial hetmem", "--records", str(records), "--call-budget-s", "45"],
                           capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert "spatial needs about 270 s" in proc.stdout, proc.stdout
-    assert "hetmem needs about 50 s" in proc.stdout
+    assert "spatial needs about 340 s" in proc.stdout, proc.stdout
+    assert "hetmem needs about 55 s" in proc.stdout
     assert (records / "studies-left.txt").read_text().split() == ["hetmem", "spatial"]
     assert not (records / "workflow.log").exists()  # no Snakemake call was made
+
+
+def test_an_earlier_calls_records_left_on_the_machine_are_not_this_calls(tmp_path):
+    """A device machine kept the 2026-11-26 call's records folder, and its hetmem and offload went into
+    the 2026-11-27 archive beside that call's own studies."""
+    records = tmp_path / "records"
+    (records / "hetmem").mkdir(parents=True)
+    (records / "hetmem" / "claims.json").write_text("{}")
+    proc = subprocess.run([sys.executable, str(REPO / "envs" / "gpu_run.py"), "--steps", "studies",
+                           "--studies", "spatial", "--records", str(records), "--call-budget-s", "30"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert "an earlier call's records removed" in proc.stdout, proc.stdout + proc.stderr
+    assert sorted(p.name for p in records.iterdir()) == ["studies-left.txt", "summary.json"]
+    with tarfile.open(records.with_suffix(".tgz")) as tar:
+        assert not any("hetmem" in n for n in tar.getnames())
 
 
 def _imports(python: str, env: dict) -> subprocess.CompletedProcess:

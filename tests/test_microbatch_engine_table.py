@@ -113,6 +113,14 @@ def test_the_table_format_is_what_the_planner_reads(tmp_path):
         engine_table.append_rows(path, [{"unknown": 1}])
 
 
+def test_the_first_layer_runs_whatever_the_budget_and_later_ones_only_if_it_covers_the_slowest():
+    # the H200 run of 2026-11-27: a 1 ms budget was spent before the first layer, which then never ran
+    assert not engine_table.budget_spent(0, -5.0, 0.0)
+    assert engine_table.budget_spent(1, 0.4, 0.5)
+    assert not engine_table.budget_spent(1, 0.6, 0.5)
+    assert not engine_table.budget_spent(3, float("inf"), 9.0)
+
+
 @pytest.mark.cuda
 def test_engine_table_records_a_network_and_stops_at_its_budget(tmp_path):
     import torch

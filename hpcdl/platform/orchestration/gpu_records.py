@@ -16,7 +16,8 @@ The committed form, one folder per GPU model (hpcdl.platform.kit.device.gpu_slug
     <root>/<slug>/<study>/      claims.json, *.csv, *.provenance.json as the GPU run wrote them
 
 An import replaces the studies it brings and keeps the others, since a GPU run may take two device
-calls (`make gpu`, then `make gpu-studies` for the studies the first had no time for).
+calls (`make gpu`, then `make gpu-studies` for the studies the first had no time for); what else the
+folder holds (a README.md, the device calls' logs/) is kept as it is.
 """
 
 from __future__ import annotations
@@ -167,6 +168,10 @@ def _import_run(run: Path, root: Path, source: dict) -> Path:
                 if name not in studies and (final / name).is_dir()}
         for name in kept:
             shutil.copytree(final / name, tmp / name)
+        # what people added beside the studies (README.md, logs/ of each device call) is no import's
+        # to drop
+        for extra in _not_studies(final, old):
+            (shutil.copytree if extra.is_dir() else shutil.copyfile)(extra, tmp / extra.name)
         for name, s in studies.items():
             (tmp / name).mkdir()
             for pattern in STUDY_FILES:
@@ -184,6 +189,14 @@ def _import_run(run: Path, root: Path, source: dict) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _not_studies(final: Path, old: dict | None) -> list[Path]:
+    """The committed folder's entries that are neither its record nor a study's folder."""
+    if not final.is_dir():
+        return []
+    studies = set((old or {}).get("studies", {}))
+    return sorted(p for p in final.iterdir() if p.name != RECORD and p.name not in studies)
 
 
 def _umask() -> int:

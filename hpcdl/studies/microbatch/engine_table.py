@@ -3,18 +3,18 @@
     python -m hpcdl.studies.microbatch.engine_table --config configs/gpu.yaml \\
         --out 'tests/data/microbatch_cudnn_{gpu}.csv' --budget-s 55
 
-benchmarks every conv layer of microbatch.networks at microbatch.batch_size and image_size: every
-cuDNN plan (hpcdl.studies.microbatch.cudnn_bench) of each kernel at each micro-batch size of
+benchmarks every conv layer of microbatch.networks at microbatch.batch_size and image_size: every cuDNN
+plan (hpcdl.studies.microbatch.cudnn_bench) of each kernel at each micro-batch size of
 microbatch.policies, `repeats`/`warmup` as configured, TF32 as microbatch.cudnn.tf32, plans over the
 largest of microbatch.cudnn.limits_mib marked over_limit. `{gpu}` in --out becomes the GPU's slug
 (NVIDIA H100 80GB HBM3 -> h100). The table is written header first and appended one layer at a time
-(flushed), so a kill keeps every finished layer; no layer is started once the budget cannot cover
-the slowest layer so far. A sidecar <table>.provenance.json (rewritten atomically after each layer)
-records the device (cuda_record), torch and cuDNN versions (frontend, backend, torch's), the command,
-the setting, the dates and which layers are done (status "running" left behind: the process was
-killed). Without CUDA, or without the cuDNN frontend module, it prints why and exits 0 having
-written nothing; a bad config exits 2; a layer that raised gives one skipped row naming the error,
-the others still run, and the exit status is 1.
+(flushed), so a kill keeps every finished layer; the first layer always runs, and no later one is
+started once the budget cannot cover the slowest layer so far. A sidecar <table>.provenance.json
+(rewritten atomically after each layer) records the device (cuda_record), torch and cuDNN versions
+(frontend, backend, torch's), the command, the setting, the dates and which layers are done (status
+"running" left behind: the process was killed). Without CUDA, or without the cuDNN frontend module, it
+prints why and exits 0 having written nothing; a bad config exits 2; a layer that raised gives one
+skipped row naming the error, the others still run, and the exit status is 1.
 
 Columns: FIELDS (limits.COLUMNS among them). Layer names repeat across networks (conv1), so a table
 is planned one network at a time: `load(path, network)`.
@@ -147,6 +147,14 @@ def _progress(total: int):
     return tqdm(total=total, desc="engine table", unit="graph", mininterval=1.0)
 
 
+def budget_spent(done: int, left_s: float, slowest_s: float) -> bool:
+    """Whether to stop before the next layer: once the budget left cannot cover the slowest layer so
+    far. The first layer always runs (no layer has been timed yet), so every call makes progress: the
+    setting up before it (the device record, the libraries' versions) can itself pass a tiny budget,
+    which on the H200 of 2026-11-27 left a table with no layer."""
+    return done > 0 and left_s < slowest_s
+
+
 def record(args: argparse.Namespace, cfg: dict, s: dict, out: Path) -> int:
     """Benchmark every layer into `out` (CUDA and the binding present); the exit status."""
     import torch
@@ -185,7 +193,7 @@ def record(args: argparse.Namespace, cfg: dict, s: dict, out: Path) -> int:
     slowest, counts = 0.0, {}
     for i, (net, layer) in enumerate(todo):
         left = args.budget_s - (time.time() - t0) if args.budget_s else float("inf")
-        if left < slowest:
+        if budget_spent(i, left, slowest):
             meta["status"] = "stopped at the budget"
             meta["layers_left"] = [f"{n}/{ly.name}" for n, ly in todo[i:]]
             break
