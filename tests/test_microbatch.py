@@ -472,6 +472,28 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
 # ------------------------------------------------------------- whole-network execution and claims
 
 
+def test_the_float64_result_tells_rounding_from_a_wrong_result():
+    from hpcdl.studies.microbatch.compute import exactness_rows
+    from hpcdl.studies.microbatch.exact import exact
+
+    call = KernelCall(SMALL, 5, "cpu", seed=3)
+    for kernel in ALL_KERNELS:
+        truth = exact(call, kernel)
+        assert all(t.dtype == torch.float64 for t in (truth if kernel == FUSED else (truth,)))
+        got = call.run_division(kernel, [("onednn-nchw", 1), ("native-nchw", 4)])
+        assert rel_err(got, truth) <= 1e-6, kernel   # fp32 rounding alone
+    # a weight gradient that left out one sample is far from it
+    partial = call.output("backward_filter")
+    call.run("backward_filter", ALGORITHMS["onednn-nchw"], 0, 4, partial)
+    assert rel_err(partial, exact(call, "backward_filter")) > 0.05
+    rows = exactness_rows(ALL_KERNELS, call, ["onednn-nchw", "native-nhwc"], "cpu", "net")
+    assert len(rows) == 2 * len(ALL_KERNELS)
+    assert all(r["err_fp64"] <= 1e-6 and r["default_err_fp64"] <= 1e-6 and r["max_rel_err"] <= 1e-5
+               for r in rows)
+    with pytest.raises(ValueError, match="unknown kernel 'sideways'"):
+        exact(call, "sideways")
+
+
 def test_plans_run_as_whole_networks_each_distinct_plan_once_a_round():
     layers = [ConvLayer("a", 4, 8, 9, 9, 3, 3, 1, 1, 1), ConvLayer("b", 8, 8, 5, 5, 3, 3, 1, 1, 1, count=2)]
     calls = {ly.name: KernelCall(ly, 4, "cpu", seed=i) for i, ly in enumerate(layers)}

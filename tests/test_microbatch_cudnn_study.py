@@ -337,7 +337,10 @@ def test_a_tiny_network_runs_end_to_end_on_cuda():
     assert set(pd.DataFrame(out["cudnn_engines"])["status"]) >= {"ok"}
     done = lim[lim["feasible"] & lim["baseline_time_s"].notna()]
     assert len(done) and (done["measured_time_s"] > 0).all() and (done["baseline_measured_time_s"] > 0).all()
-    assert (done["max_rel_err"] < 1e-5).all()
+    # against float64: on the H200 of 2026-11-27 cuDNN's fp32 engines and PyTorch's default differed
+    # by 1.2 % of conv2's weight gradient, which comparing the two could not attribute
+    assert (done["err_fp64"] - done["default_err_fp64"] < 1e-5).all(), done[["layer", "kernel", "err_fp64",
+                                                                             "default_err_fp64"]]
     assert (done.loc[done["planner"] == "dp", "planned_time_s"]
             <= done.loc[done["planner"] == "dp", "baseline_time_s"] * (1 + 1e-12)).all()
     net = cudnn_plan.rollup(lim)

@@ -25,6 +25,7 @@ from hpcdl.studies.microbatch.algorithms import (
 )
 from hpcdl.studies.microbatch.bench import benchmark_layer, clock
 from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
+from hpcdl.studies.microbatch.exact import exact
 from hpcdl.studies.microbatch.heap import fix_heap_thresholds
 from hpcdl.studies.microbatch.plan_timing import execute_network, executor_overhead, rel_err
 from hpcdl.studies.microbatch.workloads import network
@@ -50,12 +51,22 @@ def _progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, leave=False, mininterval=1.0)
 
 
+def _errors(got, default, truth, default_err: float) -> dict:
+    """A result's distance from the undivided default and from the exact result (pairs: the worse)."""
+    return {"max_rel_err": rel_err(got, default), "err_fp64": rel_err(got, truth),
+            "default_err_fp64": default_err}
+
+
 def exactness_rows(
     kernels, call: KernelCall, algorithms: list[str], device: str, network_name: str
 ) -> list[dict]:
-    """Every candidate, split into micro-batches [1, B-1], against the undivided default, per kernel."""
+    """Every candidate, split into micro-batches [1, B-1], against the undivided default and against
+    the exact (float64) result, per kernel; the undivided default's own distance from it beside."""
     ref = {k: call.run_division(k, [(DEFAULT[device], call.batch)]) for k in KERNELS}
     ref[FUSED] = (ref["backward_data"], ref["backward_filter"])
+    truth = {k: exact(call, k) for k in KERNELS}
+    truth[FUSED] = (truth["backward_data"], truth["backward_filter"])
+    default_err = {k: rel_err(ref[k], truth[k]) for k in ref}
     rows = []
     for name in algorithms:
         steps = [(name, 1), (name, call.batch - 1)] if call.batch > 1 else [(name, 1)]
@@ -67,7 +78,7 @@ def exactness_rows(
                     "kernel": k,
                     "algorithm": name,
                     "micro_batches": _division_text(steps)[0],
-                    "max_rel_err": rel_err(call.run_division(k, steps), ref[k]),  # pairs: the worse
+                    **_errors(call.run_division(k, steps), ref[k], truth[k], default_err[k]),
                 }
             )
     return rows

@@ -172,7 +172,7 @@ def distinct_divisions(configs: list[Config]) -> dict[limits.Key, list[Division]
 
 
 MEASURED = ["baseline_measured_time_s", "measured_time_s", "measured_speedup", "noise_frac",
-            "same_as_baseline", "rounds", "max_rel_err"]
+            "same_as_baseline", "rounds", "max_rel_err", "err_fp64", "default_err_fp64"]
 # raw/cudnn_limits.csv's columns (written with these alone where the experiment did not run)
 ROW_COLS = [*KEYS, "layer", "kernel", "count", "baseline_engine", "baseline_time_s",
             "baseline_workspace_bytes", "micro_batches", "engines", "n_micro_batches", "divided",
@@ -182,7 +182,8 @@ ROW_COLS = [*KEYS, "layer", "kernel", "count", "baseline_engine", "baseline_time
 
 def attach_measured(rows: list[dict], configs: list[Config], measured: dict) -> list[dict]:
     """The rows with what execution measured: `measured[(key, division)]` holds {"time_s" (median
-    of the rounds), "noise_frac" ((slowest - fastest) / median round), "rounds", "max_rel_err"}.
+    of the rounds), "noise_frac" ((slowest - fastest) / median round), "rounds", "max_rel_err",
+    "err_fp64", "default_err_fp64"}.
     A row's noise allowance is the larger of its baseline's and its plan's."""
     out = []
     for row, (key, base, plan) in zip(rows, configs, strict=True):
@@ -199,6 +200,8 @@ def attach_measured(rows: list[dict], configs: list[Config], measured: dict) -> 
             "same_as_baseline": bool(base and plan and base == plan),
             "rounds": min(x["rounds"] for x in (b, p) if x) if b or p else 0,
             "max_rel_err": p["max_rel_err"] if p else nan,
+            "err_fp64": p.get("err_fp64", nan) if p else nan,
+            "default_err_fp64": p.get("default_err_fp64", nan) if p else nan,
         })
     return out
 

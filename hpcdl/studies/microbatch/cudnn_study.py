@@ -34,6 +34,7 @@ from hpcdl.studies.microbatch.cudnn_bench import benchmark_layer
 from hpcdl.studies.microbatch.cudnn_engines import KernelGraph, binding, library_record, run_division
 from hpcdl.studies.microbatch.dp import policy_sizes
 from hpcdl.studies.microbatch.engine_table import FIELDS
+from hpcdl.studies.microbatch.exact import exact
 from hpcdl.studies.microbatch.plan_timing import rel_err
 from hpcdl.studies.microbatch.workloads import network
 
@@ -76,9 +77,10 @@ def execute_kernel(
     rounds: int,
     warmup: int,
 ) -> dict[cudnn_plan.Division, dict]:
-    """Every division of one kernel run by engine id, checked against PyTorch's kernel (max
-    relative error), then timed in interleaved rounds sharing one workspace at their largest need.
-    Per division: {"time_s", "noise_frac", "rounds", "max_rel_err"}."""
+    """Every division of one kernel run by engine id, checked against PyTorch's kernel and against
+    the exact (float64) result (max relative errors; PyTorch's own distance from it beside), then
+    timed in interleaved rounds sharing one workspace at their largest need.
+    Per division: {"time_s", "noise_frac", "rounds", "max_rel_err", "err_fp64", "default_err_fp64"}."""
     if not divisions:
         return {}
     # an engine missing at a size is left to run_division, which names it
@@ -86,11 +88,14 @@ def execute_kernel(
                 if b in graphs and e in graphs[b].by_name), default=0)
     workspace = torch.empty(max(need, 1), dtype=torch.uint8, device=call.x.device)
     reference = call.run_division(kernel, [(DEFAULT["cuda"], call.batch)])
+    truth = exact(call, kernel)
+    default_err = rel_err(reference, truth)
     out = {}
     for d in divisions:
         got, _ = run_division(call, kernel, list(d), graphs, workspace)
-        out[d] = {"max_rel_err": rel_err(got, reference)}
-    del got, reference
+        out[d] = {"max_rel_err": rel_err(got, reference), "err_fp64": rel_err(got, truth),
+                  "default_err_fp64": default_err}
+    del got, reference, truth
     fns = [lambda d=d: run_division(call, kernel, list(d), graphs, workspace) for d in divisions]
     for d, times in zip(divisions, time_interleaved(fns, rounds, warmup), strict=True):
         out[d].update(_summary(times))

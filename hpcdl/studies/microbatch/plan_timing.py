@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hpcdl.studies.microbatch.algorithms import ALGORITHMS, DEFAULT, FUSED, KernelCall
+from hpcdl.studies.microbatch.algorithms import ALGORITHMS, DEFAULT, FUSED, KERNELS, KernelCall
 from hpcdl.studies.microbatch.bench import clock, round_order
+from hpcdl.studies.microbatch.exact import exact
 from hpcdl.studies.microbatch.execute import LayerPlan, MicroBatchedConv2d
 from hpcdl.studies.microbatch.workloads import ConvLayer
 
@@ -189,12 +190,23 @@ def execute_network(calls: dict[str, KernelCall], plans: dict[str, dict[str, Lay
                 for ly, t in zip(layers, per_layer, strict=True):
                     units[name]["layer_times"][ly].append(t)
     ref = kept["default"]
+    truth = [tuple(exact(calls[ly], k) for k in KERNELS) for ly in layers]
     for name, u in units.items():
         del u["stack"]
-        got = kept[name]
-        u["errors"] = {
-            ly: {"err_output": rel_err(g[0], w[0]), "err_grad_input": rel_err(g[1], w[1]),
-                 "err_grad_weight": rel_err(g[2], w[2])}
-            for ly, g, w in zip(layers, got, ref, strict=True)
-        }
+        u["errors"] = {ly: _layer_errors(g, w, t, ref_i)
+                       for ly, g, w, t, ref_i in zip(layers, kept[name], ref, truth, ref, strict=True)}
     return units
+
+
+ERROR_COLUMNS = ("err_output", "err_grad_input", "err_grad_weight")  # forward, backward_data, _filter
+
+
+def _layer_errors(got, default, truth, default_got) -> dict:
+    """One layer's output and gradients against the default's (err_*), against the exact result
+    (err_*_fp64), and the default's own distance from it (default_err_*_fp64)."""
+    out = {}
+    for i, col in enumerate(ERROR_COLUMNS):
+        out[col] = rel_err(got[i], default[i])
+        out[f"{col}_fp64"] = rel_err(got[i], truth[i])
+        out[f"default_{col}_fp64"] = rel_err(default_got[i], truth[i])
+    return out

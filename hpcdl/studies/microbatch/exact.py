@@ -1,0 +1,29 @@
+"""Each kernel's exact result: the same convolution in float64 on the call's own tensors and device.
+
+The exactness checks measure every candidate, plan and the undivided default against it, so that a
+difference between two fp32 results can be placed: on the H200 of 2026-11-27 cuDNN's fp32
+backward-filter of AlexNet's conv2 differed from PyTorch's default by 1.2 % of its largest element,
+the same engine undivided included, which comparing the two alone cannot attribute to either.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hpcdl.studies.microbatch.algorithms import FUSED, KernelCall
+
+
+def exact(call: KernelCall, kernel: str):
+    """`kernel` on the call's whole mini-batch in float64 (for the fused backward: the pair of
+    gradients), by whatever backend runs doubles there: no fp32 engine, TF32 or reduced precision."""
+    if kernel == FUSED:
+        return exact(call, "backward_data"), exact(call, "backward_filter")
+    x, w = call.x.double(), call.weight.double()
+    if kernel == "forward":
+        return torch.ops.aten.convolution(x, w, None, *call.args)
+    gy = call.grad_out.double()
+    mask = {"backward_data": [True, False, False], "backward_filter": [False, True, False]}
+    if kernel not in mask:
+        raise ValueError(f"unknown kernel {kernel!r}; known: forward, {', '.join(mask)}, {FUSED}")
+    grads = torch.ops.aten.convolution_backward(gy, x, w, None, *call.args, mask[kernel])
+    return grads[0] if kernel == "backward_data" else grads[1]
