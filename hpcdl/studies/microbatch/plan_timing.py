@@ -169,7 +169,8 @@ def execute_network(calls: dict[str, KernelCall], plans: dict[str, dict[str, Lay
     the first variant that has it; a plan that keeps the default in every layer is a unit of its
     own too (its run is timed, never the default's time copied). Returns {"default": unit, plan_id:
     unit}, a unit: {"variants", "times" [per round], "layer_times" {layer: [per round]},
-    "errors" {layer: {err_output, err_grad_input, err_grad_weight}} against the default}."""
+    "errors" {layer: {err_output, err_grad_input, err_grad_weight} against the default, the same
+    with _fp64 against the float64 result, and default_err_*_fp64 the default's own}}."""
     units = {"default": {"variants": [], "stack": network_stack(calls, None)}}
     ids = {}
     for variant, plan in plans.items():
@@ -193,20 +194,20 @@ def execute_network(calls: dict[str, KernelCall], plans: dict[str, dict[str, Lay
     truth = [tuple(exact(calls[ly], k) for k in KERNELS) for ly in layers]
     for name, u in units.items():
         del u["stack"]
-        u["errors"] = {ly: _layer_errors(g, w, t, ref_i)
-                       for ly, g, w, t, ref_i in zip(layers, kept[name], ref, truth, ref, strict=True)}
+        u["errors"] = {ly: _layer_errors(g, w, t)
+                       for ly, g, w, t in zip(layers, kept[name], ref, truth, strict=True)}
     return units
 
 
 ERROR_COLUMNS = ("err_output", "err_grad_input", "err_grad_weight")  # forward, backward_data, _filter
 
 
-def _layer_errors(got, default, truth, default_got) -> dict:
+def _layer_errors(got, default, truth) -> dict:
     """One layer's output and gradients against the default's (err_*), against the exact result
     (err_*_fp64), and the default's own distance from it (default_err_*_fp64)."""
     out = {}
     for i, col in enumerate(ERROR_COLUMNS):
         out[col] = rel_err(got[i], default[i])
         out[f"{col}_fp64"] = rel_err(got[i], truth[i])
-        out[f"default_{col}_fp64"] = rel_err(default_got[i], truth[i])
+        out[f"default_{col}_fp64"] = rel_err(default[i], truth[i])
     return out
