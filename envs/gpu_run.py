@@ -106,6 +106,7 @@ class Runner:
                            else Path(args.carry).resolve() / "site")
         self.deadline = time.monotonic() + args.call_budget_s
         self.summary: list[dict] = []
+        self.study_seconds: dict[str, dict] = {}  # per study: seconds and exit, for STUDY_ORDER
 
     # ---- environment ----
     def env(self) -> dict:
@@ -237,6 +238,7 @@ class Runner:
                                        "--resources", f"gpu={self.args.gpus}", "--keep-going",
                                        "--printshellcmds"], remaining, "workflow")
             rc = rc or got
+            self.study_seconds[study] = {"seconds": round(time.time() - started, 1), "exit": got}
             # this call's outputs only: a claims.json left by an earlier run must not pass as this one's
             dest = self.records / study
             _copy_matching(results / study, dest, ("claims.json",), since=started)
@@ -265,6 +267,8 @@ class Runner:
             rc = getattr(self, step.name)(limit) if remaining > 5 else 125
             self.summary.append({"step": step.name, "exit": rc, "seconds": round(time.monotonic() - t0, 1),
                                  "budget_s": step.budget_s, "timed_out": rc == 124})
+            if step.name == "studies":
+                self.summary[-1]["per_study"] = self.study_seconds
             if step.name == "setup" and rc:
                 break  # nothing else can run without the interpreter
         (self.records / "summary.json").write_text(json.dumps(self.summary, indent=1) + "\n")

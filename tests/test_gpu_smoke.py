@@ -124,6 +124,9 @@ def test_make_gpu_smoke_runs_every_step_and_archives_the_records(tmp_path):
     summary = {s["step"]: s for s in json.loads((smoke / "summary.json").read_text())}
     assert set(summary) == {"setup", "tests", "engines", "calibrate", "studies"}
     assert all(s["exit"] == 0 for s in summary.values()), summary
+    # each study's own seconds, measured where gpu_run.STUDY_ORDER's are read off
+    assert summary["studies"]["per_study"]["microbatch"]["exit"] == 0
+    assert 0 < summary["studies"]["per_study"]["microbatch"]["seconds"] <= summary["studies"]["seconds"]
     calibrate_log = (smoke / "spatial-calibrate.log").read_text()
     assert "killed with" in calibrate_log and "resumed to" in calibrate_log   # defect 4's kill and resume
     assert "needs CUDA" in (smoke / "engines.log").read_text()
