@@ -26,6 +26,7 @@ the calibration at tiny shapes under a budget, killed once and resumed; the engi
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import lzma
 import os
@@ -221,7 +222,7 @@ class Runner:
         chosen = self.args.studies.split() if self.args.studies else [s for s, _ in STUDY_ORDER]
         order = [s for s, _ in STUDY_ORDER if s in chosen] + [s for s in chosen if s not in dict(STUDY_ORDER)]
         stop = time.monotonic() + limit_s
-        rc, left = 0, []
+        rc, left, checked = 0, [], self.args.smoke  # the smoke's results are its own, removed above
         for study in order:
             remaining = min(stop, self.deadline) - time.monotonic()
             needs = 20 if self.args.smoke else dict(STUDY_ORDER).get(study, 20)  # GPU seconds
@@ -230,6 +231,9 @@ class Runner:
                       "not started", flush=True)
                 left.append(study)
                 continue
+            if not checked:  # only once a study starts: a call that runs none leaves results-gpu alone
+                fresh_results(results, code_version())
+                checked = True
             settings = [f"studies=[{study}]", *([f"results_dir={results}"] if self.args.smoke else [])]
             started = time.time()
             got = self.run("studies", [self.wrapper, "-m", "snakemake", "--cores", "all", "--configfile",
@@ -295,6 +299,35 @@ def archive_records(records: Path) -> Path:
         data = biggest.read_bytes()
         biggest.write_bytes(b"[cut to its last 1 MiB for the archive]\n" + data[-2**20:])
     raise SystemExit(f"{archive} is over {ARCHIVE_MAX_BYTES >> 20} MiB after cutting the logs")
+
+
+RESULTS_MARK = ".gpu_run-code"
+
+
+def code_version() -> str:
+    """HEAD, and a digest of the uncommitted changes where there are any ("unknown" outside git)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        diff = subprocess.run(["git", "diff", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head}-dirty-{hashlib.sha256(diff).hexdigest()[:12]}" if diff else head
+
+
+def fresh_results(results: Path, version: str) -> None:
+    """Keep a results folder only where this code made it: a device machine may keep ignored folders
+    between sessions, and a study reuses its stored points by their inputs, not by the code that
+    computed them (hpcdl.platform.kit.points), so another commit's points would pass as this one's.
+    Within one session (same code) a second call still resumes what the first left."""
+    mark = results / RESULTS_MARK
+    made_by = mark.read_text().strip() if mark.exists() else None
+    if results.is_dir() and made_by != version:
+        print(f"[gpu_run] {results.name}: made by {made_by or 'unrecorded code'}, not {version}: removed",
+              flush=True)
+        shutil.rmtree(results)
+    results.mkdir(parents=True, exist_ok=True)
+    mark.write_text(version + "\n")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -84,6 +84,26 @@ def test_an_earlier_calls_records_left_on_the_machine_are_not_this_calls(tmp_pat
         assert not any("hetmem" in n for n in tar.getnames())
 
 
+def test_results_made_by_other_code_are_removed_and_this_codes_are_resumed(tmp_path, capsys):
+    """Points are reused by their inputs, not by the code that computed them: a device machine that
+    kept results-gpu/ from an earlier session's commit would pass those points off as this commit's."""
+    results = tmp_path / "results-gpu"
+    (results / "shuffle" / "points").mkdir(parents=True)
+    (results / "shuffle" / "points" / "abc.json").write_text("{}")
+    gpu_run.fresh_results(results, "a" * 40)          # unrecorded code: removed
+    assert "made by unrecorded code" in capsys.readouterr().out
+    assert not (results / "shuffle").exists()
+    (results / "shuffle" / "points").mkdir(parents=True)
+    (results / "shuffle" / "points" / "abc.json").write_text("{}")
+    gpu_run.fresh_results(results, "a" * 40)          # the same code (a second call): resumed
+    assert (results / "shuffle" / "points" / "abc.json").exists()
+    gpu_run.fresh_results(results, "b" * 40)          # another commit: removed
+    assert not (results / "shuffle").exists()
+    assert (results / gpu_run.RESULTS_MARK).read_text() == "b" * 40 + "\n"
+    version = gpu_run.code_version()
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty-[0-9a-f]{12})?", version), version
+
+
 def _imports(python: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([python, "-c", "import pandas, torch, jsonschema, snakemake"], env=env,
                           capture_output=True, text=True, timeout=120)
