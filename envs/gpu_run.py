@@ -305,7 +305,9 @@ RESULTS_MARK = ".gpu_run-code"
 
 
 def code_version() -> str:
-    """HEAD, and a digest of the uncommitted changes where there are any ("unknown" outside git)."""
+    """HEAD, and a digest of the uncommitted changes where there are any ("unknown" outside git).
+    Not hpcdl.platform.kit.results.git_commit: its "-dirty" cannot tell two edited trees apart (and
+    it imports pandas, which this script never does)."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()

@@ -25,8 +25,9 @@ from hpcdl.studies.microbatch import bench, ilp
 from hpcdl.studies.microbatch.algorithms import ALGORITHMS, ALL_KERNELS, FUSED, KERNELS, KernelCall, verify
 from hpcdl.studies.microbatch.bench import benchmark_layer
 from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
+from hpcdl.studies.microbatch.exact import rel_err
 from hpcdl.studies.microbatch.execute import MicroBatchedConv2d, microbatch_network
-from hpcdl.studies.microbatch.plan_timing import execute_network, rel_err
+from hpcdl.studies.microbatch.plan_timing import execute_network
 from hpcdl.studies.microbatch.workloads import ConvLayer, alexnet, deepbench, resnet18
 
 REPO = Path(__file__).resolve().parent.parent

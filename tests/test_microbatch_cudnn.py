@@ -250,7 +250,7 @@ def test_every_plan_run_by_id_is_exact_and_records_its_name():
     import torch
 
     from hpcdl.studies.microbatch.cudnn_engines import graph_for, inputs_at
-    from hpcdl.studies.microbatch.plan_timing import rel_err
+    from hpcdl.studies.microbatch.exact import rel_err
 
     call = _small_call()
     for kernel in ("forward", "backward_data", "backward_filter"):
@@ -268,7 +268,7 @@ def test_every_plan_run_by_id_is_exact_and_records_its_name():
 def test_micro_batched_engines_are_exact_and_plan_end_to_end():
     from hpcdl.studies.microbatch.cudnn_bench import benchmark_layer
     from hpcdl.studies.microbatch.cudnn_engines import run_division
-    from hpcdl.studies.microbatch.plan_timing import rel_err
+    from hpcdl.studies.microbatch.exact import rel_err
 
     call = _small_call()
     rows, graphs = benchmark_layer(call, [1, 2, 4], repeats=2, warmup=1, max_workspace_bytes=512 * MiB)
@@ -339,7 +339,7 @@ def test_graphs_declare_a_misaligned_inputs_real_alignment_and_run_at_every_offs
         inputs_at,
         run_division,
     )
-    from hpcdl.studies.microbatch.plan_timing import rel_err
+    from hpcdl.studies.microbatch.exact import rel_err
 
     call = _odd_call()
     declares = frontend_declares_alignment()

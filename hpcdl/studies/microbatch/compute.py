@@ -25,9 +25,9 @@ from hpcdl.studies.microbatch.algorithms import (
 )
 from hpcdl.studies.microbatch.bench import benchmark_layer, clock
 from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
-from hpcdl.studies.microbatch.exact import exact
+from hpcdl.studies.microbatch.exact import distances, exact, rel_err
 from hpcdl.studies.microbatch.heap import fix_heap_thresholds
-from hpcdl.studies.microbatch.plan_timing import execute_network, executor_overhead, rel_err
+from hpcdl.studies.microbatch.plan_timing import execute_network, executor_overhead
 from hpcdl.studies.microbatch.workloads import network
 
 MiB = 2**20
@@ -51,12 +51,6 @@ def _progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, leave=False, mininterval=1.0)
 
 
-def _errors(got, default, truth, default_err: float) -> dict:
-    """A result's distance from the undivided default and from the exact result (pairs: the worse)."""
-    return {"max_rel_err": rel_err(got, default), "err_fp64": rel_err(got, truth),
-            "default_err_fp64": default_err}
-
-
 def exactness_rows(
     kernels, call: KernelCall, algorithms: list[str], device: str, network_name: str
 ) -> list[dict]:
@@ -78,7 +72,7 @@ def exactness_rows(
                     "kernel": k,
                     "algorithm": name,
                     "micro_batches": _division_text(steps)[0],
-                    **_errors(call.run_division(k, steps), ref[k], truth[k], default_err[k]),
+                    **distances(call.run_division(k, steps), ref[k], truth[k], default_err[k]),
                 }
             )
     return rows

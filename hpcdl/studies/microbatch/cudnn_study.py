@@ -34,8 +34,7 @@ from hpcdl.studies.microbatch.cudnn_bench import benchmark_layer
 from hpcdl.studies.microbatch.cudnn_engines import KernelGraph, binding, library_record, run_division
 from hpcdl.studies.microbatch.dp import policy_sizes
 from hpcdl.studies.microbatch.engine_table import FIELDS
-from hpcdl.studies.microbatch.exact import exact
-from hpcdl.studies.microbatch.plan_timing import rel_err
+from hpcdl.studies.microbatch.exact import distances, exact, rel_err
 from hpcdl.studies.microbatch.workloads import network
 
 MiB = cudnn_plan.MiB
@@ -93,8 +92,7 @@ def execute_kernel(
     out = {}
     for d in divisions:
         got, _ = run_division(call, kernel, list(d), graphs, workspace)
-        out[d] = {"max_rel_err": rel_err(got, reference), "err_fp64": rel_err(got, truth),
-                  "default_err_fp64": default_err}
+        out[d] = distances(got, reference, truth, default_err)
     del got, reference, truth
     fns = [lambda d=d: run_division(call, kernel, list(d), graphs, workspace) for d in divisions]
     for d, times in zip(divisions, time_interleaved(fns, rounds, warmup), strict=True):

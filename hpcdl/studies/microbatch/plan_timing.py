@@ -1,7 +1,7 @@
 """The executed plans against the framework's default (nn.Conv2d, undivided, default backend, under
 autograd): every plan and the default run as a whole network's conv layers (every forward, then
 every backward) in interleaved rounds, the planned executor's own overhead per layer, and the
-output and gradient errors relative to the default.
+output and gradient errors relative to the default and to the float64 result (exact.distances).
 """
 
 from __future__ import annotations
@@ -11,19 +11,9 @@ from torch import nn
 
 from hpcdl.studies.microbatch.algorithms import ALGORITHMS, DEFAULT, FUSED, KERNELS, KernelCall
 from hpcdl.studies.microbatch.bench import clock, round_order
-from hpcdl.studies.microbatch.exact import exact
+from hpcdl.studies.microbatch.exact import distances, exact
 from hpcdl.studies.microbatch.execute import LayerPlan, MicroBatchedConv2d
 from hpcdl.studies.microbatch.workloads import ConvLayer
-
-
-def rel_err(got, want) -> float:
-    """max |got - want| / max |want|: relative to the tensor's scale (elementwise would divide by ~0);
-    for pairs of tensors (the fused backward's gradients), the worse of the two."""
-    if isinstance(want, tuple):
-        return max(rel_err(g, w) for g, w in zip(got, want, strict=True))
-    got, want = got.detach(), want.detach()
-    scale = float(want.abs().max())
-    return float((got - want).abs().max()) / (scale if scale > 0 else 1.0)
 
 
 def _conv_module(layer: ConvLayer, weight: torch.Tensor) -> nn.Conv2d:
@@ -207,7 +197,7 @@ def _layer_errors(got, default, truth) -> dict:
     (err_*_fp64), and the default's own distance from it (default_err_*_fp64)."""
     out = {}
     for i, col in enumerate(ERROR_COLUMNS):
-        out[col] = rel_err(got[i], default[i])
-        out[f"{col}_fp64"] = rel_err(got[i], truth[i])
-        out[f"default_{col}_fp64"] = rel_err(default[i], truth[i])
+        d = distances(got[i], default[i], truth[i])
+        out |= {col: d["max_rel_err"], f"{col}_fp64": d["err_fp64"],
+                f"default_{col}_fp64": d["default_err_fp64"]}
     return out
