@@ -198,6 +198,40 @@ def test_a_layer_slower_than_linear_in_size_is_fitted_through_its_points():
     assert fit_layer([1.0, 2.0], [3.0, 5.0]) == pytest.approx((1.0, 2.0))
 
 
+def test_a_shape_never_timed_takes_its_familys_fit_before_its_kinds_line():
+    # two conv families timed at one grid (80^2 planes): 1 -> 8 channels at 10 GFLOP/s, 16 -> 16 at
+    # 30; the kind's line averages them. A held-out grid (48^2) must be priced at its own family's
+    # rate: the mixed line mispriced the laptop's held-out 48^3 run by +10..+17 %
+    def conv(cin, cout, hw):
+        return {"kind": "conv", "in": (cin, hw, hw, hw), "out": (cout, hw, hw, hw), "cin": cin, "cout": cout,
+                "kernel": 3, "stride": 1, "pad": 1, "name": "c"}
+    timed = [conv(1, 8, 80), conv(16, 16, 80)]
+    rates = {1: 10e9, 16: 30e9}
+    rows = [{"kind": "conv", "key": layer_key(L), "units": u, "time_s": u / rates[L["cin"]]}
+            for L in timed for u in (1e8, 2e8)]
+    rows += [{"kind": k, "units": u, "time_s": 1e-4 + u * 1e-10}
+             for k in ("pool", "dense") for u in (1e6, 1e8)]
+    rows += [{"kind": "optimizer", "units": u, "time_s": u * 1e-8} for u in (1e3, 1e5)]
+    rows += [{"kind": "io", "units": u, "batch": 4, "time_s": 1e-4 + u * 1e-9} for u in (1e5, 1e6)]
+    m, consts = fit_machine(rows, cores=2)
+    assert consts["family_fits"] == consts["layer_fits"] == 2
+    held_out = conv(1, 8, 48)
+    assert layer_key(held_out) not in m.layers
+    assert m.layer_time(held_out, 5e7) == pytest.approx(5e7 / 10e9, rel=1e-6)
+    assert m.layer_time(conv(16, 16, 24), 5e7) == pytest.approx(5e7 / 30e9, rel=1e-6)
+    # a family never timed (8 -> 16) falls back to the line of every conv row
+    line = m.conv[0] + 5e7 * m.conv[1]
+    assert m.layer_time(conv(8, 16, 48), 5e7) == pytest.approx(line, rel=1e-9)
+    assert 5e7 / 30e9 * 1.2 < line < 5e7 / 10e9 / 1.2  # the line sits between the families' rates
+    # spatial.shape_fallback: kind, the oracle before #40: the mixed line for every untimed shape
+    by_kind, consts = fit_machine(rows, cores=2, families=False)
+    assert consts["family_fits"] == 0
+    assert by_kind.layer_time(held_out, 5e7) == pytest.approx(line, rel=1e-9)
+    # a shape's own fit wins over its family's
+    m.layers[layer_key(held_out)] = (0.0, 1e-12)
+    assert m.layer_time(held_out, 5e7) == pytest.approx(5e7 * 1e-12, rel=1e-9)
+
+
 def _laptop_machine():
     rows = [{"kind": "pingpong", "size_bytes": s, "time_s": 3e-5 + s * 1e-9} for s in (1e3, 1e5, 1e6)]
     rows += [{"kind": k, "units": u, "time_s": 1e-4 + u * 1e-10} for k in ("conv", "pool", "dense")

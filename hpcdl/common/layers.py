@@ -137,6 +137,17 @@ def layer_key(layer: dict) -> str:
     return layer["kind"]
 
 
+def family_of_key(key: str) -> str:
+    """A conv/pool layer_key less its in-plane size: the layers whose channels, kernel and stride
+    (and so whose work per voxel) are the same at any grid. Other keys are their own family."""
+    kind, _, rest = key.partition(":")
+    return key.rsplit(":", 1)[0] if kind in ("conv", "pool", "deconv") and rest.count(":") == 2 else key
+
+
+def layer_family(layer: dict) -> str:
+    return family_of_key(layer_key(layer))
+
+
 def n_params(layer: dict) -> int:
     if layer["kind"] in ("conv", "deconv"):
         return layer["cin"] * layer["cout"] * layer["kernel"] ** 3 + layer["cout"]

@@ -93,8 +93,9 @@ def layer_shapes(point: dict, block: dict, kinds=("conv", "pool", "dense")) -> s
 
 def held_out_shapes(block: dict) -> set[str]:
     """Layer shapes the calibration leaves out: every conv/pool shape of a held-out run (an in-sample
-    run with the same shape predicts that layer from its kind's line, as a held-out run does), and the
-    dense shapes no in-sample run has (the head's last layer is the same at every grid: it stays)."""
+    run with the same shape predicts that layer from its family's fit or its kind's line, as a
+    held-out run does), and the dense shapes no in-sample run has (the head's last layer is the
+    same at every grid: it stays)."""
     runs, held = training_runs(block), set(block["held_out"])
     grid = set().union(*(layer_shapes(p, block, ("conv", "pool")) for r, p in runs.items() if r in held))
     dense = set().union(*(layer_shapes(p, block, ("dense",)) for r, p in runs.items() if r in held))

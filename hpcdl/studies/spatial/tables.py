@@ -147,8 +147,8 @@ def calibration_rows(cal: pd.DataFrame, threshold: float) -> tuple[list[dict], d
 
 def fit_rows(cal: pd.DataFrame, block: dict) -> tuple[list[dict], dict]:
     """calibration_rows less every timing of a held-out layer shape (sweep.held_out_shapes): none
-    reaches the fit, not even the per-kind line a shape without its own fit falls back to, whatever
-    the calibration measured (a raw table from before the shapes were held out included)."""
+    reaches the fit, not even the family fit or kind's line a shape without its own fit falls back
+    to, whatever the calibration measured (a raw table from before the shapes were held out included)."""
     held = held_out_shapes(block)
     dropped = cal["key"].isin(held) if "key" in cal else pd.Series(False, index=cal.index)
     rows, evidence = calibration_rows(cal[~dropped], block["disturbed_load_cores"])
@@ -227,7 +227,8 @@ def write(cfg: dict, study_dir: Path) -> None:
     cal = read_table(study.raw_table("calibration"))
     rows, cal_evidence = fit_rows(cal, block)
     machine, consts = fit_machine(rows, cores=int(cal["cores"].iloc[0]),
-                                  threads_per_rank=block["threads_per_rank"], overlap=block["overlap"])
+                                  threads_per_rank=block["threads_per_rank"], overlap=block["overlap"],
+                                  families=block["shape_fallback"] == "family")
     write_table(pd.DataFrame([{**consts, **{f"calibration_{k}": v for k, v in cal_evidence.items()}}]),
                 study.table("calibration_fit"), cfg, started)
     measured = _summaries(runs, iters, ranks, block["warmup"], block["timing_statistic"],

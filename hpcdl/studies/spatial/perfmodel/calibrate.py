@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcdl.common.layers import family_of_key
 from hpcdl.studies.spatial.perfmodel.oracle import Machine
 
 
@@ -45,7 +46,7 @@ def _concurrent(row: dict) -> int:
     return 1 if c is None or c != c else int(c)
 
 
-def _compute_fits(rows: list[dict]) -> dict:
+def _compute_fits(rows: list[dict], families: bool = True) -> dict:
     """Per-kind and per-layer-shape linear fits (c0 + units * k) of fwd+bwd / optimizer timings."""
     by = {}
     for r in rows:
@@ -54,21 +55,29 @@ def _compute_fits(rows: list[dict]) -> dict:
     for kind in ("conv", "pool", "dense", "optimizer", "fault"):
         rs = by.get(kind, [])
         out[kind] = fit_line([r["units"] for r in rs], [r["time_s"] for r in rs]) if rs else (0.0, 0.0)
-    layers = {}
-    for kind in ("conv", "pool", "dense"):
-        keys = {r.get("key") for r in by.get(kind, []) if isinstance(r.get("key"), str)}
-        for key in sorted(keys):
-            rs = [r for r in by[kind] if r.get("key") == key]
-            fitted = fit_layer([r["units"] for r in rs], [r["time_s"] for r in rs])
-            if fitted[1] > 0 or len(rs) == 1:
-                layers[key] = fitted if fitted[1] > 0 else (0.0, rs[0]["time_s"] / max(rs[0]["units"], 1))
-    out["layers"] = layers
+    out["layers"] = _keyed_fits(by, lambda key: key)
+    # one family's rows span its timed in-plane sizes; a family timed at one size only fits as that shape
+    out["families"] = _keyed_fits(by, family_of_key) if families else {}
     return out
 
 
+def _keyed_fits(by: dict, group) -> dict:
+    """fit_layer of the conv/pool/dense rows grouped by group(layer_key)."""
+    fits = {}
+    for kind in ("conv", "pool", "dense"):
+        keys = {group(r["key"]) for r in by.get(kind, []) if isinstance(r.get("key"), str)}
+        for key in sorted(keys):
+            rs = [r for r in by[kind] if isinstance(r.get("key"), str) and group(r["key"]) == key]
+            fitted = fit_layer([r["units"] for r in rs], [r["time_s"] for r in rs])
+            if fitted[1] > 0 or len(rs) == 1:
+                fits[key] = fitted if fitted[1] > 0 else (0.0, rs[0]["time_s"] / max(rs[0]["units"], 1))
+    return fits
+
+
 def fit_machine(rows: list[dict], cores: int, threads_per_rank: int = 1,
-                overlap: bool = False) -> tuple[Machine, dict]:
-    """Machine for the laptop runs (every rank on this host: intra = inter) and the fitted constants."""
+                overlap: bool = False, families: bool = True) -> tuple[Machine, dict]:
+    """Machine for the laptop runs (every rank on this host: intra = inter) and the fitted constants.
+    `families`: price a layer shape without its own fit by its family's fit (spatial.shape_fallback)."""
     by = {}
     for r in rows:
         by.setdefault(r["kind"], []).append(r)
@@ -88,17 +97,17 @@ def fit_machine(rows: list[dict], cores: int, threads_per_rank: int = 1,
     io_rows = by.get("io", [])
     io_c, io_k = fit_line([r["units"] for r in io_rows], [r["time_s"] for r in io_rows])
     batch = io_rows[0]["batch"] if io_rows else 1
-    solo, busy = _compute_fits([r for r in rows if _concurrent(r) <= 1]), None
+    solo, busy = _compute_fits([r for r in rows if _concurrent(r) <= 1], families), None
     together = [r for r in rows if _concurrent(r) > 1]
     if together:
-        busy = _compute_fits(together)
+        busy = _compute_fits(together, families)
         busy["ranks"] = max(_concurrent(r) for r in together)
         busy.pop("fault")  # measured, not charged (below)
     m = Machine(conv=solo["conv"], pool=solo["pool"], dense=solo["dense"], optimizer=solo["optimizer"],
                 io=(io_c / batch, io_k), alpha_intra=alpha, beta_intra=beta, alpha_inter=alpha,
                 beta_inter=beta, ranks_per_node=10 ** 6, cores=cores, threads_per_rank=threads_per_rank,
-                layers=solo["layers"], im2col=True, allreduce_ab=allreduce_ab, allgather_ab=allgather_ab,
-                exchange_ab=exchange_ab, busy=busy, overlap=overlap)
+                layers=solo["layers"], families=solo["families"], im2col=True, allreduce_ab=allreduce_ab,
+                allgather_ab=allgather_ab, exchange_ab=exchange_ab, busy=busy, overlap=overlap)
     # The "fault" rows (map + first-touch + unmap of fresh pages) are fitted and reported, not
     # charged: ranks run with hpcdl.platform.kit.rank_runtime.launch.RANK_MALLOC_ENV, so after the first step
     # they reuse their heap and take no fresh pages. They price what glibc's defaults would cost a step
@@ -109,7 +118,8 @@ def fit_machine(rows: list[dict], cores: int, threads_per_rank: int = 1,
               "conv_overhead_s": m.conv[0], "pool_overhead_s": m.pool[0],
               "optimizer_overhead_s": m.optimizer[0], "cores": cores,
               "fault_gbs": (1 / solo["fault"][1] / 1e9) if solo["fault"][1] > 0 else None,
-              "layer_fits": len(m.layers), "busy_layer_fits": len(busy["layers"]) if busy else 0,
+              "layer_fits": len(m.layers), "family_fits": len(m.families),
+              "busy_layer_fits": len(busy["layers"]) if busy else 0,
               "superlinear_layer_fits": sum(len(f) == 3 for f in m.layers.values()),
               "busy_conv_gflops": (3 / busy["conv"][1] / 1e9) if busy and busy["conv"][1] > 0 else None,
               "allreduce_alpha_s": allreduce_ab[0] if allreduce_ab else None,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from hpcdl.common.layers import flops, layer_key, n_params, numel
+from hpcdl.common.layers import flops, layer_family, layer_key, n_params, numel
 
 BYTES = 4  # fp32 activations and gradients
 _FIT_KIND = {"deconv": "conv"}  # a transposed conv runs at the rate of a conv (same GEMMs, transposed)
@@ -114,6 +114,9 @@ class Machine:
     threads_per_rank: int = 1
     # layer_key -> (c0, k), or (c0, k, floor) where time grows faster than size: per-layer fits
     layers: dict = field(default_factory=dict)
+    # layer_family -> the same fits over every timed in-plane size of a family: a layer shape with no
+    # fit of its own takes its family's (same work per voxel at another grid) before its kind's line
+    families: dict = field(default_factory=dict)
     im2col: bool = False  # CPU conv3d materialises vol2col columns; cuDNN's implicit GEMM does not
     # measured on 2 ranks: (alpha, beta) of ring all-reduce / all-gather steps and of a two-sided
     # halo exchange; None = derive from the point-to-point alpha, beta of the group's link
@@ -144,12 +147,11 @@ class Machine:
         return c0 + nbytes * k if nbytes > 0 else 0.0
 
     def layer_time(self, layer: dict, units: float, busy: bool = False) -> float:
-        if busy and self.busy:
-            fit = (self.busy["layers"].get(layer_key(layer))
-                   or self.busy[_FIT_KIND.get(layer["kind"], layer["kind"])])
-        else:
-            kind = _FIT_KIND.get(layer["kind"], layer["kind"])
-            fit = self.layers.get(layer_key(layer)) or getattr(self, kind)
+        fits = self.busy if busy and self.busy else {
+            "layers": self.layers, "families": self.families, "conv": self.conv, "pool": self.pool,
+            "dense": self.dense}
+        fit = (fits["layers"].get(layer_key(layer)) or fits.get("families", {}).get(layer_family(layer))
+               or fits[_FIT_KIND.get(layer["kind"], layer["kind"])])
         if len(fit) == 3:  # superlinear in size (hpcdl.studies.spatial.perfmodel.calibrate.fit_layer)
             c0, k, floor = fit
             return max(c0 + units * k, units * floor)
