@@ -1,5 +1,6 @@
 """Exactness: each kernel's exact result (the same convolution in float64 on the call's own tensors
-and device) and the distances every check records (against the undivided default and against it).
+and device) and the distances every check records (against the undivided default and against
+the exact result).
 
 The exactness checks measure every candidate, plan and the undivided default against it, so that a
 difference between two fp32 results can be placed: on the H200 of 2026-11-27 cuDNN's fp32

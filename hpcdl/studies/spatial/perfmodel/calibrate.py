@@ -65,9 +65,11 @@ def _keyed_fits(by: dict, group) -> dict:
     """fit_layer of the conv/pool/dense rows grouped by group(layer_key)."""
     fits = {}
     for kind in ("conv", "pool", "dense"):
-        keys = {group(r["key"]) for r in by.get(kind, []) if isinstance(r.get("key"), str)}
-        for key in sorted(keys):
-            rs = [r for r in by[kind] if isinstance(r.get("key"), str) and group(r["key"]) == key]
+        groups = {}
+        for r in by.get(kind, []):
+            if isinstance(r.get("key"), str):
+                groups.setdefault(group(r["key"]), []).append(r)
+        for key, rs in sorted(groups.items()):
             fitted = fit_layer([r["units"] for r in rs], [r["time_s"] for r in rs])
             if fitted[1] > 0 or len(rs) == 1:
                 fits[key] = fitted if fitted[1] > 0 else (0.0, rs[0]["time_s"] / max(rs[0]["units"], 1))

@@ -123,8 +123,8 @@ class Machine:
     allreduce_ab: tuple[float, float] | None = None
     allgather_ab: tuple[float, float] | None = None
     exchange_ab: tuple[float, float] | None = None
-    # compute fits timed with `busy["ranks"]` ranks computing at once (keys conv/pool/dense/optimizer
-    # and layers, as above): used when a run keeps more than one core busy; None = the solo fits
+    # compute fits timed with `busy["ranks"]` ranks computing at once (keys conv/pool/dense/optimizer,
+    # layers and families, as above): used when a run keeps more than one core busy; None = the solo fits
     busy: dict | None = None
     # (c0 s, s per byte) of first-touching freshly mapped memory (page fault + zeroing), charged on
     # fresh_bytes(); zero on GPUs (a caching allocator reuses device memory) and, for now, in the
@@ -150,7 +150,7 @@ class Machine:
         fits = self.busy if busy and self.busy else {
             "layers": self.layers, "families": self.families, "conv": self.conv, "pool": self.pool,
             "dense": self.dense}
-        fit = (fits["layers"].get(layer_key(layer)) or fits.get("families", {}).get(layer_family(layer))
+        fit = (fits["layers"].get(layer_key(layer)) or fits["families"].get(layer_family(layer))
                or fits[_FIT_KIND.get(layer["kind"], layer["kind"])])
         if len(fit) == 3:  # superlinear in size (hpcdl.studies.spatial.perfmodel.calibrate.fit_layer)
             c0, k, floor = fit
