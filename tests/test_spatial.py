@@ -232,6 +232,37 @@ def test_a_shape_never_timed_takes_its_familys_fit_before_its_kinds_line():
     assert m.layer_time(held_out, 5e7) == pytest.approx(5e7 * 1e-12, rel=1e-9)
 
 
+def test_a_size_below_the_smallest_timed_scales_that_sizes_fitted_time():
+    # a conv family timed at two slab sizes with a 2 ms intercept, and the optimizer timed at 1 M and
+    # 2 M parameters with a 1 ms one: below the smallest timed size the intercept is no longer added
+    # (the laptop's 40^3 hybrid is 1/16 of the smallest timed slab: the intercept was most of its time)
+    layer = {"kind": "conv", "in": (8, 80, 80, 80), "out": (16, 80, 80, 80), "cin": 8, "cout": 16,
+             "kernel": 3, "stride": 1, "pad": 1, "name": "c"}
+    rows = [{"kind": "conv", "key": layer_key(layer), "units": u, "time_s": 2e-3 + u * 1e-10, "concurrent": c}
+            for u in (1e8, 2e8) for c in (1, 2)]
+    rows += [{"kind": "optimizer", "units": u, "time_s": 1e-3 + u * 1e-9, "concurrent": c}
+             for u in (1e6, 2e6) for c in (1, 2)]
+    rows += [{"kind": "io", "units": u, "batch": 4, "time_s": 1e-4 + u * 1e-9} for u in (1e5, 1e6)]
+    small = {**layer, "in": (8, 20, 20, 20), "out": (16, 20, 20, 20)}  # same family, never timed
+    m, consts = fit_machine(rows, cores=2)
+    assert consts["proportional_below_fits"] == 2  # the shape's own fit and its family's
+    for busy in (False, True):
+        # from the smallest timed size up: the fitted line
+        assert m.layer_time(layer, 1.5e8, busy) == pytest.approx(2e-3 + 1.5e-2, rel=1e-6)
+        # below it: the fitted time there (12 ms at 1e8), scaled down with the size
+        assert m.layer_time(small, 1e8 / 16, busy) == pytest.approx(12e-3 / 16, rel=1e-6)
+        assert m.optimizer_time(1.5e6, busy) == pytest.approx(2.5e-3, rel=1e-6)
+        assert m.optimizer_time(1e5, busy) == pytest.approx(2e-3 / 10, rel=1e-6)
+    # spatial.below_timed: line, the oracle before #40: the intercept at every size
+    line, consts = fit_machine(rows, cores=2, proportional=False)
+    assert consts["proportional_below_fits"] == 0
+    assert line.layer_time(small, 1e8 / 16) == pytest.approx(2e-3 + 1e8 / 16 * 1e-10, rel=1e-6)
+    assert line.optimizer_time(1e5) == pytest.approx(1e-3 + 1e-4, rel=1e-6)
+    # a fit through the origin prices every size as before
+    through_origin, _ = fit_machine([{**r, "time_s": r["units"] * 1e-10} for r in rows], cores=2)
+    assert through_origin.layer_time(small, 1e8 / 16) == pytest.approx(1e8 / 16 * 1e-10, rel=1e-6)
+
+
 def _laptop_machine():
     rows = [{"kind": "pingpong", "size_bytes": s, "time_s": 3e-5 + s * 1e-9} for s in (1e3, 1e5, 1e6)]
     rows += [{"kind": k, "units": u, "time_s": 1e-4 + u * 1e-10} for k in ("conv", "pool", "dense")

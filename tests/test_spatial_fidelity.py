@@ -112,7 +112,7 @@ def test_held_out_runs_alone_get_the_extra_repeats_after_the_whole_rounds():
     assert [(p["run"], p["repeat"]) for p in fewer] == [(n, r) for r in range(2) for n in names]
 
 
-def test_calibration_keeps_the_fastest_undisturbed_round():
+def test_calibration_rounds_combine_by_their_mean_unless_the_fastest_is_asked():
     cal = pd.DataFrame([
         {"kind": "conv", "key": "c", "units": 1e6, "fraction": 1.0, "concurrent": 1, "round": 0,
          "time_s": 1.0e-3, "other_cpu_s": 1.2, "section_s": 1.0},  # fastest, but under load: not trusted
@@ -125,11 +125,16 @@ def test_calibration_keeps_the_fastest_undisturbed_round():
         {"kind": "pingpong", "size_bytes": 1024, "round": 1, "time_s": 9e-5, "other_cpu_s": 0.8,
          "section_s": 1.0},
     ])
-    rows, ev = calibration_rows(cal, threshold=0.3)
+    rows, ev = calibration_rows(cal, threshold=0.3)  # the default: the mean of the clean rounds
     by = {r["kind"]: r for r in rows}
-    assert len(rows) == 2 and by["conv"]["time_s"] == 1.5e-3
-    assert by["pingpong"]["time_s"] == 5e-5  # every round disturbed: the fastest of them
+    assert len(rows) == 2 and by["conv"]["time_s"] == pytest.approx(1.75e-3, rel=1e-12)
+    assert by["pingpong"]["time_s"] == pytest.approx(7e-5, rel=1e-12)  # every round disturbed: all of them
     assert ev["rounds"] == 3 and ev["sections_disturbed"] == 3
+    rows, _ = calibration_rows(cal, threshold=0.3, statistic="fastest")  # the oracle before #40
+    by = {r["kind"]: r for r in rows}
+    assert by["conv"]["time_s"] == 1.5e-3 and by["pingpong"]["time_s"] == 5e-5
+    with pytest.raises(ValueError, match="round_statistic must be mean or fastest, got 'median'"):
+        calibration_rows(cal, threshold=0.3, statistic="median")
 
 
 def test_unet3d_matches_cicek_2016():

@@ -29,6 +29,20 @@ BYTES = 4  # fp32 activations and gradients
 _FIT_KIND = {"deconv": "conv"}  # a transposed conv runs at the rate of a conv (same GEMMs, transposed)
 
 
+def fitted_time(fit: tuple, units: float) -> float:
+    """Seconds of a fit (hpcdl.studies.spatial.perfmodel.calibrate) at `units`: (c0, k) a line;
+    (c0 < 0, k, floor) superlinear in size, max(c0 + k u, floor u); (c0, k, rate, x_min) the line
+    from x_min up and rate per unit below it (proportional_below)."""
+    if len(fit) == 4:
+        c0, k, rate, x_min = fit
+        return c0 + units * k if units >= x_min else units * rate
+    if len(fit) == 3:
+        c0, k, floor = fit
+        return max(c0 + units * k, units * floor)
+    c0, k = fit
+    return c0 + units * k
+
+
 @dataclass(frozen=True)
 class Strategy:
     data: int = 1
@@ -102,7 +116,7 @@ class Machine:
     conv: tuple[float, float]        # (c0 s, s per forward flop) of conv+activation fwd+bwd
     pool: tuple[float, float]        # (c0 s, s per output element x kernel^3) fwd+bwd
     dense: tuple[float, float]       # (c0 s, s per forward flop) fwd+bwd
-    optimizer: tuple[float, float]   # (c0 s, s per parameter)
+    optimizer: tuple                 # (c0 s, s per parameter), or (c0, k, rate, x_min): fitted_time
     io: tuple[float, float]          # (c0 s per sample, s per byte)
     alpha_intra: float
     beta_intra: float
@@ -112,7 +126,8 @@ class Machine:
     memory_bytes: float = math.inf
     cores: int = 0                   # 0: one device per rank, no oversubscription
     threads_per_rank: int = 1
-    # layer_key -> (c0, k), or (c0, k, floor) where time grows faster than size: per-layer fits
+    # layer_key -> (c0, k), (c0, k, floor) where time grows faster than size, or (c0, k, rate, x_min)
+    # proportional below the smallest timed size: per-layer fits (fitted_time); optimizer likewise
     layers: dict = field(default_factory=dict)
     # layer_family -> the same fits over every timed in-plane size of a family: a layer shape with no
     # fit of its own takes its family's (same work per voxel at another grid) before its kind's line
@@ -152,15 +167,10 @@ class Machine:
             "dense": self.dense}
         fit = (fits["layers"].get(layer_key(layer)) or fits["families"].get(layer_family(layer))
                or fits[_FIT_KIND.get(layer["kind"], layer["kind"])])
-        if len(fit) == 3:  # superlinear in size (hpcdl.studies.spatial.perfmodel.calibrate.fit_layer)
-            c0, k, floor = fit
-            return max(c0 + units * k, units * floor)
-        c0, k = fit
-        return c0 + units * k
+        return fitted_time(fit, units)
 
     def optimizer_time(self, n_params: float, busy: bool = False) -> float:
-        c0, k = self.busy["optimizer"] if busy and self.busy else self.optimizer
-        return c0 + n_params * k
+        return fitted_time(self.busy["optimizer"] if busy and self.busy else self.optimizer, n_params)
 
     @classmethod
     def from_description(cls, m: dict) -> Machine:
