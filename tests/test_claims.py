@@ -800,15 +800,6 @@ CASES = [
      _async_repeats({"torch": [0.05, 0.06, 0.055], "npz": [0.06, 0.23, 0.05]}), None),
     ("checkpoint", "async_blocking", "failed",
      _async_repeats({"torch": [0.05, 0.06, 0.055], "npz": [0.30, 0.32, 0.31]}), None),
-    # from 5 repeats on, the 20 % trimmed mean's interval: one snapshot stalled by the host (the
-    # laptop's 0.26 among 0.055s, which carried the mean's interval to [-0.01, 0.21]) does not decide it;
-    # a stall in two of five still does
-    ("checkpoint", "async_blocking", "passed",
-     _async_repeats({"torch": [0.053, 0.062, 0.26, 0.062, 0.056], "npz": [0.04, 0.05, 0.045, 0.05, 0.04]}),
-     None),
-    ("checkpoint", "async_blocking", "straddles",
-     _async_repeats({"torch": [0.053, 0.26, 0.062, 0.24, 0.056], "npz": [0.04, 0.05, 0.045, 0.05, 0.04]}),
-     None),
     (
         "checkpoint",
         "async_blocking",

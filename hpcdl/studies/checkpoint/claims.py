@@ -41,7 +41,6 @@ from hpcdl.platform import (
     ok_rows,
     read_or_empty,
     read_table,
-    trimmed_interval,
     why_point_missing,
 )
 from hpcdl.studies.checkpoint.instruments import CEILINGS
@@ -109,9 +108,8 @@ def _claim_async(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame, de
         what = f"async blocking time <= {limit:.0%} of sync save time"
     statement = (f"{what} at the largest size ({n} parameters), for every configured format (on the "
                  f"{CONFIDENCE:.0%} interval of the per-repeat ratios, async and sync saves of the same "
-                 "repeat, where a format has 2 or more repeats: from 5 repeats on, of their 20 % trimmed "
-                 "mean (Yuen), as one snapshot stalled by the host can read several times its neighbours; "
-                 f"straddles where it crosses the line; else on the ratio of the medians), {_on(device)}")
+                 "repeat, where a format has 2 or more repeats: straddles where it crosses the line; else "
+                 f"on the ratio of the medians), {_on(device)}")
     if not {"sync", "async"} <= set(block["modes"]):
         return not_measured("async_blocking", statement, f"checkpoint.modes is {block['modes']}, "
                             "the claim compares sync with async", threshold=limit, device=device)
@@ -126,7 +124,7 @@ def _claim_async(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame, de
         ratios[f] = round(float(rows["async"]["blocking_s"] / rows["sync"]["blocking_s"]), 4)
         reps = _repeat_ratios(pairs, f, n)
         if len(reps) >= 2:
-            iv = trimmed_interval(reps)
+            iv = mean_interval(reps)
             per_repeat[f] = iv.evidence(4, keys=[f"repeat {int(r)}" for r in reps.index])
             holds[f] = below(iv, limit)
         else:
