@@ -125,7 +125,7 @@ def calibration_rows(cal: pd.DataFrame, threshold: float, statistic: str = "mean
     undisturbed (other load <= threshold; every round where all were), their mean time or, with
     `statistic` "fastest", the fastest round's (spatial.calibration.round_statistic). A disturbed
     round is left out either way; among clean rounds the fastest is the luckiest draw, and fits of
-    it priced every held-out run 2-8 % under its measured time (#40)."""
+    it priced every held-out run of three laptop runs 1-18 % under its measured time (#40)."""
     if statistic not in ("mean", "fastest"):
         raise ValueError(f"spatial.calibration.round_statistic must be mean or fastest, got {statistic!r}")
     cal = cal.copy()
