@@ -312,6 +312,24 @@ def test_peak_rss_sees_a_large_allocation():
     assert mem.peak_extra_bytes >= 48 << 20
 
 
+def test_async_repeat_times_its_snapshot_passes_and_keeps_their_median(tmp_path):
+    rows = compute.run_point("torch", "async", 1 << 16, str(tmp_path), repeats=2, snapshot_passes=3)
+    for r in rows:
+        passes = [float(t) for t in r["snapshot_passes_s"].split()]
+        assert len(passes) == 3 and passes[0] == pytest.approx(r["snapshot_s"], rel=1e-5)
+        assert all(t > 0 for t in passes)
+        # the save's own blocking time, its snapshot copy swapped for the passes' median
+        assert r["blocking_typical_s"] == pytest.approx(r["blocking_s"] - r["snapshot_s"] + np.median(passes),
+                                                        rel=1e-4)
+    one = compute.run_point("torch", "async", 1 << 16, str(tmp_path), repeats=1)[0]
+    assert len(one["snapshot_passes_s"].split()) == 1 and one["blocking_typical_s"] == one["blocking_s"]
+    sync = compute.run_point("torch", "sync", 1 << 16, str(tmp_path), repeats=1)[0]
+    assert sync["snapshot_passes_s"] == "" and sync["blocking_typical_s"] == sync["blocking_s"]
+    with pytest.raises(ValueError, match="snapshot_passes must be a whole number >= 1, got 0"):
+        compute.run_point("torch", "async", 1 << 16, str(tmp_path), snapshot_passes=0)
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("fmt,mode", [("torch", "sync"), ("dcp", "async")])
 def test_run_point_records_every_measure_and_cleans_scratch(tmp_path, fmt, mode):
     rows = compute.run_point(fmt, mode, 8192, str(tmp_path), repeats=2)

@@ -145,6 +145,29 @@ def test_checkpoint_async_interval_pairs_each_repeats_saves(tmp_path):
     assert c["status"] == "straddles"  # every ratio at the 0.10 line: the interval crosses it
 
 
+def test_checkpoint_async_ratio_takes_the_median_snapshot_so_one_stalled_copy_cannot_decide(tmp_path):
+    from hpcdl.studies.checkpoint.tables import async_repeats
+
+    # hdf5-like: repeat 4's own snapshot copy stalled (0.25 s where the others take 0.05 s), its two
+    # further copies did not, so its typical blocking time is 0.05 s
+    raw = pd.DataFrame([{"format": "torch", "mode": m, "process_group": False, "ranks": 1, "n_params": 1024,
+                         "repeat": r, "status": "ok", "device": "cpu",
+                         "blocking_s": 1.0 if m == "sync" else (0.25 if r == 4 else 0.05),
+                         "blocking_typical_s": 1.0 if m == "sync" else 0.05}
+                        for m in ("sync", "async") for r in range(5)])
+    pairs = async_repeats(raw)
+    assert pairs.sort_values("repeat")["blocking_over_sync"].tolist() == pytest.approx([0.05] * 5)
+    c = _find(_run("checkpoint", lambda c, t: t.__setitem__("tables/async_repeats.csv", pairs), tmp_path),
+              "async_blocking")
+    assert c["measured"]["async_over_sync_per_repeat"]["torch"]["mean"] == pytest.approx(0.05)
+    # judged on the save's own copy (a raw table from before the passes), the stall reaches the line
+    own = async_repeats(raw.drop(columns="blocking_typical_s"))
+    assert own.sort_values("repeat")["blocking_over_sync"].tolist() == pytest.approx([0.05] * 4 + [0.25])
+    c = _find(_run("checkpoint", lambda c, t: t.__setitem__("tables/async_repeats.csv", own), tmp_path),
+              "async_blocking")
+    assert c["status"] == "straddles"
+
+
 def test_checkpoint_bandwidth_interval_is_over_each_sync_repeats_paired_ratio(tmp_path):
     from hpcdl.studies.checkpoint.tables import bandwidth_repeats
 

@@ -106,10 +106,13 @@ def _claim_async(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame, de
                 f"{limit:.0%} of sync save time (device-to-host copy, write, fsync, commit)")
     else:
         what = f"async blocking time <= {limit:.0%} of sync save time"
+    passes = int(block.get("snapshot_passes", 1))
+    copies = (f"; an async repeat's snapshot copy is the median of {passes} copies of the same state "
+              "into the same buffers, the save's own and the rest after it" if passes > 1 else "")
     statement = (f"{what} at the largest size ({n} parameters), for every configured format (on the "
                  f"{CONFIDENCE:.0%} interval of the per-repeat ratios, async and sync saves of the same "
-                 "repeat, where a format has 2 or more repeats: straddles where it crosses the line; else "
-                 f"on the ratio of the medians), {_on(device)}")
+                 f"repeat{copies}, where a format has 2 or more repeats: straddles where it crosses the "
+                 f"line; else on the ratio of the medians), {_on(device)}")
     if not {"sync", "async"} <= set(block["modes"]):
         return not_measured("async_blocking", statement, f"checkpoint.modes is {block['modes']}, "
                             "the claim compares sync with async", threshold=limit, device=device)
