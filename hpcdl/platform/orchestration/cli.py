@@ -10,6 +10,7 @@
     python -m hpcdl spatial calibrate --config configs/paper.yaml --device cuda   # the oracle's GPU times
     python -m hpcdl compss {command,enqueue,xml,gpus} …  # runcompss / enqueue_compss command lines
     python -m hpcdl verdict --results-dir DIR --out FILE STUDY[=TITLE] …
+    python -m hpcdl compare-verdicts DIR DIR …      # did consecutive runs give each claim one verdict
     python -m hpcdl ranks-probe [N [DEVICE]]        # N torch.distributed ranks all-reduce (launcher check)
     python -m hpcdl gpu-records {import PATH,list} [--root DIR]  # a GPU run's records, committed and listed
 
@@ -105,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         from hpcdl.platform.orchestration.verdict import main as verdict_main
 
         return verdict_main(argv[1:])
+    if command == "compare-verdicts":
+        from hpcdl.platform.orchestration.verdict_compare import main as compare_main
+
+        return compare_main(argv[1:])
     if command == "gpu-records":
         from hpcdl.platform.orchestration.gpu_records import main as records_main
 
