@@ -16,13 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
+from hpcdl.platform.kit.claims import STATUSES, counts
 from hpcdl.platform.orchestration.claim_lines import readable
 
-ORDER = ("failed", "not_measured", "passed", "straddles")
 ABSENT = "absent"
 
 
@@ -44,41 +42,24 @@ def read_run(results_dir: str | Path) -> dict[str, dict]:
         except (OSError, json.JSONDecodeError) as e:
             raise NoClaims(f"{f}: not a readable claims file ({e})") from e
         claims = doc.get("claims") if isinstance(doc, dict) else None
-        if not isinstance(claims, list) or not all(isinstance(c, dict) and "id" in c and "status" in c
-                                                   for c in claims):
+        if not isinstance(claims, list) or not all(isinstance(c, dict) and "id" in c and c.get("status")
+                                                   in STATUSES for c in claims):
             raise NoClaims(f"{f}: has no list of claims with an id and a status each")
         study = doc.get("study") or f.parent.name
         out.update({f"{study}.{c['id']}": c for c in claims})
     return out
 
 
-@dataclass(frozen=True)
-class Comparison:
-    runs: tuple[str, ...]
-    counts: tuple[Counter, ...]
-    statuses: dict[str, tuple[str, ...]]  # claim -> its status in each run (ABSENT where missing)
-
-    @property
-    def moved(self) -> list[str]:
-        return [k for k, s in self.statuses.items() if len(set(s)) > 1]
-
-    @property
-    def same(self) -> int:
-        return len(self.statuses) - len(self.moved)
-
-
-def compare(runs: dict[str, dict[str, dict]]) -> Comparison:
-    """`runs`: run name -> read_run's claims, in run order."""
+def statuses(runs: dict[str, dict[str, dict]]) -> dict[str, tuple[str, ...]]:
+    """Each claim of any run -> its status in each run, in run order (ABSENT where a run lacks it)."""
     keys = sorted({k for claims in runs.values() for k in claims})
-    statuses = {k: tuple(claims[k]["status"] if k in claims else ABSENT for claims in runs.values())
-                for k in keys}
-    counts = tuple(Counter(c["status"] for c in claims.values()) for claims in runs.values())
-    return Comparison(tuple(runs), counts, statuses)
+    return {k: tuple(claims[k]["status"] if k in claims else ABSENT for claims in runs.values())
+            for k in keys}
 
 
-def verdict_line(counts: Counter) -> str:
-    named = [s for s in ORDER if counts.get(s)] + sorted(s for s in counts if s not in ORDER)
-    return ", ".join(f"{s.replace('_', ' ')} {counts[s]}" for s in named)
+def verdict_line(claims: list[dict]) -> str:
+    n = counts(claims)
+    return ", ".join(f"{s.replace('_', ' ')} {n[s]}" for s in sorted(STATUSES) if n[s])
 
 
 def not_holding(c: dict) -> list[str]:
@@ -87,22 +68,25 @@ def not_holding(c: dict) -> list[str]:
     holds = (c.get("measured") or {}).get("holds")
     if not isinstance(holds, dict):
         return []
-    word = {False: "fails", "fails": "fails", "straddles": "straddles"}
-    return [f"{k} {word.get(v, v)}" for k, v in holds.items() if v is not True and v != "holds"]
+    return [f"{k} {'fails' if v is False else v}" for k, v in holds.items() if v is not True and v != "holds"]
 
 
-def render(cmp: Comparison, runs: dict[str, dict[str, dict]]) -> str:
-    lines = [f"run {i + 1} ({name}): {verdict_line(c)}"
-             for i, (name, c) in enumerate(zip(cmp.runs, cmp.counts, strict=True))]
-    lines.append(f"{cmp.same} of {len(cmp.statuses)} claims had the same verdict in all {len(cmp.runs)} runs")
-    for k in cmp.moved:
-        lines.append(f"moved: {k}: {' / '.join(cmp.statuses[k])}")
+def render(runs: dict[str, dict[str, dict]]) -> tuple[str, list[str]]:
+    """The report, and the claims that moved."""
+    per_claim = statuses(runs)
+    moved = [k for k, s in per_claim.items() if len(set(s)) > 1]
+    lines = [f"run {i + 1} ({name}): {verdict_line(list(claims.values()))}"
+             for i, (name, claims) in enumerate(runs.items())]
+    lines.append(f"{len(per_claim) - len(moved)} of {len(per_claim)} claims had the same verdict in all "
+                 f"{len(runs)} runs")
+    for k in moved:
+        lines.append(f"moved: {k}: {' / '.join(per_claim[k])}")
         for i, claims in enumerate(runs.values()):
             if k in claims:
                 missed = not_holding(claims[k])
                 lines.append(f"  run {i + 1}: {claims[k]['status']}: {readable(claims[k])}"
                              + (f"; not holding: {', '.join(missed)}" if missed else ""))
-    return "\n".join(lines)
+    return "\n".join(lines), moved
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,6 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     except NoClaims as e:
         print(f"compare-verdicts: {e}", file=sys.stderr)
         return 2
-    cmp = compare(runs)
-    print(render(cmp, runs))
-    return 1 if cmp.moved else 0
+    text, moved = render(runs)
+    print(text)
+    return 1 if moved else 0

@@ -76,14 +76,13 @@ def _parts(st_before: float, d2h_before: float, st_after: float, d2h_after: floa
 
 
 def _snapshot_passes(ckpt: saver.AsyncCheckpointer, flat: dict, passes: int) -> list[float]:
-    """Wall seconds of `passes` more snapshot copies of `flat` into the saver's own buffers, each timed
-    as a save times its snapshot (after the state's queued GPU work has settled)."""
+    """Wall seconds of `passes` more snapshot copies of `flat` into the saver's own buffers (each
+    Snapshot.take's own `copy_s`, after the state's queued GPU work has settled, as a save starts)."""
     out = []
     for _ in range(passes):
         saver.settle(flat)
-        t0 = time.perf_counter()
         ckpt.snapshot.take(flat)
-        out.append(time.perf_counter() - t0)
+        out.append(ckpt.snapshot.copy_s)
     return out
 
 
