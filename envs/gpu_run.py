@@ -53,11 +53,12 @@ FASHION_FILES = gpu_carry.FASHION_FILES
 # Studies cheapest first, with the seconds each Snakemake call takes on one H200, so that the rest of
 # a call completes as many studies as it can and starts none it cannot finish (the H200 run of
 # 2026-11-26 started spatial with 99 s left and again with 235 s, and lost both).
-# Measured on H200s: hetmem 49, offload 84 (2026-11-26); microbatch 63 with its cuDNN engine plans,
-# spatial 322, shuffle > 274 (killed after 13 of its 15 tasks, its own estimate 40 s more) (2026-11-27).
-# Malleable, hpo and checkpoint are estimates, doubled after spatial's estimate of 120 proved half.
-STUDY_ORDER = (("hetmem", 55), ("microbatch", 70), ("offload", 95), ("shuffle", 330), ("spatial", 340),
-               ("malleable", 300), ("hpo", 360), ("checkpoint", 420))
+# Measured on H200s: spatial 322 (2026-11-27, 6d2b8b0); microbatch 67 with its cuDNN engine plans,
+# hetmem 76, offload 104, shuffle > 361 (killed in its 15th task, KAKURENBO's 26 single-rank runs,
+# after 14 tasks in 255 s) (2026-11-27, 212b6e8). Malleable, hpo and checkpoint are estimates,
+# doubled after spatial's estimate of 120 proved half.
+STUDY_ORDER = (("microbatch", 75), ("hetmem", 85), ("offload", 115), ("spatial", 340), ("malleable", 300),
+               ("hpo", 360), ("shuffle", 420), ("checkpoint", 420))
 
 
 @dataclass
