@@ -168,6 +168,28 @@ def test_checkpoint_async_ratio_takes_the_median_snapshot_so_one_stalled_copy_ca
     assert c["status"] == "straddles"
 
 
+def test_offload_hidden_fraction_on_the_trimmed_mean_leaves_two_stalled_steps_of_twelve_out(tmp_path):
+    # the laptop's optimizer strategy: 10 steps near 0.8, two stalled by the host (0.19, 0.35)
+    steps = "0.80 0.78 0.19 0.81 0.79 0.80 0.77 0.82 0.78 0.80 0.35 0.79"
+
+    def judged(statistic, values=steps):
+        def mutate(c, t):
+            c["offload"]["claims"]["hidden_statistic"] = statistic
+            _offload_steps(t, "optimizer", 0.72, values)
+        return _find(_run("offload", mutate, tmp_path), "hidden_fraction")
+
+    c = judged("trimmed_mean")
+    ev = c["measured"]["hidden_frac_steps"]["optimizer"]
+    assert c["status"] == "passed" and ev["method"].startswith("20 % trimmed mean (2 left out at each end)")
+    assert ev["mean"] == pytest.approx(6.31 / 8, abs=1e-4)  # 8 kept: 0.77, 0.78 x2, 0.79 x2, 0.80 x3
+    assert "trimmed mean" in c["statement"]
+    # the mean of the same steps: the two stalls widen its interval across the line
+    assert judged("mean")["status"] == "straddles"
+    # four stalled steps of twelve: more than the trimming leaves out, so it straddles again
+    assert judged("trimmed_mean", "0.80 0.78 0.19 0.81 0.30 0.80 0.77 0.42 0.78 0.80 0.35 0.79")["status"] \
+        == "straddles"
+
+
 def test_checkpoint_bandwidth_interval_is_over_each_sync_repeats_paired_ratio(tmp_path):
     from hpcdl.studies.checkpoint.tables import bandwidth_repeats
 

@@ -54,6 +54,32 @@ def test_evidence_shows_each_pair_the_mean_and_the_interval():
                   "ci95": [-0.48, 4.48], "n": 3}
 
 
+def test_trimmed_interval_is_yuens_and_one_stall_among_five_does_not_move_it():
+    values = [0.053, 0.062, 0.26, 0.062, 0.056]  # one timing stalled by the host
+    iv = intervals.trimmed_interval(values)
+    # by hand: g = floor(0.2 x 5) = 1 left out at each end; trimmed mean of 0.056, 0.062, 0.062;
+    # winsorized sample 0.056, 0.056, 0.062, 0.062, 0.062; SE = s_w / ((1 - 2g/n) sqrt(n)); df = n - 2g - 1
+    mean = (0.056 + 0.062 + 0.062) / 3
+    w = [0.056, 0.056, 0.062, 0.062, 0.062]
+    wm = sum(w) / 5
+    s_w = math.sqrt(sum((x - wm) ** 2 for x in w) / 4)
+    half = 4.302653 * s_w / (0.6 * math.sqrt(5))
+    assert iv.trimmed == 1 and iv.n == 5 and iv.mean == pytest.approx(mean, rel=1e-9)
+    assert (iv.low, iv.high) == pytest.approx((mean - half, mean + half), rel=1e-6)
+    assert intervals.below(iv, 0.10) == intervals.HOLDS
+    assert intervals.below(intervals.mean_interval(values), 0.10) == intervals.STRADDLES  # the mean's
+    assert intervals.below(intervals.trimmed_interval([0.053, 0.26, 0.062, 0.24, 0.056]), 0.10) == \
+        intervals.STRADDLES  # two stalls of five
+    assert iv.evidence()["method"] == "20 % trimmed mean (1 left out at each end) and Yuen's interval"
+    # ten values: two left out at each end
+    assert intervals.trimmed_interval(range(10)).trimmed == 2
+    # below five values nothing is left out: the mean's interval, with its evidence
+    few = intervals.trimmed_interval([1.0, 2.0, 3.0, 10.0])
+    assert few == intervals.mean_interval([1.0, 2.0, 3.0, 10.0]) and "method" not in few.evidence()
+    with pytest.raises(ValueError, match="NaN"):
+        intervals.trimmed_interval([1.0, 2.0, float("nan"), 3.0, 4.0])
+
+
 @pytest.mark.parametrize("values, message", [([1.0], "at least 2"), ([1.0, float("nan")], "NaN")])
 def test_too_few_or_missing_values_are_refused(values, message):
     with pytest.raises(ValueError, match=message):

@@ -32,6 +32,7 @@ from hpcdl.platform import (
     not_measured,
     read_or_empty,
     read_tables,
+    trimmed_interval,
     unseeded,
     why_point_missing,
 )
@@ -181,13 +182,16 @@ def _step_fractions(r: pd.Series) -> list[float] | None:
 def _claim_hidden(tr, block, fails) -> dict:
     cid = "hidden_fraction"
     least = block["claims"]["hidden_min"]
+    trimmed = block["claims"].get("hidden_statistic", "mean") == "trimmed_mean"
     offloads = [s for s in OFFLOADS if s in block["strategies"]]
     top = max(block["model"]["depths"])
+    statistic = ("the 20 % trimmed mean of its measured steps' hidden fractions (from 5 steps on), judged on "
+                 "Yuen's" if trimmed else "the mean of its measured steps' hidden fractions, judged on its")
     statement = (
         f">= {least:.0%} of transfer time hidden behind compute, for each of the offload strategies "
-        f"{', '.join(offloads) or '(none configured)'} at the largest size ({top} layers): the mean of its "
-        f"measured steps' hidden fractions, judged on its {CONFIDENCE:.0%} interval (straddles where the "
-        "interval crosses the line); the fraction pooled over the steps beside it"
+        f"{', '.join(offloads) or '(none configured)'} at the largest size ({top} layers): {statistic} "
+        f"{CONFIDENCE:.0%} interval (straddles where the interval crosses the line); the fraction pooled "
+        "over the steps beside it"
     )
     holds, missing, fractions, intervals = {}, {}, {}, {}
     for s in offloads:
@@ -206,7 +210,7 @@ def _claim_hidden(tr, block, fails) -> dict:
             missing[s] = (f"{len(steps)} measured step(s) with a transfer; an interval needs 2 "
                           "(offload.steps - offload.warmup_steps)")
         else:
-            iv = mean_interval(steps)
+            iv = trimmed_interval(steps) if trimmed else mean_interval(steps)
             intervals[s] = iv.evidence(keys=range(len(steps)))
             holds[s] = above(iv, least)
     tier = str(tr["tier"].iloc[0]) if not tr.empty else None
