@@ -383,6 +383,26 @@ def test_fit_leaves_out_every_timing_of_a_held_out_shape():
     assert hybrid not in m.layers and m.conv[1] == pytest.approx(1e-10)
 
 
+def test_each_repeat_is_predicted_by_the_calibration_round_run_just_before_it():
+    import pandas as pd
+
+    from hpcdl.studies.spatial.tables import oracle_repeats
+
+    reps = pd.DataFrame({"run": ["weak-d1x2x1"] * 3 + ["ceiling-d1x2x1"], "repeat": [0, 1, 2, 0],
+                         "time_per_iter_s": [0.10, 0.11, 0.12, 0.05]})
+    summary = pd.DataFrame({"run": ["weak-d1x2x1", "ceiling-d1x2x1"], "pred_time_per_iter_s": [0.105, None],
+                            "oracle_sample": ["held_out", ""]})
+    # round 0's oracle read this run faster than round 1's; repeat 2 ran after both rounds (none of its own)
+    per_round = {0: pd.Series({"weak-d1x2x1": 0.09}), 1: pd.Series({"weak-d1x2x1": 0.121})}
+    out = oracle_repeats(reps, summary, per_round)
+    assert list(out["run"]) == ["weak-d1x2x1"] * 3  # the ceiling is not a training run
+    assert list(out["pred_round"]) == [0, 1, -1]
+    assert list(out["pred_time_per_iter_s"]) == pytest.approx([0.09, 0.121, 0.105])
+    assert list(out["oracle_error"]) == pytest.approx([-0.1, 0.1, 0.105 / 0.12 - 1])
+    # no round fitted (a table of one round that failed): every repeat keeps the oracle of all rounds
+    assert list(oracle_repeats(reps, summary, {})["pred_round"]) == [-1, -1, -1]
+
+
 @pytest.mark.parametrize("held_out, words", [
     (["weak-d1x4x1"], "a configured training run id"),
     (["strong-d1x1x1", "strong-d1x2x1", "weak-d1x1x1", "weak-d1x2x1", "hybrid-d2x1x1", "train-d1x2x1"],

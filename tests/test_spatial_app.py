@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 
+from hpcdl.platform import load_config, read_table
 from hpcdl.platform.orchestration.cli import main as cli
 from tasks.spatial import main as app
 
@@ -19,7 +20,9 @@ def test_spatial_app_end_to_end(tmp_path):
     cfg.update(results_dir=str(tmp_path / "results"), studies=["spatial"],
                data={**cfg["data"], "resources_dir": str(tmp_path / "resources")})
     # device auto: the host here, the GPU (shared by a run's ranks where it has fewer) on a GPU machine
-    cfg["spatial"] = {**cfg["spatial"], "gpu_sharing": True}
+    # two calibration rounds: repeat 0 is predicted by round 0's own oracle (tables.oracle_repeats)
+    cfg["spatial"] = {**cfg["spatial"], "gpu_sharing": True,
+                      "calibration": {**cfg["spatial"]["calibration"], "rounds": 2}}
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     app(["--config", str(path)])
@@ -88,3 +91,18 @@ def test_spatial_app_end_to_end(tmp_path):
     inside = runs.loc[~held, "oracle_error"].abs().mean()
     assert oracle["in_sample"]["mean_abs_error"] == pytest.approx(inside)
     assert oracle["calibration"]["rows_held_out"] == 0  # neither calibrated model has a 12^3 shape
+    # the held-out run's repeat 0 against the oracle fitted on calibration round 0 alone
+    from hpcdl.studies.spatial import tables as spatial_tables
+
+    block = load_config(path)["spatial"]
+    assert sorted(cal["round"].unique()) == [0, 1]
+    raw = [read_table(out / "raw" / f"{t}.csv") for t in ("runs", "iterations", "ranks")]
+    measured = spatial_tables._summaries(*raw, block["warmup"], block["timing_statistic"],
+                                         block["disturbed_load_cores"])
+    own = spatial_tables._round_predictions(read_table(out / "raw" / "calibration.csv").query("round == 0"),
+                                            block, measured)[0]
+    reps = pd.read_csv(out / "tables" / "oracle_repeats.csv").set_index(["run", "repeat"])
+    assert reps.loc[("train-d1x1x1", 0), "pred_round"] == 0
+    assert reps.loc[("train-d1x1x1", 0), "pred_time_per_iter_s"] == pytest.approx(own["train-d1x1x1"])
+    assert reps.loc[("train-d1x1x1", 0), "pred_time_per_iter_s"] != pytest.approx(
+        runs.set_index("run").loc["train-d1x1x1", "pred_time_per_iter_s"], rel=1e-9)  # not the mean fit

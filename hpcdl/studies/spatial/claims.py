@@ -206,14 +206,18 @@ def _mean_abs(err: dict) -> float | None:
 
 def _per_run_intervals(reps: pd.DataFrame, runs: list[str]) -> dict:
     """Per run with at least 2 kept repeats (tables/oracle_repeats.csv): the interval of its per-repeat
-    oracle errors."""
+    oracle errors, each keyed by its repeat and the calibration round that predicted it."""
     out = {}
     if not {"run", "repeat", "oracle_error"} <= set(reps):
         return out
     for r in runs:
         rows = reps[(reps["run"] == r) & np.isfinite(reps["oracle_error"].astype(float))]
         if len(rows) >= 2:
-            out[r] = (mean_interval(rows["oracle_error"]), [f"repeat {int(k)}" for k in rows["repeat"]])
+            keys = [f"repeat {int(k)}" for k in rows["repeat"]]
+            if "pred_round" in rows:  # a table from before the per-round oracles has none
+                keys = [k + (f" / round {int(c)}" if c >= 0 else " / all rounds")
+                        for k, c in zip(keys, rows["pred_round"], strict=True)]
+            out[r] = (mean_interval(rows["oracle_error"]), keys)
     return out
 
 
@@ -230,8 +234,9 @@ def _claim_oracle_error(block: dict, df: pd.DataFrame, raw: pd.DataFrame, repeat
     statement = (f"oracle (calibrated on this run's microbenchmarks, which leave out every conv and "
                  f"pool layer shape of the held-out runs) predicts every held-out run "
                  f"({', '.join(held) or 'none'}) within {bound:.0%}, each run on its own: on the "
-                 f"{CONFIDENCE:.0%} interval of its per-repeat errors where it has 2 or more kept repeats "
-                 "(straddles where that interval crosses the bound), else on its error; the mean and the "
+                 f"{CONFIDENCE:.0%} interval of its per-repeat errors where it has 2 or more kept repeats, "
+                 "each repeat against the oracle of the calibration round run just before it where it has "
+                 "one (straddles where that interval crosses the bound), else on its error; the mean and the "
                  "worst run are shown, the in-sample runs' error beside them (disturbed phases left out of "
                  "measurement and calibration)")
     err = {r: float(df.loc[df["run"] == r, "oracle_error"].iloc[0]) for r in runs

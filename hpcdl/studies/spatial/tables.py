@@ -164,6 +164,44 @@ def fit_rows(cal: pd.DataFrame, block: dict) -> tuple[list[dict], dict]:
     return rows, evidence
 
 
+def _fit(rows: list[dict], cal: pd.DataFrame, block: dict):
+    return fit_machine(rows, cores=int(cal["cores"].iloc[0]), threads_per_rank=block["threads_per_rank"],
+                       overlap=block["overlap"], families=block["shape_fallback"] == "family",
+                       proportional=block["below_timed"] == "proportional")
+
+
+def _round_predictions(cal: pd.DataFrame, block: dict, measured: pd.DataFrame) -> dict[int, pd.Series]:
+    """Each calibration round's own oracle (fitted on that round alone): round -> its predicted time
+    per iteration of every run. A round too sparse to fit is left out (its repeats keep the oracle
+    of all rounds)."""
+    out = {}
+    for rnd, sub in (cal.groupby("round") if "round" in cal else []):
+        try:
+            machine, _ = _fit(fit_rows(sub, block)[0], cal, block)
+        except ValueError:
+            continue
+        pred = _oracle(measured, machine, block["model"]).set_index("run")
+        out[int(rnd)] = pred.get("pred_time_per_iter_s", pd.Series(dtype=float)).dropna()
+    return out
+
+
+def oracle_repeats(reps: pd.DataFrame, summary: pd.DataFrame,
+                   per_round: dict[int, pd.Series]) -> pd.DataFrame:
+    """The oracle's error on each kept repeat of each training run, the spread its claim's intervals use.
+    Repeat r is predicted by the oracle of calibration round r, the round run just before it
+    (tasks/spatial.py), so the interval carries the calibration's round-to-round spread as well as the
+    measurement's; a repeat without its own round keeps the oracle of all rounds (`pred_round` -1)."""
+    pred = summary[summary["oracle_sample"] != ""][["run", "pred_time_per_iter_s", "oracle_sample"]]
+    out = reps.merge(pred, on="run", how="inner")
+    own = [per_round.get(int(k), {}).get(r) for r, k in zip(out["run"], out["repeat"], strict=True)]
+    has_own = pd.Series([v is not None and np.isfinite(v) for v in own], index=out.index, dtype=bool)
+    out["pred_round"] = np.where(has_own, out["repeat"].astype(int), -1)
+    out["pred_time_per_iter_s"] = np.where(has_own, [v if v is not None else np.nan for v in own],
+                                           out["pred_time_per_iter_s"])
+    out["oracle_error"] = (out["pred_time_per_iter_s"] - out["time_per_iter_s"]) / out["time_per_iter_s"]
+    return out
+
+
 def _oracle(df: pd.DataFrame, machine: Machine, model: dict) -> pd.DataFrame:
     preds = []
     for _, r in df.iterrows():
@@ -234,10 +272,7 @@ def write(cfg: dict, study_dir: Path) -> None:
     runs, iters, ranks = (read_table(study.raw_table(t)) for t in ("runs", "iterations", "ranks"))
     cal = read_table(study.raw_table("calibration"))
     rows, cal_evidence = fit_rows(cal, block)
-    machine, consts = fit_machine(rows, cores=int(cal["cores"].iloc[0]),
-                                  threads_per_rank=block["threads_per_rank"], overlap=block["overlap"],
-                                  families=block["shape_fallback"] == "family",
-                                  proportional=block["below_timed"] == "proportional")
+    machine, consts = _fit(rows, cal, block)
     write_table(pd.DataFrame([{**consts, **{f"calibration_{k}": v for k, v in cal_evidence.items()}}]),
                 study.table("calibration_fit"), cfg, started)
     measured = _summaries(runs, iters, ranks, block["warmup"], block["timing_statistic"],
@@ -253,11 +288,8 @@ def write(cfg: dict, study_dir: Path) -> None:
     reps = repeat_times(runs, iters, block["warmup"], block["timing_statistic"],
                         block["disturbed_load_cores"])
     write_table(reps, study.table("repeat_times"), cfg, started)
-    # the oracle's error on each kept repeat of each training run: the spread its claim's intervals use
-    pred = summary[summary["oracle_sample"] != ""][["run", "pred_time_per_iter_s", "oracle_sample"]]
-    reps = reps.merge(pred, on="run", how="inner")
-    reps["oracle_error"] = (reps["pred_time_per_iter_s"] - reps["time_per_iter_s"]) / reps["time_per_iter_s"]
-    write_table(reps, study.table("oracle_repeats"), cfg, started)
+    write_table(oracle_repeats(reps, summary, _round_predictions(cal, block, measured)),
+                study.table("oracle_repeats"), cfg, started)
     # the loss curve of the first repeat (repeats of a run train the same model on the same data)
     loss = iters[iters["repeat"] == 0].groupby(["run", "iteration"], as_index=False)["loss"].mean()
     write_table(loss, study.table("loss"), cfg, started)
