@@ -190,6 +190,33 @@ def test_offload_hidden_fraction_on_the_trimmed_mean_leaves_two_stalled_steps_of
         == "straddles"
 
 
+def test_microbatch_timing_claims_on_the_trimmed_mean_leave_a_few_stalled_rounds_out(tmp_path):
+    # 20 rounds of one plan: prediction errors near 0.04, two rounds stalled by the host (0.80, 0.77)
+    errors = [0.03, 0.05, 0.04, 0.02, 0.06, 0.04, 0.80, 0.03, 0.05, 0.04,
+              0.04, 0.05, 0.03, 0.77, 0.04, 0.06, 0.02, 0.05, 0.04, 0.03]
+
+    def judged(statistic):
+        def mutate(c, t):
+            c["microbatch"]["round_statistic"] = statistic
+            d = t["tables/network_rounds.csv"]
+            keep = d[~((d["network"] == "resnet18") & (d["plan_id"] == "all/ilp"))]
+            rows = pd.DataFrame([{"network": "resnet18", "plan_id": "all/ilp", "variants": "...", "round": r,
+                                  "plan_time_s": 1.0, "default_time_s": 1.1, "speedup": 1.1,
+                                  "predicted_speedup": 1.08, "prediction_error_scaled_frac": e}
+                                 for r, e in enumerate(errors)])
+            t["tables/network_rounds.csv"] = pd.concat([keep, rows], ignore_index=True)
+        return _find(_run("microbatch", mutate, tmp_path), "algorithm_choice_prediction_within_tolerance")
+
+    c = judged("trimmed_mean")
+    ev = c["measured"]["scaled_error_per_round"]["resnet18 [all]"]
+    assert c["status"] == "passed" and ev["n"] == 20 and ev["method"].startswith("20 % trimmed mean (4 left")
+    assert "trimmed mean" in c["statement"]
+    # the mean of the same rounds: the two stalls carry its interval past the 10 % tolerance
+    mean = judged("mean")
+    assert mean["status"] == "straddles" and mean["measured"]["scaled_error_per_round"]["resnet18 [all]"][
+        "ci95"][1] > 0.10
+
+
 def test_checkpoint_bandwidth_interval_is_over_each_sync_repeats_paired_ratio(tmp_path):
     from hpcdl.studies.checkpoint.tables import bandwidth_repeats
 

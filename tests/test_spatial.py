@@ -398,6 +398,7 @@ def test_each_repeat_is_predicted_by_the_calibration_round_run_just_before_it():
     assert list(out["run"]) == ["weak-d1x2x1"] * 3  # the ceiling is not a training run
     assert list(out["pred_round"]) == [0, 1, -1]
     assert list(out["pred_time_per_iter_s"]) == pytest.approx([0.09, 0.121, 0.105])
+    assert list(out["pred_all_rounds_s"]) == pytest.approx([0.105] * 3)  # the runs table's, beside it
     assert list(out["oracle_error"]) == pytest.approx([-0.1, 0.1, 0.105 / 0.12 - 1])
     # no round fitted (a table of one round that failed): every repeat keeps the oracle of all rounds
     assert list(oracle_repeats(reps, summary, {})["pred_round"]) == [-1, -1, -1]

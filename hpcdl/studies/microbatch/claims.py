@@ -27,6 +27,7 @@ from hpcdl.platform import (
     mean_interval,
     measured_afresh,
     read_tables,
+    trimmed_interval,
 )
 from hpcdl.studies.microbatch import cudnn_claims
 
@@ -85,8 +86,10 @@ def _plans(ilp: pd.DataFrame, block: dict, missing_nets: dict) -> tuple[dict, di
     return plans, missing
 
 
-def _intervals(plans: dict, rounds: pd.DataFrame, column: str, missing: dict) -> dict:
-    """The interval of `column` over each plan's rounds; a plan with too few rounds goes to `missing`."""
+def _intervals(plans: dict, rounds: pd.DataFrame, column: str, missing: dict, statistic: str) -> dict:
+    """The interval of `column` over each plan's rounds (microbatch.round_statistic: their mean or 20 %
+    trimmed mean); a plan with too few rounds goes to `missing`."""
+    interval = trimmed_interval if statistic == "trimmed_mean" else mean_interval
     out = {}
     for key, (net, pid) in plans.items():
         d = rounds[(rounds["network"] == net) & (rounds["plan_id"] == pid)] if not rounds.empty else rounds
@@ -95,7 +98,7 @@ def _intervals(plans: dict, rounds: pd.DataFrame, column: str, missing: dict) ->
             missing[key] = (f"{key} has {len(values)} timed round(s); an interval needs {MIN_ROUNDS} "
                             "(microbatch.exec_repeats)")
             continue
-        out[key] = mean_interval(values)
+        out[key] = interval(values)
     return out
 
 
@@ -139,14 +142,16 @@ def judge(cfg: dict, study_dir: Path) -> list[dict]:
               for key, (n, p) in plans.items()}
 
     missing = dict(plan_missing)
-    ivs = _intervals(plans, rounds, "speedup", missing)
+    statistic = block.get("round_statistic", "mean")
+    of = "s' 20 % trimmed mean (Yuen's interval)" if statistic == "trimmed_mean" else ""
+    ivs = _intervals(plans, rounds, "speedup", missing, statistic)
     c1 = every(
         "algorithm_choice_not_slower",
         "Per-kernel algorithm choice by the DP/ILP planner among PyTorch's algorithms: each distinct ILP "
         "plan (budget = the default's workspace; policies giving the same plan count "
         "once), executed as the network's whole conv stack (every forward, then every backward), is "
         f"faster than the default stack run in the same interleaved rounds: the 95 % interval of the "
-        f"per-round speedup (default time / plan time) lies above {NOT_SLOWER_LINE:g}; it fails when "
+        f"per-round speedup{of} (default time / plan time) lies above {NOT_SLOWER_LINE:g}; it fails when "
         "the whole interval is at or below it (slower), and straddles when noise cannot tell, every "
         "network." + what,
         {k: above(iv, NOT_SLOWER_LINE) for k, iv in ivs.items()},
@@ -161,7 +166,7 @@ def judge(cfg: dict, study_dir: Path) -> list[dict]:
 
     tol = block["prediction_tolerance"]
     missing = dict(plan_missing)
-    ivs = _intervals(plans, rounds, "prediction_error_scaled_frac", missing)
+    ivs = _intervals(plans, rounds, "prediction_error_scaled_frac", missing, statistic)
     raw_errs = {k: round(float(ilp[(ilp["network"] == n) & (ilp["plan_id"] == p)]["prediction_error_frac"]
                                .iloc[0]), 4) for k, (n, p) in plans.items()}
     c2 = every(
@@ -169,7 +174,7 @@ def judge(cfg: dict, study_dir: Path) -> list[dict]:
         "Per-kernel algorithm choice by the DP/ILP planner among PyTorch's algorithms: for each distinct "
         "ILP plan, the planner's predicted speedup (the default's over the plan's "
         "whole-network conv time, each the count-weighted sum of benchmarked kernel times) matches the "
-        f"speedup measured by executing both whole networks: the 95 % interval of the per-round error "
+        f"speedup measured by executing both whole networks: the 95 % interval of the per-round error{of} "
         f"(predicted / measured speedup - 1) lies within ±{tol:.0%}, every network." + what,
         {k: all_of([above(iv, -tol), below(iv, tol)]) for k, iv in ivs.items()},
         missing,

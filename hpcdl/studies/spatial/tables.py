@@ -190,14 +190,16 @@ def oracle_repeats(reps: pd.DataFrame, summary: pd.DataFrame,
     """The oracle's error on each kept repeat of each training run, the spread its claim's intervals use.
     Repeat r is predicted by the oracle of calibration round r, the round run just before it
     (tasks/spatial.py), so the interval carries the calibration's round-to-round spread as well as the
-    measurement's; a repeat without its own round keeps the oracle of all rounds (`pred_round` -1)."""
+    measurement's; a repeat without its own round keeps the oracle of all rounds (`pred_round` -1).
+    `pred_time_per_iter_s` is the prediction the error is against, `pred_all_rounds_s` the runs table's."""
     pred = summary[summary["oracle_sample"] != ""][["run", "pred_time_per_iter_s", "oracle_sample"]]
+    pred = pred.rename(columns={"pred_time_per_iter_s": "pred_all_rounds_s"})
     out = reps.merge(pred, on="run", how="inner")
     own = [per_round.get(int(k), {}).get(r) for r, k in zip(out["run"], out["repeat"], strict=True)]
     has_own = pd.Series([v is not None and np.isfinite(v) for v in own], index=out.index, dtype=bool)
     out["pred_round"] = np.where(has_own, out["repeat"].astype(int), -1)
     out["pred_time_per_iter_s"] = np.where(has_own, [v if v is not None else np.nan for v in own],
-                                           out["pred_time_per_iter_s"])
+                                           out["pred_all_rounds_s"])
     out["oracle_error"] = (out["pred_time_per_iter_s"] - out["time_per_iter_s"]) / out["time_per_iter_s"]
     return out
 
