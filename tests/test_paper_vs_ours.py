@@ -325,6 +325,16 @@ def test_readable_prefers_the_claims_own_quantity():
     faster = claim("estimate_100x_faster", "s", False, estimate_s={"a": 1e-5}, speedup={"a": 40.0},
                    threshold=100.0)
     assert readable(faster) == "speedup [a] 40; threshold 100"
+    # per item, two intervals (malleable_beats_rigid): the item that does not hold is the one shown
+    iv = lambda m, lo, hi: {"per_pair": {"repeat 0": m}, "mean": m, "ci95": [lo, hi], "n": 6}  # noqa: E731
+    ratios = {"equal": {"makespan_over_rigid": iv(0.85, 0.78, 0.93),
+                        "turnaround_over_rigid": iv(0.9, 0.8, 0.95)},
+              "proportional": {"makespan_over_rigid": iv(0.85, 0.77, 0.92),
+                               "turnaround_over_rigid": iv(0.9, 0.8, 1.01)}}
+    nested = claim("malleable_beats_rigid", "s", False, ratios=ratios, threshold_line=1.0)
+    nested["measured"]["holds"] = {"equal": True, "proportional": "straddles"}
+    assert readable(nested).startswith("ratios [proportional turnaround_over_rigid] 0.9 [0.8, 1.01]")
+    assert readable(nested).endswith("(1 of 4); threshold_line 1")
 
 
 def test_the_verdict_and_about_rules_read_papers_yaml(tmp_path):

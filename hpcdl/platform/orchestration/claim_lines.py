@@ -70,6 +70,11 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
+def _crosses(iv: dict, line: float) -> bool:
+    low, high = iv[next(k for k in iv if k.startswith("ci"))]
+    return low <= line <= high
+
+
 def interval_text(iv: dict) -> str:
     """'1.053 [0.9093, 1.197] (95 % CI, n=2)' from an interval's evidence."""
     key = next(k for k in iv if k.startswith("ci"))
@@ -91,6 +96,10 @@ def _candidates(measured: dict):
                 yield key, v, "interval"
             elif all(_is_number(x) for x in v.values()):
                 yield key, v, "number"
+            elif all(isinstance(x, dict) and x and all(map(_is_interval, x.values())) for x in v.values()):
+                # per item, several intervals (malleable's makespan and turnaround per policy)
+                flat = {f"{item} {name}": iv for item, x in v.items() for name, iv in x.items()}
+                yield key, flat, "interval"
 
 
 def _line(measured: dict) -> str:
@@ -125,7 +134,13 @@ def readable(c: dict) -> str:
     show = (lambda x: interval_text(x)) if kind == "interval" else _fmt
     if not isinstance(v, dict) or _is_interval(v):
         return f"{key} {show(v)}{_line(measured)}"
-    pick = next((x for x in missed if x in v), None) or (next(iter(v)) if len(v) == 1 else None)
+    # an item that does not hold; of a flattened item's intervals, one across the line first
+    line = next((x for k, x in measured.items() if LINE_KEYS.match(k) and _is_number(x)), None)
+    parts = sorted((k for k in v for x in missed if k.startswith(f"{x} ")),
+                   key=lambda k: not (kind == "interval" and line is not None
+                                      and _crosses(v[k], line)))
+    pick = (next((x for x in missed if x in v), None) or next(iter(parts), None)
+            or (next(iter(v)) if len(v) == 1 else None))
     if pick is not None:
         more = f" (1 of {len(v)})" if len(v) > 1 else ""
         return f"{key} [{pick}] {show(v[pick])}{more}{_line(measured)}"
