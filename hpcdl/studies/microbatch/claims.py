@@ -143,7 +143,7 @@ def judge(cfg: dict, study_dir: Path) -> list[dict]:
 
     missing = dict(plan_missing)
     statistic = block.get("round_statistic", "mean")
-    of = "s' 20 % trimmed mean (Yuen's interval)" if statistic == "trimmed_mean" else ""
+    of = "s' 20 % trimmed mean (Yuen)" if statistic == "trimmed_mean" else ""
     ivs = _intervals(plans, rounds, "speedup", missing, statistic)
     c1 = every(
         "algorithm_choice_not_slower",
