@@ -84,3 +84,11 @@ def test_trimmed_interval_is_yuens_and_one_stall_among_five_does_not_move_it():
 def test_too_few_or_missing_values_are_refused(values, message):
     with pytest.raises(ValueError, match=message):
         intervals.mean_interval(values)
+
+
+def test_interval_for_maps_a_configs_statistic_to_its_interval_and_names_an_unknown_one():
+    values = [0.053, 0.062, 0.26, 0.062, 0.056]
+    assert intervals.interval_for("mean")(values) == intervals.mean_interval(values)
+    assert intervals.interval_for("trimmed_mean")(values) == intervals.trimmed_interval(values)
+    with pytest.raises(ValueError, match="unknown interval statistic 'median': mean or trimmed_mean"):
+        intervals.interval_for("median")

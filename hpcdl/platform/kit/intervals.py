@@ -88,6 +88,15 @@ def trimmed_interval(values: Iterable[float], confidence: float = CONFIDENCE) ->
     return Interval(vals, mean, float(low), float(high), confidence, trimmed=g)
 
 
+def interval_for(statistic: str):
+    """The interval function a config's statistic names: "mean" (mean_interval) or "trimmed_mean"
+    (trimmed_interval); offload.claims.hidden_statistic and microbatch.round_statistic use the names."""
+    try:
+        return {"mean": mean_interval, "trimmed_mean": trimmed_interval}[statistic]
+    except KeyError:
+        raise ValueError(f"unknown interval statistic {statistic!r}: mean or trimmed_mean") from None
+
+
 @dataclass(frozen=True)
 class Proportion:
     """A proportion measured on `trials` independent items (e.g. a model's accuracy on n test images)

@@ -70,14 +70,18 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
+def _ci_key(iv: dict) -> str:
+    return next(k for k in iv if k.startswith("ci"))  # "ci95" for a 95 % interval
+
+
 def _crosses(iv: dict, line: float) -> bool:
-    low, high = iv[next(k for k in iv if k.startswith("ci"))]
+    low, high = iv[_ci_key(iv)]
     return low <= line <= high
 
 
 def interval_text(iv: dict) -> str:
     """'1.053 [0.9093, 1.197] (95 % CI, n=2)' from an interval's evidence."""
-    key = next(k for k in iv if k.startswith("ci"))
+    key = _ci_key(iv)
     low, high = iv[key]
     return f"{_fmt(iv['mean'])} [{_fmt(low)}, {_fmt(high)}] ({key[2:]} % CI, n={iv.get('n', '?')})"
 

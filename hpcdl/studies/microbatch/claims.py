@@ -24,10 +24,9 @@ from hpcdl.platform import (
     deterministic,
     every,
     failed_because,
-    mean_interval,
+    interval_for,
     measured_afresh,
     read_tables,
-    trimmed_interval,
 )
 from hpcdl.studies.microbatch import cudnn_claims
 
@@ -89,7 +88,7 @@ def _plans(ilp: pd.DataFrame, block: dict, missing_nets: dict) -> tuple[dict, di
 def _intervals(plans: dict, rounds: pd.DataFrame, column: str, missing: dict, statistic: str) -> dict:
     """The interval of `column` over each plan's rounds (microbatch.round_statistic: their mean or 20 %
     trimmed mean); a plan with too few rounds goes to `missing`."""
-    interval = trimmed_interval if statistic == "trimmed_mean" else mean_interval
+    interval = interval_for(statistic)
     out = {}
     for key, (net, pid) in plans.items():
         d = rounds[(rounds["network"] == net) & (rounds["plan_id"] == pid)] if not rounds.empty else rounds

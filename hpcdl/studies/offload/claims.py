@@ -27,12 +27,11 @@ from hpcdl.platform import (
     claim,
     deterministic,
     every,
-    mean_interval,
+    interval_for,
     measured_afresh,
     not_measured,
     read_or_empty,
     read_tables,
-    trimmed_interval,
     unseeded,
     why_point_missing,
 )
@@ -182,14 +181,15 @@ def _step_fractions(r: pd.Series) -> list[float] | None:
 def _claim_hidden(tr, block, fails) -> dict:
     cid = "hidden_fraction"
     least = block["claims"]["hidden_min"]
-    trimmed = block["claims"].get("hidden_statistic", "mean") == "trimmed_mean"
+    statistic = block["claims"].get("hidden_statistic", "mean")
+    trimmed = statistic == "trimmed_mean"
     offloads = [s for s in OFFLOADS if s in block["strategies"]]
     top = max(block["model"]["depths"])
-    statistic = ("the 20 % trimmed mean of its measured steps' hidden fractions (from 5 steps on), judged on "
-                 "Yuen's" if trimmed else "the mean of its measured steps' hidden fractions, judged on its")
+    judged = ("the 20 % trimmed mean of its measured steps' hidden fractions (from 5 steps on), judged on "
+              "Yuen's" if trimmed else "the mean of its measured steps' hidden fractions, judged on its")
     statement = (
         f">= {least:.0%} of transfer time hidden behind compute, for each of the offload strategies "
-        f"{', '.join(offloads) or '(none configured)'} at the largest size ({top} layers): {statistic} "
+        f"{', '.join(offloads) or '(none configured)'} at the largest size ({top} layers): {judged} "
         f"{CONFIDENCE:.0%} interval (straddles where the interval crosses the line); the fraction pooled "
         "over the steps beside it"
     )
@@ -210,7 +210,7 @@ def _claim_hidden(tr, block, fails) -> dict:
             missing[s] = (f"{len(steps)} measured step(s) with a transfer; an interval needs 2 "
                           "(offload.steps - offload.warmup_steps)")
         else:
-            iv = trimmed_interval(steps) if trimmed else mean_interval(steps)
+            iv = interval_for(statistic)(steps)
             intervals[s] = iv.evidence(keys=range(len(steps)))
             holds[s] = above(iv, least)
     tier = str(tr["tier"].iloc[0]) if not tr.empty else None

@@ -195,11 +195,11 @@ def oracle_repeats(reps: pd.DataFrame, summary: pd.DataFrame,
     pred = summary[summary["oracle_sample"] != ""][["run", "pred_time_per_iter_s", "oracle_sample"]]
     pred = pred.rename(columns={"pred_time_per_iter_s": "pred_all_rounds_s"})
     out = reps.merge(pred, on="run", how="inner")
-    own = [per_round.get(int(k), {}).get(r) for r, k in zip(out["run"], out["repeat"], strict=True)]
-    has_own = pd.Series([v is not None and np.isfinite(v) for v in own], index=out.index, dtype=bool)
-    out["pred_round"] = np.where(has_own, out["repeat"].astype(int), -1)
-    out["pred_time_per_iter_s"] = np.where(has_own, [v if v is not None else np.nan for v in own],
-                                           out["pred_all_rounds_s"])
+    own = pd.Series([per_round.get(int(k), {}).get(r, np.nan) for r, k in zip(out["run"], out["repeat"],
+                                                                               strict=True)],
+                    index=out.index, dtype=float)
+    out["pred_round"] = out["repeat"].astype(int).where(own.notna(), -1)
+    out["pred_time_per_iter_s"] = own.fillna(out["pred_all_rounds_s"])
     out["oracle_error"] = (out["pred_time_per_iter_s"] - out["time_per_iter_s"]) / out["time_per_iter_s"]
     return out
 
