@@ -36,7 +36,6 @@ if TYPE_CHECKING:
         mean_interval,
         paired,
         proportion_interval,
-        trimmed_interval,
     )
     from hpcdl.platform.kit.procenv import PACKAGE_ROOT, child_env
     from hpcdl.platform.kit.rank_runtime.launch import run_ranks
@@ -74,7 +73,7 @@ _MODULES = {
     "confirmation": ("confirmed_on", "deterministic", "measured_afresh", "unseeded"),
     "device": ("Placement", "cuda_record", "gpu_slug", "resolved_device"),
     "intervals": ("CONFIDENCE", "above", "all_of", "any_of", "below", "interval_for", "mean_interval",
-                  "paired", "proportion_interval", "trimmed_interval"),
+                  "paired", "proportion_interval"),
     "procenv": ("PACKAGE_ROOT", "child_env"),
     "rank_runtime.launch": ("run_ranks",),
     "rank_runtime.placement": ("current_placement",),
@@ -103,7 +102,7 @@ __all__ = [
     "load_config",
     "mark_no_data", "mean_interval", "measured_afresh", "not_measured", "ok_rows", "paired",
     "proportion_interval", "provenance_path", "pyplot", "read_or_empty", "read_table", "read_tables",
-    "resolved_device", "run_ranks", "save_figure", "started_at", "trimmed_interval", "unseeded",
+    "resolved_device", "run_ranks", "save_figure", "started_at", "unseeded",
     "why_point_missing", "write_table",
 ]
 
