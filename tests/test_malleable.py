@@ -106,7 +106,8 @@ def _job_spec(tmp_path: Path, name: str, iterations: int, **kw) -> dict:
 
 
 def test_api_and_signal_changes_apply_at_the_next_iteration_boundary(tmp_path):
-    spec = _job_spec(tmp_path, "api", 8, api_schedule=[[2, 1], [5, 2]])
+    # ~1-2 ms an iteration: 200 leave the second request room when its sender runs late under load
+    spec = _job_spec(tmp_path, "api", 200, api_schedule=[[2, 1], [5, 2]])
     res = response._run(spec, [], 120)
     rows = compute.change_rows(
         {"experiment": "response", "variant": "api"}, {**res, "requests": res["requests"]}
@@ -120,9 +121,9 @@ def test_api_and_signal_changes_apply_at_the_next_iteration_boundary(tmp_path):
     k1, k2 = (r["applied_iteration"] for r in rows)
     assert 3 <= k1 < k2 and k2 >= 6
     want = {s["iteration"]: 2 if s["iteration"] < k1 or s["iteration"] >= k2 else 1 for s in res["series"]}
-    assert {s["iteration"]: s["threads"] for s in res["series"]} == want and len(want) == 8
+    assert {s["iteration"]: s["threads"] for s in res["series"]} == want and len(want) == 200
 
-    spec = _job_spec(tmp_path, "sig", 8)
+    spec = _job_spec(tmp_path, "sig", 200)
     res = response._run(spec, [(2, response._signal_action(spec["control_file"], 1))], 120)
     (row,) = compute.change_rows({"experiment": "response", "variant": "signal"}, res)
     assert row["outcome"] == "applied" and row["lag_iters"] == 0 and row["target_threads"] == 1
@@ -134,17 +135,28 @@ def test_api_and_signal_changes_apply_at_the_next_iteration_boundary(tmp_path):
 
 
 def test_out_of_range_requests_are_clamped_with_a_warning_and_the_job_goes_on(tmp_path):
-    # 10 iterations: the last request (at 4) still has 5 boundaries to land on when the poller runs
-    # late under load (with 7, a CI run saw it arrive during the final iteration)
-    spec = _job_spec(tmp_path, "clamp", 10)
+    # an iteration takes 1-2 ms: 400 of them leave the last request (sent once 99 was read) about half
+    # a second of boundaries to land on when the driver runs late under load (with 7, then 10, CI
+    # runs saw it arrive too late)
+    spec = _job_spec(tmp_path, "clamp", 400)
     Path(spec["control_file"]).write_text("0")  # read at start: clamped to 1
-    acts = [
-        (2, response._signal_action(spec["control_file"], 99)),
-        (4, response._signal_action(spec["control_file"], -3)),
-    ]
+    send_99 = response._signal_action(spec["control_file"], 99)
+    send_minus_3 = response._signal_action(spec["control_file"], -3)
+
+    def after_99_was_read(proc):
+        # one control file holds the latest request: a driver running late under load could overwrite
+        # 99 before the job's boundary read it (the job then rightly sees only -3). Each value's clamp
+        # is what this test is about, so -3 waits until a boundary has read 99.
+        deadline = time.time() + 60
+        while not any(r["type"] == "request" and r["target"] == 99 for r in read_log(spec["log_file"])):
+            assert time.time() < deadline and proc.exitcode is None, "the job never read the request of 99"
+            time.sleep(0.002)
+        return send_minus_3(proc)
+
+    acts = [(2, send_99), (4, after_99_was_read)]
     res = response._run(spec, acts, 120)
     threads = [s["threads"] for s in res["series"]]
-    assert len(threads) == 10 and threads[0] == 1 and 2 in threads and threads[-1] == 1
+    assert len(threads) == 400 and threads[0] == 1 and 2 in threads and threads[-1] == 1
     text = " | ".join(res["warnings"])
     assert "initial thread count 0 is outside 1..2" in text
     assert "signal request of 99 is outside 1..2" in text and "signal request of -3 is outside 1..2" in text
@@ -184,7 +196,8 @@ def test_job_follows_its_cgroup_quota_within_one_iteration(tmp_path):
     run = cgroups.RunCgroups(CTRL, 10000)
     try:
         res = response.response_point(
-            _point(experiment="response", method="quota", iterations=8, change_at=[2, 5], low_threads=1),
+            # ~1-2 ms an iteration: 200 leave the second write room when the driver runs late under load
+            _point(experiment="response", method="quota", iterations=200, change_at=[2, 5], low_threads=1),
             tmp_path,
             run,
         )
@@ -201,6 +214,32 @@ def test_job_follows_its_cgroup_quota_within_one_iteration(tmp_path):
         and (1, pytest.approx(1.0)) in seen
         and seen[-1] == (2, pytest.approx(2.0))
     )
+
+
+@needs_cgroups
+def test_a_driver_stalled_inside_the_quota_write_dates_the_request_when_the_write_is_done(tmp_path):
+    # a driver preempted inside the request call, made certain: each quota write waits 50 ms first
+    # (~30 of the job's iterations). Dated before the call, those iterations would count as lag.
+    class StalledWrites(cgroups.RunCgroups):
+        def set_quota(self, path, cores):
+            time.sleep(0.05)
+            super().set_quota(path, cores)
+
+    run = StalledWrites(CTRL, 10000)
+    try:
+        res = response.response_point(
+            _point(experiment="response", method="quota", iterations=300, change_at=[2, 5], low_threads=1),
+            tmp_path,
+            run,
+        )
+    finally:
+        run.remove()
+    rows = compute.change_rows({"experiment": "response", "variant": "quota"}, res)
+    assert [(r["outcome"], r["target_threads"], r["lag_iters"]) for r in rows] == [
+        ("applied", 1, 0),
+        ("applied", 2, 0),
+    ]
+    assert all(r["latency_s"] > 0 for r in rows)
 
 
 # ---- the co-scheduler: a crash, and a SIGKILL -------------------------------------------------------

@@ -266,8 +266,8 @@ def _api_driver(job: MalleableJob, schedule: list) -> None:
     for k, n in schedule:
         if not job.wait_started(k, 600):
             return
-        at = time.time()
         job.set_threads(int(n))
+        at = time.time()  # once the request is queued (see response.py)
         job.log.write("api_call", iteration=k, target=int(n), time=at)
 
 

@@ -7,8 +7,10 @@
               threads (oversubscribed: more runnable threads than the quota's cores), `follow`
               matches the quota
 
-Requests made here are timed here (the moment before the signal or the quota write); the job logs
-when it applied each change, so lag and latency are measured across the two processes.
+Requests made here are timed here, when the call that makes one has returned (the signal sent, the
+quota written): stamped before it, a driver preempted inside the call would date the request before
+the job could see it, and a boundary in that gap would count as a lag. The job logs when it applied
+each change, so lag and latency are measured across the two processes.
 """
 
 from __future__ import annotations
@@ -81,8 +83,8 @@ def _signal_action(control_file: str, target: int):
         tmp = f"{control_file}.tmp"
         Path(tmp).write_text(str(target))
         os.replace(tmp, control_file)
-        at = time.time()
         os.kill(proc.pid, signal.SIGUSR1)
+        at = time.time()
         return {"time": at, "target": target, "source": "signal"}
 
     return act
@@ -90,8 +92,8 @@ def _signal_action(control_file: str, target: int):
 
 def _quota_action(run_cgroups, cgroup: Path, cores: float, threads: int):
     def act(proc):
-        at = time.time()
         run_cgroups.set_quota(cgroup, cores)
+        at = time.time()
         return {"time": at, "target": threads, "source": "quota", "quota_cores": cores}
 
     return act

@@ -120,11 +120,11 @@ class CoScheduler:
         threads = policies.threads_for_share(share, self.cores)
         if threads != job.threads:
             _write_atomic(job.control_file, str(threads))
-            at = time.time()
             try:
                 os.kill(job.proc.pid, signal.SIGUSR1)
             except ProcessLookupError:
                 return  # it just ended: its departure is the next event
+            at = time.time()  # once sent (see response.py)
             job.threads = threads
             job.requests.append({"time": at, "target": threads, "source": "signal"})
 
