@@ -89,7 +89,7 @@ def test_every_run_the_train_run_included_is_repeated_round_robin():
     from hpcdl.studies.spatial.sweep import expand
 
     block = validate_config(yaml.safe_load(open("configs/default.yaml")))["spatial"]
-    points = expand({**block, "repeats": 3, "held_out_repeats": None})
+    points = expand({**block, "repeats": 3, "held_out_repeats": None, "efficiency_repeats": None})
     names = list(dict.fromkeys(p["run"] for p in points))
     assert "train-d1x2x1" in names
     assert [(p["run"], p["repeat"]) for p in points] == [(n, r) for r in range(3) for n in names]
@@ -103,13 +103,34 @@ def test_held_out_runs_alone_get_the_extra_repeats_after_the_whole_rounds():
 
     block = validate_config(yaml.safe_load(open("configs/default.yaml")))["spatial"]
     held = ["weak-d1x1x1", "train-d1x2x1"]
-    points = expand({**block, "repeats": 2, "held_out_repeats": 4, "held_out": held})
+    points = expand({**block, "repeats": 2, "held_out_repeats": 4, "efficiency_repeats": None,
+                     "held_out": held})
     names = list(dict.fromkeys(p["run"] for p in points))
     assert [(p["run"], p["repeat"]) for p in points] == (
         [(n, r) for r in range(2) for n in names] + [(n, r) for r in (2, 3) for n in names if n in held])
     # no more than `repeats` where held_out_repeats is smaller: it only ever adds
-    fewer = expand({**block, "repeats": 2, "held_out_repeats": 1, "held_out": held})
+    fewer = expand({**block, "repeats": 2, "held_out_repeats": 1, "efficiency_repeats": None,
+                          "held_out": held})
     assert [(p["run"], p["repeat"]) for p in fewer] == [(n, r) for r in range(2) for n in names]
+
+
+def test_efficiency_pairs_alone_get_their_extra_repeats_in_the_same_rounds_as_the_held_out_runs():
+    import yaml
+
+    from hpcdl.platform.kit.config import validate_config
+    from hpcdl.studies.spatial.sweep import expand
+
+    block = validate_config(yaml.safe_load(open("configs/default.yaml")))["spatial"]
+    held = ["weak-d1x1x1"]
+    points = expand({**block, "repeats": 2, "held_out_repeats": 3, "efficiency_repeats": 4, "held_out": held})
+    names = list(dict.fromkeys(p["run"] for p in points))
+    pair = ["strong-d1x2x1", "ceiling-d1x2x1"]
+    assert [(p["run"], p["repeat"]) for p in points] == (
+        [(n, r) for r in range(2) for n in names]
+        + [(n, 2) for n in names if n in held or n in pair]
+        + [(n, 3) for n in names if n in pair])
+    # the 1-rank strong run is not part of a pair (its time cancels in ceiling time / 2-rank time)
+    assert max(p["repeat"] for p in points if p["run"] == "strong-d1x1x1") == 1
 
 
 def test_calibration_rounds_combine_by_their_mean_unless_the_fastest_is_asked():

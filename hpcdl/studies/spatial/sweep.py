@@ -23,7 +23,9 @@ def expand(block: dict) -> list[dict]:
     With `repeats` > 1 the whole list is run again (round robin), so a burst of load from other
     processes hits one repeat of a run, not all of them. The train run is repeated too: it is a
     held-out run of the oracle claim, judged like the others on the interval of its repeats.
-    `held_out_repeats` above `repeats` adds rounds of the held-out runs alone after the whole ones.
+    `held_out_repeats` above `repeats` adds rounds of the held-out runs alone after the whole ones;
+    `efficiency_repeats` likewise adds rounds of the multi-rank strong runs and their ceilings, the
+    pairs the efficiency claim is judged on.
     """
     points = []
     for kind in ("strong", "weak", "hybrid"):
@@ -44,9 +46,15 @@ def expand(block: dict) -> list[dict]:
                    "ranks": d * pd * ph, "shape": list(run_shape("train", t["grid"], t["layout"])),
                    "batch_size": t["batch_size"], "iterations": t["iterations"]})
     held_out = set(block.get("held_out", []))
-    rounds = max(block["repeats"], block.get("held_out_repeats") or 0)
-    return [{**p, "repeat": r} for r in range(rounds) for p in points
-            if r < block["repeats"] or p["run"] in held_out]
+    held_out_rounds = block.get("held_out_repeats") or 0
+    efficiency_rounds = block.get("efficiency_repeats") or 0
+
+    def launched(p: dict, r: int) -> bool:
+        return (r < block["repeats"] or (p["run"] in held_out and r < held_out_rounds)
+                or (p["kind"] in ("strong", "ceiling") and p["ranks"] > 1 and r < efficiency_rounds))
+
+    rounds = max(block["repeats"], held_out_rounds, efficiency_rounds)
+    return [{**p, "repeat": r} for r in range(rounds) for p in points if launched(p, r)]
 
 
 # What each unit of work reads from the `spatial:` block. Its task receives only that part, and
