@@ -110,7 +110,7 @@ def test_held_out_runs_alone_get_the_extra_repeats_after_the_whole_rounds():
         [(n, r) for r in range(2) for n in names] + [(n, r) for r in (2, 3) for n in names if n in held])
     # no more than `repeats` where held_out_repeats is smaller: it only ever adds
     fewer = expand({**block, "repeats": 2, "held_out_repeats": 1, "efficiency_repeats": None,
-                          "held_out": held})
+                    "held_out": held})
     assert [(p["run"], p["repeat"]) for p in fewer] == [(n, r) for r in range(2) for n in names]
 
 
