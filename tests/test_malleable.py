@@ -191,23 +191,28 @@ def test_set_threads_refuses_a_non_integer(tmp_path):
     )
 
 
-@needs_cgroups
-def test_job_follows_its_cgroup_quota_within_one_iteration(tmp_path):
-    run = cgroups.RunCgroups(CTRL, 10000)
+def _quota_response(tmp_path: Path, run, iterations: int) -> tuple[dict, list[dict]]:
+    """Threads 2 -> 1 -> 2 by rewriting the job's quota at iterations 2 and 5: (result, change rows)."""
     try:
         res = response.response_point(
-            # ~1-2 ms an iteration: 200 leave the second write room when the driver runs late under load
-            _point(experiment="response", method="quota", iterations=200, change_at=[2, 5], low_threads=1),
+            _point(experiment="response", method="quota", iterations=iterations, change_at=[2, 5],
+                   low_threads=1),
             tmp_path,
             run,
         )
     finally:
         run.remove()
-    rows = compute.change_rows({"experiment": "response", "variant": "quota"}, res)
-    assert [(r["outcome"], r["target_threads"], r["lag_iters"]) for r in rows] == [
-        ("applied", 1, 0),
-        ("applied", 2, 0),
-    ]
+    return res, compute.change_rows({"experiment": "response", "variant": "quota"}, res)
+
+
+BOTH_WITHIN_ONE = [("applied", 1, 0), ("applied", 2, 0)]  # (outcome, threads, lag): no iteration late
+
+
+@needs_cgroups
+def test_job_follows_its_cgroup_quota_within_one_iteration(tmp_path):
+    # ~1-2 ms an iteration: 200 leave the second write room when the driver runs late under load
+    res, rows = _quota_response(tmp_path, cgroups.RunCgroups(CTRL, 10000), 200)
+    assert [(r["outcome"], r["target_threads"], r["lag_iters"]) for r in rows] == BOTH_WITHIN_ONE
     seen = [(s["threads"], s["quota_cores"]) for s in res["series"]]
     assert (
         seen[0] == (2, pytest.approx(2.0))
@@ -225,20 +230,8 @@ def test_a_driver_stalled_inside_the_quota_write_dates_the_request_when_the_writ
             time.sleep(0.05)
             super().set_quota(path, cores)
 
-    run = StalledWrites(CTRL, 10000)
-    try:
-        res = response.response_point(
-            _point(experiment="response", method="quota", iterations=300, change_at=[2, 5], low_threads=1),
-            tmp_path,
-            run,
-        )
-    finally:
-        run.remove()
-    rows = compute.change_rows({"experiment": "response", "variant": "quota"}, res)
-    assert [(r["outcome"], r["target_threads"], r["lag_iters"]) for r in rows] == [
-        ("applied", 1, 0),
-        ("applied", 2, 0),
-    ]
+    _, rows = _quota_response(tmp_path, StalledWrites(CTRL, 10000), 300)
+    assert [(r["outcome"], r["target_threads"], r["lag_iters"]) for r in rows] == BOTH_WITHIN_ONE
     assert all(r["latency_s"] > 0 for r in rows)
 
 
