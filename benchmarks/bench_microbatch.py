@@ -33,6 +33,8 @@ def main() -> None:
     p.add_argument("--deepbench-scale", type=float, default=0.25)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--stack-vetting-rounds", type=int, default=21,
+                   help="rounds vetting each moved layer inside the network (0: plan on the benchmark alone)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
@@ -51,6 +53,7 @@ def main() -> None:
             [1.0],
             None,
             0,
+            stack_vetting_rounds=args.stack_vetting_rounds,
         )
         ex = pd.DataFrame(res["execution"])
         speed = network_speedup(ex.assign(device=res["meta"]["device"], status="ok"),

@@ -8,9 +8,9 @@ that PyTorch exposes and each task holds one GPU. A task benchmarks every candid
 kernel and micro-batch size of one network's conv layers, plans with the DP per kernel and the ILP
 over the network, executes every distinct plan and the framework's default as whole networks in
 interleaved rounds, and checks exactness. Writes raw/bench.csv, plans.csv, budget.csv,
-execution.csv, network_rounds.csv, exactness.csv and planning.csv. Where the device is cuda and
-microbatch.cudnn.engines is true, a second task per network runs μ-cuDNN's own experiment
-(hpcdl.studies.microbatch.cudnn_study: cuDNN's engines by id under workspace limits, the engine
+execution.csv, network_rounds.csv, exactness.csv, planning.csv and stack_vetting.csv. Where the
+device is cuda and microbatch.cudnn.engines is true, a second task per network runs μ-cuDNN's own
+experiment (hpcdl.studies.microbatch.cudnn_study: cuDNN's engines by id under workspace limits, the engine
 table as its record) into cudnn_engines.csv and cudnn_limits.csv; elsewhere those two hold their
 header only. A failing network becomes a row with status=failed and its error in every table of its
 task; the rest runs. Every network's record is kept in
@@ -35,9 +35,9 @@ from hpcdl.platform.orchestration.task_runtime import (
     task,
 )
 from hpcdl.platform.orchestration.task_runtime.app import start_app
-from hpcdl.studies.microbatch import compute, cudnn_study, sweep
+from hpcdl.studies.microbatch import compute, cudnn_study, sweep, vetting
 
-RAW = ("bench", "plans", "budget", "execution", "network_rounds", "exactness", "planning")
+RAW = ("bench", "plans", "budget", "execution", "network_rounds", "exactness", "planning", "stack_vetting")
 CUDNN_RAW = ("cudnn_engines", "cudnn_limits")
 
 
@@ -95,8 +95,10 @@ def main(argv=None) -> None:
     )
     tables = {**_rows(outcomes, RAW), **_rows(cudnn_outcomes, CUDNN_RAW)}
     raw = run.dir / "raw"
-    for name in RAW:
-        write_table(pd.DataFrame(tables[name]), raw / f"{name}.csv", cfg, run.started)
+    for name in RAW:  # stack_vetting holds its header only where no plan was vetted
+        rows = tables[name]
+        write_table(pd.DataFrame(rows, columns=None if rows or name != "stack_vetting" else vetting.COLUMNS),
+                    raw / f"{name}.csv", cfg, run.started)
     for name in CUDNN_RAW:  # header only where the experiment did not run (a CPU run)
         rows = tables[name]
         write_table(pd.DataFrame(rows, columns=None if rows else cudnn_study.COLUMNS[name]),

@@ -444,6 +444,18 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
     assert set(rounds["plan_id"]) == set(ex["plan_id"])
     assert (rounds.groupby("plan_id")["round"].count() == cfg["microbatch"]["exec_repeats"]).all()
     assert (rounds[["plan_time_s", "default_time_s"]] > 0).all().all()
+    # every move timed inside the network first: a layer left the default only where that gained enough
+    vetted = read_or_empty(raw / "stack_vetting.csv")
+    assert (vetted["confirmed"] == (vetted["in_stack_speedup"] >= vetted["needed_speedup"])).all()
+    assert set(vetted["rounds"]) <= {cfg["microbatch"]["stack_vetting_rounds"]}
+    pinned = set(ex[ex["pinned_by_vetting"]]["layer"])
+    assert pinned == set(vetted[~vetted["confirmed"]]["layer"])
+    assert set(ex[~ex["keeps_default"]]["layer"]) <= set(vetted[vetted["confirmed"]]["layer"]) | pinned
+    # a pinned layer runs the default algorithm undivided in every plan (here through the executor:
+    # this run offers only the separate backward)
+    at_default = plans[plans["layer"].isin(pinned)]
+    assert (at_default["micro_batches"].astype(str) == "3").all()
+    assert (at_default["algorithms"] == "onednn-nchw").all()
     for stage in ("tables", "figures", "claims"):
         p = subprocess.run(
             [sys.executable, "-m", "hpcdl", "microbatch", stage, "--config", str(path)],
@@ -513,6 +525,44 @@ def test_plans_run_as_whole_networks_each_distinct_plan_once_a_round():
         assert max(e for errs in u["errors"].values() for e in errs.values()) <= 1e-5
     # the plan that keeps the default everywhere is run and timed itself, not given the default's times
     assert units["undivided/ilp"]["times"] != units["default"]["times"]
+
+
+def test_a_move_slower_inside_the_network_pins_its_layer_and_the_planners_run_again():
+    from hpcdl.studies.microbatch.vetting import vet
+
+    layers = [ConvLayer("a", 8, 16, 16, 16, 3, 3, 1, 1, 1), ConvLayer("b", 8, 8, 9, 9, 3, 3, 1, 1, 1)]
+    calls = {ly.name: KernelCall(ly, 4, "cpu", seed=i) for i, ly in enumerate(layers)}
+    default = {"forward": [("onednn-nchw", 4)], FUSED: [("onednn-nchw", 4)]}
+    # one sample at a time through the native im2col path, both gradients apart: far slower than the default
+    singles = [("native-nchw", 1)] * 4
+    slow = {"forward": singles, "backward_data": singles, "backward_filter": singles}
+    asked = []
+
+    def planner(pinned):
+        asked.append(pinned)
+        a = default if "a" in pinned else slow
+        return f"plans with {sorted(pinned)} pinned", {"a": {"all/ilp": a, "undivided/ilp": default},
+                                                       "b": {"all/ilp": default, "undivided/ilp": default}}
+
+    out = vet(planner, calls, lambda p: p == default, "cpu", rounds=3, needed_speedup=1.05)
+    assert asked == [frozenset(), frozenset({"a"})]
+    assert out.pinned == {"a"} and out.planned == "plans with ['a'] pinned"
+    assert all(p == default for layers_ in out.variants.values() for p in layers_.values())
+    [row] = out.rows  # only the moved layer, in the one plan that moves it
+    assert (row["layer"], row["plan_id"], row["vetting_pass"], row["confirmed"]) == ("a", "all/ilp", 0, False)
+    assert row["in_stack_speedup"] == pytest.approx(row["in_stack_default_s"] / row["in_stack_plan_s"])
+    assert 0 < row["in_stack_speedup"] < 1 and row["rounds"] == 3
+    assert row["layer_plan"].startswith("forward 1+1+1+1/native-nchw+native-nchw")
+    assert out.seconds > 0
+    # a move that reaches the needed speedup is kept, and the planners are not run again
+    asked.clear()
+    kept = vet(planner, calls, lambda p: p == default, "cpu", rounds=3, needed_speedup=0.0)
+    assert asked == [frozenset()] and kept.pinned == set() and kept.variants["all/ilp"]["a"] == slow
+    assert [r["confirmed"] for r in kept.rows] == [True]
+    # without vetting rounds the first plans stand and nothing is timed
+    asked.clear()
+    unvetted = vet(planner, calls, lambda p: p == default, "cpu", rounds=0, needed_speedup=1.05)
+    assert asked == [frozenset()] and unvetted.rows == [] and unvetted.variants["all/ilp"]["a"] == slow
 
 
 def _mb_raw(speedups: dict, divided: int) -> dict[str, pd.DataFrame]:

@@ -9,6 +9,8 @@ ilp         one workspace budget shared by all kernels of a network (HiGHS via s
 execute     MicroBatchedConv2d: a drop-in Conv2d running its plan in forward and backward
 plan_timing the executed plans vs the default: whole networks' conv layers (every forward, then
             every backward) timed in interleaved rounds, executor overhead, output and gradient errors
+vetting     plans vetted inside the network before they are timed: a layer whose move is not
+            faster in the whole-network stack is pinned to the default and the planners rerun
 cudnn_engines  (CUDA, microbatch.cudnn.engines) cuDNN engine configurations listed with their workspace
             and run by id through NVIDIA's cuDNN frontend, on PyTorch's tensors
 limits      the seed's workspace-limit planning on an engine table: the fastest undivided engine under
@@ -41,7 +43,7 @@ SPEC = StudySpec(
     title="Micro-batched convolutions (μ-cuDNN: DP + ILP under a workspace limit)",
     short_title="Micro-batched convolutions",
     raw_tables=("bench", "plans", "budget", "execution", "network_rounds", "exactness", "planning",
-                "cudnn_engines", "cudnn_limits"),
+                "stack_vetting", "cudnn_engines", "cudnn_limits"),
     tables=(
         "network_speedup",
         "network_rounds",
@@ -49,6 +51,7 @@ SPEC = StudySpec(
         "budget_speedup",
         "plans",
         "planning_cost",
+        "stack_vetting",
         "exactness",
         "failures",
         "cudnn_limits",

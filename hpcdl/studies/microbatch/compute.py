@@ -2,7 +2,7 @@
 execute the plans as whole networks (plan_timing), measure.
 
 Returns plain rows for the raw tables (bench, plans, budget, execution, network_rounds, exactness,
-planning).
+planning, stack_vetting).
 The default is the framework's own layer: nn.Conv2d, undivided, default backend, under autograd.
 """
 
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from hpcdl.studies.microbatch import ilp
+from hpcdl.studies.microbatch import ilp, vetting
 from hpcdl.studies.microbatch.algorithms import (
     DEFAULT,
     FUSED,
@@ -27,7 +27,10 @@ from hpcdl.studies.microbatch.bench import benchmark_layer, clock
 from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
 from hpcdl.studies.microbatch.exact import distances, exact, rel_err
 from hpcdl.studies.microbatch.heap import fix_heap_thresholds
-from hpcdl.studies.microbatch.plan_timing import execute_network, executor_overhead
+from hpcdl.studies.microbatch.plan_timing import (
+    execute_network,
+    executor_overhead,
+)
 from hpcdl.studies.microbatch.workloads import network
 
 MiB = 2**20
@@ -95,6 +98,7 @@ def run_network(
     backward_forms: tuple[str, ...] | list[str] = ("fused", "separate"),
     switch_margin: float = 0.05,  # microbatch.switch_margin's default
     threads: int | None = None,
+    stack_vetting_rounds: int = 0,  # microbatch.stack_vetting_rounds' default
 ) -> dict:
     """`backward_forms`: how a layer's backward may run: "separate" (backward-data and
     backward-filter kernels, μ-cuDNN's setting), "fused" (PyTorch's one call), or either.
@@ -102,7 +106,9 @@ def run_network(
     algorithm, undivided, fused backward) at its median benchmarked time, at least that much above
     its fastest, plus the executor's measured per-layer overhead, so a layer leaves the default
     only for a predicted gain above the benchmark's noise and what the executor costs; predictions
-    are the fastest benchmarked times plus that overhead once per layer that leaves the default."""
+    are the fastest benchmarked times plus that overhead once per layer that leaves the default.
+    `stack_vetting_rounds` (> 0): every layer a plan moves is timed inside the network in that many
+    rounds before the timed ones, and kept at the default unless it gains `switch_margin` there."""
     if threads:  # fewer torch threads than the task's reserved cores: the rest stay idle
         torch.set_num_threads(threads)
     # identical plans timed one after another differed by 1.7x when glibc's moving mmap threshold
@@ -166,142 +172,170 @@ def run_network(
         incumbent = (default, batch_size) if kernel in default_kernels else None
         return challenger_prices(table[lab], typical[lab], incumbent, switch_margin, overhead[layer_name])
 
-    plan_table = {lab: priced(lab) for lab in table}
-
     def benchmarked(lab: str, steps: list[tuple[str, int]]) -> float:
         return sum(table[lab][step][0] for step in steps)
     runs_by_default = [_label(ly.name, k) for ly in layers for k in default_kernels]
     default_total_ws = sum(counts[lab] * default_cfg[lab][1] for lab in runs_by_default)
     default_time = sum(counts[lab] * default_cfg[lab][0] for lab in runs_by_default)
-    groups = (
+
+    # the budget sweep shows what the benchmarked times allow: every layer, no margin, none pinned
+    sweep_groups = (
         [tuple(_label(ly.name, k) for k in (FUSED, "backward_data", "backward_filter")) for ly in layers]
         if fused_ok and separate_ok
         else []
     )
 
-    plans_rows, budget_rows, planning_rows = [], [], []
-    exec_plans: dict[str, dict[str, dict]] = {ly.name: {} for ly in layers}
-    for policy in policies:
-        t1 = time.perf_counter()
-        dps = {
-            lab: KernelDP(tab, batch_size, policy, label=f"layer {lab.split('/')[0]} ({lab.split('/')[1]})")
-            for lab, tab in plan_table.items()
-        }
-        fronts = {lab: dp.front() for lab, dp in dps.items()}
-        dp_s = time.perf_counter() - t1
-        # the speedup-vs-budget sweep shows what the benchmarked times allow, without the margin
-        sweep_fronts = {lab: KernelDP(tab, batch_size, policy).front() for lab, tab in table.items()}
+    def keeps_default(plan: dict) -> bool:
+        return all(plan.get(k) == [(default, batch_size)] for k in ("forward", FUSED))
 
-        # DP per kernel: each kernel under its own limit (default: the default algorithm's workspace);
-        # a layer's backward runs fused or as the separate pair, whichever the DP finds faster
-        def limit(lab):
-            return kernel_limit_mib * MiB if kernel_limit_mib is not None else default_cfg[lab][1]
+    def plan_all(pinned: frozenset[str]) -> tuple[tuple[list, list, list], dict]:
+        """Both planners under every policy; a layer in `pinned` is offered only the framework's
+        own configuration of the kernels the default runs (its separate backward pair is not on
+        offer), so every plan keeps the default there. Returns (the plans, budget and planning rows)
+        and {layer: {variant: layer plan}}."""
+        plan_table = {}
+        for lab in table:
+            layer_name, kernel = lab.split("/")
+            if layer_name not in pinned:
+                plan_table[lab] = priced(lab)
+            elif kernel in default_kernels:
+                plan_table[lab] = {(default, batch_size): table[lab][(default, batch_size)]}
+        groups = (
+            [tuple(_label(ly.name, k) for k in (FUSED, "backward_data", "backward_filter"))
+             for ly in layers if ly.name not in pinned]
+            if fused_ok and separate_ok
+            else []
+        )
 
-        dp_choice = {}
-        for ly in layers:
-            fwd = _label(ly.name, "forward")
-            dp_choice[fwd] = dps[fwd].best(limit(fwd))[0]
-            fused, bd, bf = (_label(ly.name, k) for k in (FUSED, "backward_data", "backward_filter"))
-            options, errors = [], []
-            try:
-                if fused_ok:
-                    i = dps[fused].best(limit(fused))
-                    options.append((i[1], {fused: i[0]}))
-            except WorkspaceError as exc:
-                errors.append(exc)
-            try:
-                if separate_ok:
-                    i, j = dps[bd].best(limit(bd)), dps[bf].best(limit(bf))
-                    options.append((i[1] + j[1], {bd: i[0], bf: j[0]}))
-            except WorkspaceError as exc:
-                errors.append(exc)
-            if not options:
-                raise errors[0]
-            dp_choice.update(min(options, key=lambda o: o[0])[1])
-        # ILP over the network under the default's total workspace ("the same memory footprint")
-        headline = ilp.solve(fronts, counts, default_total_ws, groups)
-        for planner, choice in (("dp", dp_choice), ("ilp", headline.choice)):
-            for lab, idx in choice.items():
-                layer_name, kernel = lab.split("/")
-                steps = dps[lab].division(idx)
-                sizes_text, algs_text = _division_text(steps)
-                t, ws = benchmarked(lab, steps), float(fronts[lab].workspace[idx])
-                exec_plans[layer_name].setdefault(f"{policy}/{planner}", {})[kernel] = steps
-                plans_rows.append(
+        plans_rows, budget_rows, planning_rows = [], [], []
+        exec_plans: dict[str, dict[str, dict]] = {ly.name: {} for ly in layers}
+        for policy in policies:
+            t1 = time.perf_counter()
+            dps = {  # a pinned layer offers only the undivided default: no policy can divide it
+                lab: KernelDP(tab, batch_size, "undivided" if lab.split("/")[0] in pinned else policy,
+                              label=f"layer {lab.split('/')[0]} ({lab.split('/')[1]})")
+                for lab, tab in plan_table.items()
+            }
+            fronts = {lab: dp.front() for lab, dp in dps.items()}
+            dp_s = time.perf_counter() - t1
+            # the speedup-vs-budget sweep shows what the benchmarked times allow, without the margin
+            sweep_fronts = {lab: KernelDP(tab, batch_size, policy).front() for lab, tab in table.items()}
+
+            # DP per kernel: each kernel under its own limit (default: the default algorithm's workspace);
+            # a layer's backward runs fused or as the separate pair, whichever the DP finds faster
+            def limit(lab):
+                return kernel_limit_mib * MiB if kernel_limit_mib is not None else default_cfg[lab][1]
+
+            dp_choice = {}
+            for ly in layers:
+                fwd = _label(ly.name, "forward")
+                dp_choice[fwd] = dps[fwd].best(limit(fwd))[0]
+                fused, bd, bf = (_label(ly.name, k) for k in (FUSED, "backward_data", "backward_filter"))
+                options, errors = [], []
+                try:
+                    if fused_ok:
+                        i = dps[fused].best(limit(fused))
+                        options.append((i[1], {fused: i[0]}))
+                except WorkspaceError as exc:
+                    errors.append(exc)
+                try:
+                    if separate_ok and bd in dps:  # a pinned layer's separate pair is not on offer
+                        i, j = dps[bd].best(limit(bd)), dps[bf].best(limit(bf))
+                        options.append((i[1] + j[1], {bd: i[0], bf: j[0]}))
+                except WorkspaceError as exc:
+                    errors.append(exc)
+                if not options:
+                    raise errors[0]
+                dp_choice.update(min(options, key=lambda o: o[0])[1])
+            # ILP over the network under the default's total workspace ("the same memory footprint")
+            headline = ilp.solve(fronts, counts, default_total_ws, groups)
+            for planner, choice in (("dp", dp_choice), ("ilp", headline.choice)):
+                for lab, idx in choice.items():
+                    layer_name, kernel = lab.split("/")
+                    steps = dps[lab].division(idx)
+                    sizes_text, algs_text = _division_text(steps)
+                    t, ws = benchmarked(lab, steps), float(fronts[lab].workspace[idx])
+                    exec_plans[layer_name].setdefault(f"{policy}/{planner}", {})[kernel] = steps
+                    plans_rows.append(
+                        {
+                            "network": network_name,
+                            "policy": policy,
+                            "planner": planner,
+                            "layer": layer_name,
+                            "count": counts[lab],
+                            "kernel": kernel,
+                            "micro_batches": sizes_text,
+                            "algorithms": algs_text,
+                            "n_micro_batches": len(steps),
+                            "largest_micro_batch": max(b for _, b in steps),
+                            "predicted_time_s": t,
+                            "workspace_bytes": ws,
+                            "default_time_s": default_cfg[lab][0],
+                            "default_workspace_bytes": default_cfg[lab][1],
+                            "executor_overhead_s": 0.0,
+                        }
+                    )
+                # a layer that leaves the default pays the executor's overhead once (on its forward row)
+                for ly in layers:
+                    keeps = keeps_default(exec_plans[ly.name][f"{policy}/{planner}"])
+                    row = next(r for r in plans_rows if (r["policy"], r["planner"], r["layer"], r["kernel"])
+                               == (policy, planner, ly.name, "forward"))
+                    row["executor_overhead_s"] = 0.0 if keeps else overhead[ly.name]
+                    row["predicted_time_s"] += row["executor_overhead_s"]
+            # speedup vs workspace budget (ILP), as fractions of the default's total workspace
+            t2 = time.perf_counter()
+            budgets = [f * default_total_ws for f in budget_fractions]
+            sweep = ilp.network_front(sweep_fronts, counts, budgets, sweep_groups)
+            sweep_s = time.perf_counter() - t2
+            for f, row in zip(sorted(budget_fractions), sweep, strict=True):
+                budget_rows.append(
                     {
                         "network": network_name,
                         "policy": policy,
-                        "planner": planner,
-                        "layer": layer_name,
-                        "count": counts[lab],
-                        "kernel": kernel,
-                        "micro_batches": sizes_text,
-                        "algorithms": algs_text,
-                        "n_micro_batches": len(steps),
-                        "largest_micro_batch": max(b for _, b in steps),
-                        "predicted_time_s": t,
-                        "workspace_bytes": ws,
-                        "default_time_s": default_cfg[lab][0],
-                        "default_workspace_bytes": default_cfg[lab][1],
-                        "executor_overhead_s": 0.0,
+                        "budget_fraction": f,
+                        "budget_bytes": row["budget_bytes"],
+                        "feasible": row["feasible"],
+                        "predicted_time_s": row["time_s"],
+                        "default_predicted_time_s": default_time,
+                        "predicted_speedup":
+                            default_time / row["time_s"] if row["feasible"] else float("nan"),
+                        "workspace_bytes": row["workspace_bytes"],
+                        "solve_s": row["solve_s"],
+                        "reason": row.get("reason", ""),
                     }
                 )
-            # a layer that leaves the default pays the executor's overhead once (on its forward row)
-            for ly in layers:
-                plan = exec_plans[ly.name][f"{policy}/{planner}"]
-                keeps = all(plan.get(k) == [(default, batch_size)] for k in ("forward", FUSED))
-                row = next(r for r in plans_rows if (r["policy"], r["planner"], r["layer"], r["kernel"])
-                           == (policy, planner, ly.name, "forward"))
-                row["executor_overhead_s"] = 0.0 if keeps else overhead[ly.name]
-                row["predicted_time_s"] += row["executor_overhead_s"]
-        # speedup vs workspace budget (ILP), as fractions of the default's total workspace
-        t2 = time.perf_counter()
-        budgets = [f * default_total_ws for f in budget_fractions]
-        sweep = ilp.network_front(sweep_fronts, counts, budgets, groups)
-        sweep_s = time.perf_counter() - t2
-        for f, row in zip(sorted(budget_fractions), sweep, strict=True):
-            budget_rows.append(
+            policy_bench_s = sum(
+                r["bench_wall_s"]
+                for r in bench
+                if r.get("bench_wall_s") and r["micro_batch"] in policy_sizes(policy, batch_size)
+            )
+            planning_rows.append(
                 {
                     "network": network_name,
                     "policy": policy,
-                    "budget_fraction": f,
-                    "budget_bytes": row["budget_bytes"],
-                    "feasible": row["feasible"],
-                    "predicted_time_s": row["time_s"],
-                    "default_predicted_time_s": default_time,
-                    "predicted_speedup": default_time / row["time_s"] if row["feasible"] else float("nan"),
-                    "workspace_bytes": row["workspace_bytes"],
-                    "solve_s": row["solve_s"],
-                    "reason": row.get("reason", ""),
+                    "bench_s": policy_bench_s,
+                    "bench_total_s": bench_s,
+                    "dp_s": dp_s,
+                    "ilp_solve_s": headline.solve_s,
+                    "ilp_sweep_s": sweep_s,
+                    "front_points": int(sum(len(f.time_s) for f in fronts.values())),
+                    "kernels": len(fronts),
+                    "default_workspace_bytes": default_total_ws,
+                    "ilp_workspace_bytes": headline.workspace_bytes,
                 }
             )
-        policy_bench_s = sum(
-            r["bench_wall_s"]
-            for r in bench
-            if r.get("bench_wall_s") and r["micro_batch"] in policy_sizes(policy, batch_size)
-        )
-        planning_rows.append(
-            {
-                "network": network_name,
-                "policy": policy,
-                "bench_s": policy_bench_s,
-                "bench_total_s": bench_s,
-                "dp_s": dp_s,
-                "ilp_solve_s": headline.solve_s,
-                "ilp_sweep_s": sweep_s,
-                "front_points": int(sum(len(f.time_s) for f in fronts.values())),
-                "kernels": len(fronts),
-                "default_workspace_bytes": default_total_ws,
-                "ilp_workspace_bytes": headline.workspace_bytes,
-            }
-        )
+        return (plans_rows, budget_rows, planning_rows), exec_plans
+
+    # 2b. the plans vetted inside the network stack (vetting.py): a move that does not gain
+    # switch_margin there pins its layer to the default and the planners run again
+    vetted = vetting.vet(plan_all, calls, keeps_default, device, stack_vetting_rounds, 1 + switch_margin)
+    (plans_rows, budget_rows, planning_rows), variants = vetted.planned, vetted.variants
+    vet_rows = [{"network": network_name, **r} for r in vetted.rows]
+    for row in planning_rows:
+        row |= {"stack_vetting_s": vetted.seconds, "layers_pinned": len(vetted.pinned)}
 
     # 3. the default and every distinct plan executed as whole networks in interleaved rounds
     # (plan_timing.execute_network); exactness of every candidate per layer
-    variants: dict[str, dict[str, dict]] = {}
-    for ly in layers:
-        for variant, plan in exec_plans[ly.name].items():
-            variants.setdefault(variant, {})[ly.name] = plan
     units = execute_network(calls, variants, device, exec_repeats)
     default_unit = units["default"]
     exec_rows, round_rows = [], []
@@ -316,8 +350,7 @@ def run_network(
         for variant in unit["variants"]:
             policy, planner = variant.split("/")
             for ly in layers:
-                plan = variants[variant][ly.name]
-                keeps = all(plan.get(k) == [(default, batch_size)] for k in ("forward", FUSED))
+                keeps = keeps_default(variants[variant][ly.name])
                 exec_rows.append(
                     {
                         "network": network_name,
@@ -327,6 +360,7 @@ def run_network(
                         "count": ly.count,
                         "plan_id": pid,
                         "keeps_default": keeps,
+                        "pinned_by_vetting": ly.name in vetted.pinned,
                         # one conv's time inside the whole-network runs (its count's share), median of rounds
                         "measured_time_s": statistics.median(unit["layer_times"][ly.name]) / ly.count,
                         "measured_default_time_s":
@@ -371,6 +405,7 @@ def run_network(
         "network_rounds": round_rows,
         "exactness": exact_rows,
         "planning": planning_rows,
+        "stack_vetting": vet_rows,
         "meta": meta,
     }
 

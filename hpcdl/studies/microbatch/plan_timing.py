@@ -1,10 +1,13 @@
 """The executed plans against the framework's default (nn.Conv2d, undivided, default backend, under
 autograd): every plan and the default run as a whole network's conv layers (every forward, then
-every backward) in interleaved rounds, the planned executor's own overhead per layer, and the
-output and gradient errors relative to the default and to the float64 result (exact.distances).
+every backward) in interleaved rounds, the planned executor's own overhead per layer, each moved
+layer's speedup inside the network (what vetting.py vets plans on), and the output and gradient
+errors relative to the default and to the float64 result (exact.distances).
 """
 
 from __future__ import annotations
+
+import statistics
 
 import torch
 from torch import nn
@@ -149,6 +152,63 @@ def plan_key(plan: dict[str, LayerPlan]) -> tuple:
                  for name, p in sorted(plan.items()))
 
 
+def _units(calls: dict[str, KernelCall], plans: dict[str, dict[str, LayerPlan]]) -> dict:
+    """{"default": unit, plan_id: unit}, one unit per distinct plan (named by its first variant),
+    each with its variants and its network stack."""
+    units = {"default": {"variants": [], "stack": network_stack(calls, None)}}
+    ids = {}
+    for variant, plan in plans.items():
+        pid = ids.setdefault(plan_key(plan), variant)
+        if pid == variant:
+            units[pid] = {"variants": [], "stack": network_stack(calls, plan)}
+        units[pid]["variants"].append(variant)
+    return units
+
+
+def _time_rounds(units: dict, layers: list[str], device: str, rounds: int) -> dict:
+    """Run every unit's stack once per round, `rounds` rounds after one warm-up round, the order
+    rotated; fills each unit's "times" and "layer_times" {layer: [per round]} and returns what the
+    last round computed per unit (each layer's first conv's output and gradients)."""
+    names = list(units)
+    for u in units.values():
+        u["times"], u["layer_times"] = [], {ly: [] for ly in layers}
+    kept = {}
+    for r in range(rounds + 1):
+        for name in (names[j] for j in round_order(len(names), r)):
+            # the last round also keeps the outputs it computes anyway: no extra pass for the errors
+            total, per_layer, kept[name] = network_pass(units[name]["stack"], device, keep=r == rounds)
+            if r:  # round 0 warms every unit up
+                units[name]["times"].append(total)
+                for ly, t in zip(layers, per_layer, strict=True):
+                    units[name]["layer_times"][ly].append(t)
+    return kept
+
+
+def in_stack_speedups(calls: dict[str, KernelCall], plans: dict[str, dict[str, LayerPlan]],
+                      moved: dict[str, set[str]], device: str, rounds: int) -> list[dict]:
+    """Each moved layer's speedup inside the network: every distinct plan and the default run as
+    whole networks in `rounds` interleaved rounds (as `execute_network` times them), and for each
+    layer in `moved[variant]` the median of the default's in-network time of that layer over the
+    median of the plan's. A kernel benchmarked alone and warm can be faster than the default there
+    and slower among the network's other layers; this is what a plan is vetted on before it runs
+    the timed rounds. Rows: plan_id, variants, layer, in_stack_default_s, in_stack_plan_s,
+    in_stack_speedup, rounds."""
+    units = _units(calls, plans)
+    layers = list(calls)
+    _time_rounds(units, layers, device, rounds)
+    default_median = {ly: statistics.median(t) for ly, t in units["default"]["layer_times"].items()}
+    rows = []
+    for pid, unit in units.items():
+        if pid == "default":
+            continue
+        for ly in sorted(set().union(*(moved[v] for v in unit["variants"])), key=layers.index):
+            plan_s = statistics.median(unit["layer_times"][ly])
+            rows.append({"plan_id": pid, "variants": " ".join(unit["variants"]), "layer": ly,
+                         "in_stack_default_s": default_median[ly], "in_stack_plan_s": plan_s,
+                         "in_stack_speedup": default_median[ly] / plan_s, "rounds": rounds})
+    return rows
+
+
 def execute_network(calls: dict[str, KernelCall], plans: dict[str, dict[str, LayerPlan]], device: str,
                     rounds: int) -> dict:
     """Time the default network and every distinct plan as whole networks (`network_pass`):
@@ -161,25 +221,9 @@ def execute_network(calls: dict[str, KernelCall], plans: dict[str, dict[str, Lay
     unit}, a unit: {"variants", "times" [per round], "layer_times" {layer: [per round]},
     "errors" {layer: {err_output, err_grad_input, err_grad_weight} against the default, the same
     with _fp64 against the float64 result, and default_err_*_fp64 the default's own}}."""
-    units = {"default": {"variants": [], "stack": network_stack(calls, None)}}
-    ids = {}
-    for variant, plan in plans.items():
-        pid = ids.setdefault(plan_key(plan), variant)
-        if pid == variant:
-            units[pid] = {"variants": [], "stack": network_stack(calls, plan)}
-        units[pid]["variants"].append(variant)
-    names, layers = list(units), list(calls)
-    for u in units.values():
-        u["times"], u["layer_times"] = [], {ly: [] for ly in layers}
-    kept = {}
-    for r in range(rounds + 1):
-        for name in (names[j] for j in round_order(len(names), r)):
-            # the last round also keeps the outputs it computes anyway: no extra pass for the errors
-            total, per_layer, kept[name] = network_pass(units[name]["stack"], device, keep=r == rounds)
-            if r:  # round 0 warms every unit up
-                units[name]["times"].append(total)
-                for ly, t in zip(layers, per_layer, strict=True):
-                    units[name]["layer_times"][ly].append(t)
+    units = _units(calls, plans)
+    layers = list(calls)
+    kept = _time_rounds(units, layers, device, rounds)
     ref = kept["default"]
     truth = [tuple(exact(calls[ly], k) for k in KERNELS) for ly in layers]
     for name, u in units.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 # What a network point takes from the block as it is (besides its network and the resolved device).
 POINT_KEYS = ("batch_size", "image_size", "deepbench_scale", "algorithms", "policies", "repeats", "warmup",
               "exec_repeats", "budget_fractions", "kernel_limit_mib", "seed", "backward_forms",
-              "switch_margin", "threads")
+              "switch_margin", "threads", "stack_vetting_rounds")
 
 
 def network_points(cfg: dict, device: str = "cpu") -> list[dict]:

@@ -5,13 +5,14 @@ conv time vs the default's, which variants share the plan, kernels divided), net
 interleaved round of every distinct plan against the default's same round), layer_speedup.csv (each
 layer's share of the whole-network runs), budget_speedup.csv (ILP speedup vs total workspace budget),
 plans.csv (chosen micro-batches and algorithms per kernel), planning_cost.csv (benchmark, DP and
-solver time), exactness.csv (max relative error per candidate and per executed plan),
-failures.csv, and μ-cuDNN's own experiment on CUDA (empty elsewhere): cudnn_limits.csv (per
-workspace limit, policy, planner and kernel: the undivided baseline and the plan, benchmarked and
-executed) and cudnn_networks.csv (their network rollup, cudnn_plan.rollup). Predicted times are
-count-weighted sums over each network's conv layers; the CPU path's measured network times are
-whole-network runs, never sums of layer times (the cuDNN experiment times kernels one at a time:
-its network times are count-weighted sums of executed kernels, and say so).
+solver time), stack_vetting.csv (each layer a plan moved, timed inside the network before the
+timed rounds, and whether the move was kept), exactness.csv (max relative error per candidate and
+per executed plan), failures.csv, and μ-cuDNN's own experiment on CUDA (empty elsewhere):
+cudnn_limits.csv (per workspace limit, policy, planner and kernel: the undivided baseline and the
+plan, benchmarked and executed) and cudnn_networks.csv (their network rollup, cudnn_plan.rollup).
+Predicted times are count-weighted sums over each network's conv layers; the CPU path's measured
+network times are whole-network runs, never sums of layer times (the cuDNN experiment times kernels
+one at a time: its network times are count-weighted sums of executed kernels, and say so).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from hpcdl.studies.microbatch.cudnn_plan import rollup
 
 # μ-cuDNN (Oyama et al., Cluster 2018) on a V100: a reference, not a bar on this machine
 SEED_SPEEDUP = {"alexnet": 1.60, "resnet18": 1.30, "deepbench": 1.60}
-RAW = ("bench", "plans", "budget", "execution", "network_rounds", "exactness", "planning")
+RAW = ("bench", "plans", "budget", "execution", "network_rounds", "exactness", "planning", "stack_vetting")
 CUDNN_RAW = ("cudnn_engines", "cudnn_limits")
 
 
@@ -174,6 +175,7 @@ def write(cfg: dict, study_dir: Path) -> None:
     write_table(ok_rows(raws["budget"]), run.table("budget_speedup"), cfg, started)
     write_table(ok_rows(raws["plans"]), run.table("plans"), cfg, started)
     write_table(ok_rows(raws["planning"]), run.table("planning_cost"), cfg, started)
+    write_table(ok_rows(raws["stack_vetting"]), run.table("stack_vetting"), cfg, started)
     write_table(exactness_table(raws["exactness"], raws["execution"]), run.table("exactness"), cfg, started)
     write_table(failures(raws), run.table("failures"), cfg, started)
     limits = ok_rows(raws["cudnn_limits"])
