@@ -27,10 +27,7 @@ from hpcdl.studies.microbatch.bench import benchmark_layer, clock
 from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
 from hpcdl.studies.microbatch.exact import distances, exact, rel_err
 from hpcdl.studies.microbatch.heap import fix_heap_thresholds
-from hpcdl.studies.microbatch.plan_timing import (
-    execute_network,
-    executor_overhead,
-)
+from hpcdl.studies.microbatch.plan_timing import execute_network, executor_overhead
 from hpcdl.studies.microbatch.workloads import network
 
 MiB = 2**20
