@@ -10,8 +10,8 @@ over the network, executes every distinct plan and the framework's default as wh
 interleaved rounds, and checks exactness. Writes raw/bench.csv, plans.csv, budget.csv,
 execution.csv, network_rounds.csv, exactness.csv, planning.csv and stack_vetting.csv. Where the
 device is cuda and microbatch.cudnn.engines is true, a second task per network runs μ-cuDNN's own
-experiment (hpcdl.studies.microbatch.cudnn_study: cuDNN's engines by id under workspace limits, the engine
-table as its record) into cudnn_engines.csv and cudnn_limits.csv; elsewhere those two hold their
+experiment (hpcdl.studies.microbatch.cudnn_study: cuDNN's engines by id under workspace limits, the
+engine table as its record) into cudnn_engines.csv and cudnn_limits.csv; elsewhere those two hold their
 header only. A failing network becomes a row with status=failed and its error in every table of its
 task; the rest runs. Every network's record is kept in
 <results>/microbatch/points/ as it finishes (hpcdl.platform.kit.points): a rerun runs only what is not
@@ -36,9 +36,10 @@ from hpcdl.platform.orchestration.task_runtime import (
 )
 from hpcdl.platform.orchestration.task_runtime.app import start_app
 from hpcdl.studies.microbatch import compute, cudnn_study, sweep, vetting
+from hpcdl.studies.microbatch.tables import CUDNN_RAW, RAW
 
-RAW = ("bench", "plans", "budget", "execution", "network_rounds", "exactness", "planning", "stack_vetting")
-CUDNN_RAW = ("cudnn_engines", "cudnn_limits")
+# the raw tables that may have no rows: their header, so the tables stage can still read them
+HEADERS = {**cudnn_study.COLUMNS, "stack_vetting": [*vetting.COLUMNS, *cudnn_study.APP_COLUMNS]}
 
 
 @on_failure(management="IGNORE", returns=None)
@@ -95,14 +96,12 @@ def main(argv=None) -> None:
     )
     tables = {**_rows(outcomes, RAW), **_rows(cudnn_outcomes, CUDNN_RAW)}
     raw = run.dir / "raw"
-    for name in RAW:  # stack_vetting holds its header only where no plan was vetted
+    # header only: cuDNN's tables where the experiment did not run (a CPU run), stack_vetting where
+    # no plan was vetted
+    for name in (*RAW, *CUDNN_RAW):
         rows = tables[name]
-        write_table(pd.DataFrame(rows, columns=None if rows or name != "stack_vetting" else vetting.COLUMNS),
-                    raw / f"{name}.csv", cfg, run.started)
-    for name in CUDNN_RAW:  # header only where the experiment did not run (a CPU run)
-        rows = tables[name]
-        write_table(pd.DataFrame(rows, columns=None if rows else cudnn_study.COLUMNS[name]),
-                    raw / f"{name}.csv", cfg, run.started)
+        write_table(pd.DataFrame(rows, columns=None if rows else HEADERS.get(name)), raw / f"{name}.csv", cfg,
+                    run.started)
     run.write_summary()
     failed = sum(not o.ok for o in (*outcomes, *cudnn_outcomes))
     print(

@@ -24,7 +24,13 @@ from hpcdl.studies.microbatch.algorithms import (
     resolve_device,
 )
 from hpcdl.studies.microbatch.bench import benchmark_layer, clock
-from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
+from hpcdl.studies.microbatch.dp import (
+    KernelDP,
+    WorkspaceError,
+    challenger_prices,
+    division_text,
+    policy_sizes,
+)
 from hpcdl.studies.microbatch.exact import distances, exact, rel_err
 from hpcdl.studies.microbatch.heap import fix_heap_thresholds
 from hpcdl.studies.microbatch.plan_timing import execute_network, executor_overhead
@@ -35,12 +41,6 @@ MiB = 2**20
 
 def _label(layer: str, kernel: str) -> str:
     return f"{layer}/{kernel}"
-
-
-def _division_text(steps: list[tuple[str, int]]) -> tuple[str, str]:
-    sizes = "+".join(str(b) for _, b in steps)
-    algs = "+".join(a for a, _ in steps)
-    return sizes, algs
 
 
 def _progress(total: int, desc: str):
@@ -71,7 +71,7 @@ def exactness_rows(
                     "layer": call.layer.name,
                     "kernel": k,
                     "algorithm": name,
-                    "micro_batches": _division_text(steps)[0],
+                    "micro_batches": division_text(steps)[0],
                     **distances(call.run_division(k, steps), ref[k], truth[k], default_err[k]),
                 }
             )
@@ -175,21 +175,45 @@ def run_network(
     default_total_ws = sum(counts[lab] * default_cfg[lab][1] for lab in runs_by_default)
     default_time = sum(counts[lab] * default_cfg[lab][0] for lab in runs_by_default)
 
-    # the budget sweep shows what the benchmarked times allow: every layer, no margin, none pinned
+    # speedup vs workspace budget (ILP), as fractions of the default's total workspace: what the
+    # benchmarked times allow (every layer, no margin, none pinned), so solved once whatever vetting pins
     sweep_groups = (
         [tuple(_label(ly.name, k) for k in (FUSED, "backward_data", "backward_filter")) for ly in layers]
         if fused_ok and separate_ok
         else []
     )
+    budget_rows, sweep_s = [], {}
+    for policy in policies:
+        sweep_fronts = {lab: KernelDP(tab, batch_size, policy).front() for lab, tab in table.items()}
+        t2 = time.perf_counter()
+        budgets = [f * default_total_ws for f in budget_fractions]
+        sweep = ilp.network_front(sweep_fronts, counts, budgets, sweep_groups)
+        sweep_s[policy] = time.perf_counter() - t2
+        for f, row in zip(sorted(budget_fractions), sweep, strict=True):
+            budget_rows.append(
+                {
+                    "network": network_name,
+                    "policy": policy,
+                    "budget_fraction": f,
+                    "budget_bytes": row["budget_bytes"],
+                    "feasible": row["feasible"],
+                    "predicted_time_s": row["time_s"],
+                    "default_predicted_time_s": default_time,
+                    "predicted_speedup": default_time / row["time_s"] if row["feasible"] else float("nan"),
+                    "workspace_bytes": row["workspace_bytes"],
+                    "solve_s": row["solve_s"],
+                    "reason": row.get("reason", ""),
+                }
+            )
 
     def keeps_default(plan: dict) -> bool:
         return all(plan.get(k) == [(default, batch_size)] for k in ("forward", FUSED))
 
-    def plan_all(pinned: frozenset[str]) -> tuple[tuple[list, list, list], dict]:
+    def plan_all(pinned: frozenset[str]) -> tuple[tuple[list, list], dict]:
         """Both planners under every policy; a layer in `pinned` is offered only the framework's
         own configuration of the kernels the default runs (its separate backward pair is not on
-        offer), so every plan keeps the default there. Returns (the plans, budget and planning rows)
-        and {layer: {variant: layer plan}}."""
+        offer), so every plan keeps the default there. Returns (the plans and planning rows) and
+        {layer: {variant: layer plan}}."""
         plan_table = {}
         for lab in table:
             layer_name, kernel = lab.split("/")
@@ -204,7 +228,7 @@ def run_network(
             else []
         )
 
-        plans_rows, budget_rows, planning_rows = [], [], []
+        plans_rows, planning_rows = [], []
         exec_plans: dict[str, dict[str, dict]] = {ly.name: {} for ly in layers}
         for policy in policies:
             t1 = time.perf_counter()
@@ -215,8 +239,6 @@ def run_network(
             }
             fronts = {lab: dp.front() for lab, dp in dps.items()}
             dp_s = time.perf_counter() - t1
-            # the speedup-vs-budget sweep shows what the benchmarked times allow, without the margin
-            sweep_fronts = {lab: KernelDP(tab, batch_size, policy).front() for lab, tab in table.items()}
 
             # DP per kernel: each kernel under its own limit (default: the default algorithm's workspace);
             # a layer's backward runs fused or as the separate pair, whichever the DP finds faster
@@ -250,7 +272,7 @@ def run_network(
                 for lab, idx in choice.items():
                     layer_name, kernel = lab.split("/")
                     steps = dps[lab].division(idx)
-                    sizes_text, algs_text = _division_text(steps)
+                    sizes_text, algs_text = division_text(steps)
                     t, ws = benchmarked(lab, steps), float(fronts[lab].workspace[idx])
                     exec_plans[layer_name].setdefault(f"{policy}/{planner}", {})[kernel] = steps
                     plans_rows.append(
@@ -279,28 +301,6 @@ def run_network(
                                == (policy, planner, ly.name, "forward"))
                     row["executor_overhead_s"] = 0.0 if keeps else overhead[ly.name]
                     row["predicted_time_s"] += row["executor_overhead_s"]
-            # speedup vs workspace budget (ILP), as fractions of the default's total workspace
-            t2 = time.perf_counter()
-            budgets = [f * default_total_ws for f in budget_fractions]
-            sweep = ilp.network_front(sweep_fronts, counts, budgets, sweep_groups)
-            sweep_s = time.perf_counter() - t2
-            for f, row in zip(sorted(budget_fractions), sweep, strict=True):
-                budget_rows.append(
-                    {
-                        "network": network_name,
-                        "policy": policy,
-                        "budget_fraction": f,
-                        "budget_bytes": row["budget_bytes"],
-                        "feasible": row["feasible"],
-                        "predicted_time_s": row["time_s"],
-                        "default_predicted_time_s": default_time,
-                        "predicted_speedup":
-                            default_time / row["time_s"] if row["feasible"] else float("nan"),
-                        "workspace_bytes": row["workspace_bytes"],
-                        "solve_s": row["solve_s"],
-                        "reason": row.get("reason", ""),
-                    }
-                )
             policy_bench_s = sum(
                 r["bench_wall_s"]
                 for r in bench
@@ -314,19 +314,19 @@ def run_network(
                     "bench_total_s": bench_s,
                     "dp_s": dp_s,
                     "ilp_solve_s": headline.solve_s,
-                    "ilp_sweep_s": sweep_s,
+                    "ilp_sweep_s": sweep_s[policy],
                     "front_points": int(sum(len(f.time_s) for f in fronts.values())),
                     "kernels": len(fronts),
                     "default_workspace_bytes": default_total_ws,
                     "ilp_workspace_bytes": headline.workspace_bytes,
                 }
             )
-        return (plans_rows, budget_rows, planning_rows), exec_plans
+        return (plans_rows, planning_rows), exec_plans
 
     # 2b. the plans vetted inside the network stack (vetting.py): a move that does not gain
     # switch_margin there pins its layer to the default and the planners run again
     vetted = vetting.vet(plan_all, calls, keeps_default, device, stack_vetting_rounds, 1 + switch_margin)
-    (plans_rows, budget_rows, planning_rows), variants = vetted.planned, vetted.variants
+    (plans_rows, planning_rows), variants = vetted.planned, vetted.variants
     vet_rows = [{"network": network_name, **r} for r in vetted.rows]
     for row in planning_rows:
         row |= {"stack_vetting_s": vetted.seconds, "layers_pinned": len(vetted.pinned)}

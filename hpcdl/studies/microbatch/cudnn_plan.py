@@ -24,7 +24,7 @@ import math
 import pandas as pd
 
 from hpcdl.studies.microbatch import limits
-from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError
+from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, division_text
 from hpcdl.studies.microbatch.ilp import solve
 
 MiB = limits.MiB
@@ -52,7 +52,7 @@ def planned_policies(policies) -> list[str]:
 def _text(division: Division | None) -> tuple[str, str]:
     if not division:
         return "", ""
-    return "+".join(str(b) for _, b in division), "+".join(e for e, _ in division)
+    return division_text(division)
 
 
 def _row(network, limit_mib, label, policy, planner, key, count, base, choice, budget, reason) -> dict:

@@ -23,6 +23,11 @@ import numpy as np
 POLICIES = ("undivided", "powerOfTwo", "all")
 
 
+def division_text(division) -> tuple[str, str]:
+    """A division [(algorithm or engine, micro-batch), ...] as two texts: "4+4" and "a+b"."""
+    return "+".join(str(b) for _, b in division), "+".join(a for a, _ in division)
+
+
 class WorkspaceError(ValueError):
     """No configuration of a kernel fits its workspace limit (the message names the layer)."""
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError
+from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, division_text
 from hpcdl.studies.microbatch.ilp import ILPResult, solve
 
 MiB = 2**20
@@ -41,11 +41,11 @@ class Choice:
 
     @property
     def sizes(self) -> str:
-        return "+".join(str(b) for _, b in self.division)
+        return division_text(self.division)[0]
 
     @property
     def engines(self) -> str:
-        return "+".join(e for e, _ in self.division)
+        return division_text(self.division)[1]
 
 
 def label(key: Key) -> str:

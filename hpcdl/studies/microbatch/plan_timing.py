@@ -165,10 +165,11 @@ def _units(calls: dict[str, KernelCall], plans: dict[str, dict[str, LayerPlan]])
     return units
 
 
-def _time_rounds(units: dict, layers: list[str], device: str, rounds: int) -> dict:
+def _time_rounds(units: dict, layers: list[str], device: str, rounds: int, keep_last: bool) -> dict:
     """Run every unit's stack once per round, `rounds` rounds after one warm-up round, the order
-    rotated; fills each unit's "times" and "layer_times" {layer: [per round]} and returns what the
-    last round computed per unit (each layer's first conv's output and gradients)."""
+    rotated; fills each unit's "times" and "layer_times" {layer: [per round]} and, with
+    `keep_last`, returns what the last round computed per unit (each layer's first conv's output
+    and gradients)."""
     names = list(units)
     for u in units.values():
         u["times"], u["layer_times"] = [], {ly: [] for ly in layers}
@@ -176,7 +177,8 @@ def _time_rounds(units: dict, layers: list[str], device: str, rounds: int) -> di
     for r in range(rounds + 1):
         for name in (names[j] for j in round_order(len(names), r)):
             # the last round also keeps the outputs it computes anyway: no extra pass for the errors
-            total, per_layer, kept[name] = network_pass(units[name]["stack"], device, keep=r == rounds)
+            total, per_layer, kept[name] = network_pass(units[name]["stack"], device,
+                                                        keep=keep_last and r == rounds)
             if r:  # round 0 warms every unit up
                 units[name]["times"].append(total)
                 for ly, t in zip(layers, per_layer, strict=True):
@@ -195,7 +197,7 @@ def in_stack_speedups(calls: dict[str, KernelCall], plans: dict[str, dict[str, L
     in_stack_speedup, rounds."""
     units = _units(calls, plans)
     layers = list(calls)
-    _time_rounds(units, layers, device, rounds)
+    _time_rounds(units, layers, device, rounds, keep_last=False)
     default_median = {ly: statistics.median(t) for ly, t in units["default"]["layer_times"].items()}
     rows = []
     for pid, unit in units.items():
@@ -223,7 +225,7 @@ def execute_network(calls: dict[str, KernelCall], plans: dict[str, dict[str, Lay
     with _fp64 against the float64 result, and default_err_*_fp64 the default's own}}."""
     units = _units(calls, plans)
     layers = list(calls)
-    kept = _time_rounds(units, layers, device, rounds)
+    kept = _time_rounds(units, layers, device, rounds, keep_last=True)
     ref = kept["default"]
     truth = [tuple(exact(calls[ly], k) for k in KERNELS) for ly in layers]
     for name, u in units.items():

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hpcdl.studies.microbatch.algorithms import KernelCall
+from hpcdl.studies.microbatch.dp import division_text
 from hpcdl.studies.microbatch.plan_timing import in_stack_speedups, plan_key
 
 # the raw table's columns (compute.py adds the network), also its header where nothing was timed
@@ -83,8 +84,4 @@ def vet(plan: Planner, calls: dict[str, KernelCall], keeps_default: Callable[[di
 
 def plan_text(layer_plan: dict) -> str:
     """A layer plan in one line: each kernel's micro-batch sizes and their algorithms."""
-    parts = []
-    for kernel, steps in layer_plan.items():
-        sizes, algs = "+".join(str(b) for _, b in steps), "+".join(a for a, _ in steps)
-        parts.append(f"{kernel} {sizes}/{algs}")
-    return "; ".join(parts)
+    return "; ".join(f"{kernel} {'/'.join(division_text(steps))}" for kernel, steps in layer_plan.items())
