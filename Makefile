@@ -97,19 +97,21 @@ bench: $(STAMP) data
 GPU_PY ?= python3
 GPU_RECORDS ?= gpu-records
 GPU_STUDIES ?=
+GPU_STEPS ?= setup,tests,engines,calibrate,studies
+GPU_CALL_BUDGET ?= 540
 GPU_CARRY ?= .gpu-carry
 GPU_SMOKE_STUDIES ?= microbatch
 GPU_RUN = python3 envs/gpu_run.py --python $(GPU_PY) --records $(GPU_RECORDS) --carry $(GPU_CARRY) \
-	--fashion-mnist $(FASHION_MNIST)
+	--fashion-mnist $(FASHION_MNIST) --call-budget-s $(GPU_CALL_BUDGET)
 
 gpu-carry: $(STAMP) data
 	$(PY) envs/gpu_carry.py --out $(GPU_CARRY) --data $(FASHION_MNIST)
 
 gpu:
-	$(GPU_RUN) --studies "$(GPU_STUDIES)"
+	$(GPU_RUN) --steps $(GPU_STEPS) --studies "$(GPU_STUDIES)"
 
 gpu-plan:
-	python3 envs/gpu_run.py --plan
+	python3 envs/gpu_run.py --plan --steps $(GPU_STEPS) --studies "$(GPU_STUDIES)" --call-budget-s $(GPU_CALL_BUDGET)
 
 gpu-setup:
 	$(GPU_RUN) --steps setup

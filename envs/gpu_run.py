@@ -45,20 +45,25 @@ sys.path[:0] = [str(ROOT / "envs"), str(ROOT)]
 import gpu_carry  # noqa: E402  (envs/ is not a package)
 import gpu_smoke_env  # noqa: E402
 
+from hpcdl.platform.kit.device import gpu_slug  # noqa: E402  (standard library at import)
 from hpcdl.platform.kit.procenv import child_env  # noqa: E402  (standard library only)
+from hpcdl.platform.orchestration import record_state  # noqa: E402  (standard library only)
 
 ARCHIVE_MAX_BYTES = 16 * 2**20
 CALL_BUDGET_S = 540  # 9 minutes: a device call's 10 less start-up and the archive
 FASHION_FILES = gpu_carry.FASHION_FILES
-# Studies cheapest first, with the seconds each Snakemake call takes on one H200, so that the rest of
-# a call completes as many studies as it can and starts none it cannot finish (the H200 run of
-# 2026-11-26 started spatial with 99 s left and again with 235 s, and lost both).
-# Measured on H200s: spatial 322 (2026-11-27, 6d2b8b0); microbatch 67 with its cuDNN engine plans,
-# hetmem 76, offload 104, shuffle > 361 (killed in its 15th task, KAKURENBO's 26 single-rank runs,
-# after 14 tasks in 255 s) (2026-11-27, 212b6e8). Malleable, hpo and checkpoint are estimates,
-# doubled after spatial's estimate of 120 proved half.
-STUDY_ORDER = (("microbatch", 75), ("hetmem", 85), ("offload", 115), ("spatial", 340), ("malleable", 300),
-               ("hpo", 360), ("shuffle", 420), ("checkpoint", 420))
+# What a study never recorded on a GPU is expected to take (one Snakemake call, seconds on one H200);
+# once recorded, its record's measured duration (record.json's duration_s) takes the place of its
+# estimate (hpcdl.platform.orchestration.record_state.plan). Measured on H200s: spatial 322 (2026-11-27,
+# 6d2b8b0); microbatch 67, hetmem 76, offload 104 (2026-11-27, 212b6e8); hpo 344 (2026-11-28, 03d7b09).
+# Shuffle was killed at 361 s in the 15th of its 15 tasks (2026-11-27: KAKURENBO's 26 single-rank runs
+# need 130-180 s), checkpoint at 455 s after 43 of its 51 tasks (2026-11-28: 8 overhead runs of about
+# 10 s left, then its tables): neither fits a 540-s call beside set-up, so neither starts until a call
+# is given their seconds (GPU_CALL_BUDGET=590) or their gpu.yaml blocks are trimmed. Malleable's is its
+# laptop time, doubled.
+ESTIMATE_S = {"microbatch": 75, "hetmem": 85, "offload": 115, "spatial": 340, "malleable": 300, "hpo": 360,
+              "shuffle": 430, "checkpoint": 560}
+RECORDS_ROOT = ROOT / "resources" / "gpu-records"
 
 
 @dataclass
@@ -73,7 +78,8 @@ STEPS = (
     Step("tests", 210, "the `cuda` tests, pytest-xdist --dist worksteal"),
     Step("engines", 60, "the micro-batch cuDNN engine table for the networks' layers"),
     Step("calibrate", 150, "the spatial oracle's calibration (paper shapes, predictions' items first)"),
-    Step("studies", 60, "configs/gpu.yaml studies, cheapest first, as many as the rest of the call allows"),
+    Step("studies", 60, "configs/gpu.yaml studies, missing and stale first, as many as the rest of the call "
+                        "allows"),
 )
 
 
@@ -82,6 +88,21 @@ def cuda_tests_argv(python, workers: int) -> list:
     resume tests (122 s of the H200 run's 151 s); a hung test is cut at 150 s, not the whole step."""
     return [python, "-m", "pytest", "-m", "cuda", "-n", str(workers), "--dist", "worksteal",
             "--timeout", "150", "-p", "no:cacheprovider", "-rs", "--durations=20", "tests"]
+
+
+def study_plan(chosen: str, budget_s: float, slug: str | None, smoke_s: float | None = None) -> list:
+    """The studies a call records, in the order it starts them (record_state.plan): `chosen` names a
+    subset (space-separated; all where empty), `slug` the GPU whose committed records say what is
+    missing or stale, `smoke_s` the seconds every study is taken to need in a smoke run."""
+    names = chosen.split() if chosen else list(ESTIMATE_S)
+    unknown = sorted(set(names) - set(ESTIMATE_S))
+    if unknown:
+        raise SystemExit(f"gpu_run: --studies: unknown {unknown}; the studies are {sorted(ESTIMATE_S)}")
+    record = record_state.load_record(RECORDS_ROOT / slug) if slug else None
+    estimates = dict.fromkeys(names, smoke_s) if smoke_s else ESTIMATE_S
+    if smoke_s:  # a smoke's studies are not the GPU's: their recorded durations do not apply
+        record = None
+    return record_state.plan(names, record, ROOT, budget_s, estimates)
 
 
 def plan_text(steps=STEPS) -> str:
@@ -108,7 +129,7 @@ class Runner:
                            else Path(args.carry).resolve() / "site")
         self.deadline = time.monotonic() + args.call_budget_s
         self.summary: list[dict] = []
-        self.study_seconds: dict[str, dict] = {}  # per study: seconds and exit, for STUDY_ORDER
+        self.study_seconds: dict[str, dict] = {}  # per study: seconds and exit (record.json's duration_s)
 
     # ---- environment ----
     def env(self) -> dict:
@@ -220,15 +241,16 @@ class Runner:
         results = ROOT / (".gpu-smoke/results" if self.args.smoke else "results-gpu")
         if self.args.smoke and results.exists():
             shutil.rmtree(results)  # the smoke runs the studies it names, never reuses them
-        # a list given on the command line is run in its own order (the caller put the stalest first)
-        order = self.args.studies.split() if self.args.studies else [s for s, _ in STUDY_ORDER]
+        rows = study_plan(self.args.studies, limit_s, self._gpu_slug(), 20 if self.args.smoke else None)
+        print(record_state.plan_text(rows, limit_s, self._gpu_slug() or "an unrecorded GPU"), flush=True)
+        order, needs_s = [r.study for r in rows], {r.study: r.needs_s for r in rows}
         stop = time.monotonic() + limit_s
         rc, left, checked = 0, [], self.args.smoke  # the smoke's results are its own, removed above
         for study in order:
             remaining = min(stop, self.deadline) - time.monotonic()
-            needs = 20 if self.args.smoke else dict(STUDY_ORDER).get(study, 20)  # GPU seconds
+            needs = needs_s[study]  # its last recorded GPU run's seconds, else its estimate
             if remaining < needs:  # started, it would be killed and keep nothing
-                print(f"[gpu_run] studies: {study} needs about {needs} s, {remaining:.0f} s left: "
+                print(f"[gpu_run] studies: {study} needs about {needs:.0f} s, {remaining:.0f} s left: "
                       "not started", flush=True)
                 left.append(study)
                 continue
@@ -236,6 +258,9 @@ class Runner:
                 fresh_results(results, code_version())
                 checked = True
             settings = [f"studies=[{study}]", *([f"results_dir={results}"] if self.args.smoke else [])]
+            # what this study runs from, taken from the files themselves: this machine's git metadata
+            # may be an older commit's (the working tree travels, the repository's history may not)
+            record_state.write_fingerprint(ROOT, study, self.records / study / "fingerprint.json")
             started = time.time()
             got = self.run("studies", [self.wrapper, "-m", "snakemake", "--cores", "all", "--configfile",
                                        config, "--config", *settings, "--rerun-incomplete",
@@ -255,6 +280,13 @@ class Runner:
                   f"(next call: make gpu-studies GPU_STUDIES=\"{' '.join(left)}\")", flush=True)
             (self.records / "studies-left.txt").write_text(" ".join(left) + "\n")
         return rc
+
+    def _gpu_slug(self) -> str | None:
+        """This machine's GPU by its records' folder name (from setup's device.json), else None."""
+        try:
+            return gpu_slug(json.loads((self.records / "device.json").read_text())["gpu_model"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def _skip(self, step: str, why: str) -> int:
         print(f"[gpu_run] {step}: skipped ({why})", flush=True)
@@ -392,7 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--steps: unknown {unknown}; the steps are {[s.name for s in STEPS]}")
     if args.plan:
-        print(plan_text([s for s in STEPS if s.name in names]))
+        steps = [s for s in STEPS if s.name in names]
+        print(plan_text(steps))
+        if "studies" in names:
+            # the studies step has what the call's other steps leave; the GPU is the one recorded last
+            budget = args.call_budget_s - sum(s.budget_s for s in steps if s.name != "studies")
+            slug = record_state.newest_slug(RECORDS_ROOT)
+            rows = study_plan(args.studies, budget, slug)
+            print(record_state.plan_text(rows, budget, slug or "an unrecorded GPU"))
         return 0
     return Runner(args).main(names)
 

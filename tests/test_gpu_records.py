@@ -20,7 +20,7 @@ import pytest
 from hpcdl.platform.kit.claims import claim, not_measured, write_claims
 from hpcdl.platform.kit.device import gpu_slug
 from hpcdl.platform.kit.study import StudySpec
-from hpcdl.platform.orchestration import about, cli, gpu_records
+from hpcdl.platform.orchestration import about, cli, gpu_records, record_state
 from hpcdl.platform.orchestration.gpu_records import (
     RecordError,
     import_records,
@@ -85,6 +85,14 @@ def hand_made_run(tmp_path: Path, name: str = "gpu-records", studies=("hetmem", 
         _study(results, records, "microbatch", [
             claim("workspace_limit", "a 64 MiB workspace limit costs under 5 %", True, slowdown=0.031),
         ], "2026-05-02T10:02:00+00:00", "2026-05-02T10:03:10+00:00")
+    # What gpu_run writes before each study starts: hetmem ran today's code; microbatch ran a tree whose
+    # compute.py and gpu.yaml block differ from today's (hand-made older code)
+    for study in studies:
+        fp = record_state.tree_fingerprint(REPO, study)
+        if study == "microbatch":
+            fp["files"]["hpcdl/studies/microbatch/compute.py"] = "0" * 40
+            fp["config"] = "older"
+        (records / study / "fingerprint.json").write_text(json.dumps(fp))
     (records / "offload").mkdir()
     (records / "offload" / "runs.csv").write_text("a\n1\n")
     return records
@@ -111,7 +119,7 @@ def test_import_from_a_folder_writes_the_record_and_the_study_folders(tmp_path):
     hetmem = rec["studies"]["hetmem"]
     assert (hetmem["commit"], hetmem["started"], hetmem["ended"]) == \
         (COMMIT, "2026-05-02T10:00:00+00:00", "2026-05-02T10:01:30+00:00")
-    assert hetmem["measured_on"] == "GPU: NVIDIA H200" and hetmem["source"] == str(run)
+    assert hetmem["measured_on"] == "GPU: NVIDIA H200" and hetmem["source"] == run.name
     assert rec["imports"][0]["studies"] == ["hetmem", "microbatch"]
     assert rec["imports"][0]["not_imported"] == {
         "offload": "no claims.json (its claims stage did not finish on the GPU)"}
@@ -129,7 +137,7 @@ def test_import_from_the_archive_make_gpu_leaves(tmp_path):
     root = tmp_path / "committed"
     folder = import_records(archive, root)
     rec = json.loads((folder / "record.json").read_text())
-    assert rec["imports"][0]["source"]["path"] == str(archive)
+    assert rec["imports"][0]["source"]["name"] == archive.name  # by name: a path is the importing machine's
     assert re.fullmatch(r"[0-9a-f]{64}", rec["imports"][0]["source"]["sha256"])
     doc = json.loads((folder / "microbatch" / "claims.json").read_text())
     assert doc["claims"][0]["id"] == "workspace_limit"
@@ -305,7 +313,11 @@ def test_the_verdict_shows_the_record_beside_this_run_and_counts_only_this_run(t
     assert "data-passed='1' data-total='2'" in hetmem  # this run's counts
     line = re.search(r"<div class='gpu-record' data-gpu='h200' data-passed='2' data-total='3'.*?</div>",
                      hetmem, re.S).group(0)
-    assert f"recorded on NVIDIA H200 (2026-05-02, commit {COMMIT[:12]}): " in line and ">2/3</b>" in line
+    assert f"recorded on NVIDIA H200 (2026-05-02, commit {COMMIT[:12]}); current: " in line
+    assert ">2/3</b>" in line
+    # the landing page counts the studies whose record measured today's code, and names the others
+    count = re.search(r"<p id='gpu-records-count' data-current='1' data-studies='2'.*?</p>", page).group(0)
+    assert "<b>1 of 2</b> studies recorded on a GPU at today's code (on older code: microbatch)" in count
     # microbatch did not run here; its GPU record is still shown, apart from "not run".
     micro = re.search(r"<tbody class='study' data-study='microbatch'.*?</tbody>", page, re.S).group(0)
     assert "data-state='not run'" in micro and "data-gpu='h200' data-passed='1' data-total='1'" in micro
@@ -331,7 +343,7 @@ def test_the_about_page_shows_the_recorded_claims_under_their_label(tmp_path):
     # the records come from the config's resources_dir, as the about rule's command finds them
     page = about.write(TOY_HETMEM, cfg, res / "hetmem", ["configs/test.yaml"]).read_text()
     head = re.search(r"<h3 class='gpu-record' data-gpu='h200'>(.*?)</h3>", page).group(1)
-    assert head == f"recorded on NVIDIA H200 (2026-05-02, commit {COMMIT[:12]})"
+    assert head == f"recorded on NVIDIA H200 (2026-05-02, commit {COMMIT[:12]}); current"
     assert "2/3 claims held on that GPU" in page
     rows = [(c, status) for status, c in re.findall(r"<tr class='(\w+)' data-claim='(\w+)'>", page)]
     assert rows == [("tier_order", "passed"), ("prefetch_hides", "passed"), ("nvme_tier", "not_measured")]
@@ -366,7 +378,9 @@ def test_a_study_measured_on_the_gpu_machines_cpu_says_so(tmp_path):
     import_records(run, root)
     (entry,) = gpu_records.study_records(root, "microbatch")
     assert gpu_records.label(entry) == (f"recorded on NVIDIA H200 (2026-05-02, commit {COMMIT[:12]}); its "
-                                        "tables say measured on CPU: AMD EPYC 9654 (16 cores)")
+                                        "tables say measured on CPU: AMD EPYC 9654 (16 cores); older code "
+                                        "(these files changed: hpcdl/studies/microbatch/compute.py, "
+                                        "configs/gpu.yaml (microbatch block))")
 
 
 def test_the_about_and_verdict_rules_read_the_committed_records(tmp_path):
@@ -386,3 +400,22 @@ def test_the_about_and_verdict_rules_read_the_committed_records(tmp_path):
     # microbatch has no record on that GPU: its page reads only the record.json that says so
     assert inputs["microbatch_about"].split(", ")[-1] == record[0]
     assert "gpu-records/h200/hetmem" not in inputs["microbatch_about"]
+
+
+def test_the_record_keeps_each_study_s_duration_and_fingerprint_and_why_one_was_left_out(tmp_path):
+    """record.json's duration_s is how long the study's Snakemake call ran (gpu_run's summary.json), not
+    when its tables were written; a study killed at the call's limit is named with its seconds."""
+    run = hand_made_run(tmp_path)
+    (run / "summary.json").write_text(json.dumps([
+        {"step": "setup", "exit": 0, "seconds": 12.0},
+        {"step": "studies", "exit": 124, "seconds": 600.0, "per_study": {
+            "hetmem": {"seconds": 90.5, "exit": 0}, "microbatch": {"seconds": 54.0, "exit": 1},
+            "offload": {"seconds": 455.6, "exit": 124}}}]))
+    rec = json.loads((import_records(run, tmp_path / "records") / "record.json").read_text())
+    assert rec["studies"]["hetmem"]["duration_s"] == 90.5
+    assert "duration_s" not in rec["studies"]["microbatch"]  # its call failed: no duration to plan by
+    assert rec["imports"][-1]["not_imported"]["offload"] == (
+        "no claims.json (its claims stage did not finish on the GPU); its call ran 456 s, exit 124")
+    fp = rec["studies"]["hetmem"]["fingerprint"]
+    assert fp["from"] == "the run's working tree" and fp["commit"] == COMMIT
+    assert fp["files"] == record_state.tree_fingerprint(REPO, "hetmem")["files"]

@@ -11,8 +11,12 @@ torch versions), one folder per study holding its claims.json and its tables' *.
 
 The committed form, one folder per GPU model (hpcdl.platform.kit.device.gpu_slug):
 
-    <root>/<slug>/record.json   the GPU, the latest device record, the imports, and per study the
-                                commit, start/end time and device of its run (from its sidecars)
+    <root>/<slug>/record.json   the GPU, the latest device record, the imports (each archive by its
+                                file name and sha256), and per study the commit, start/end time and
+                                device of its run (from its sidecars), how long its Snakemake call
+                                took (duration_s, from the run's summary.json) and the fingerprint of
+                                the code it ran (record_state: from the device's tree where the run
+                                wrote one, else from git at its commit)
     <root>/<slug>/<study>/      claims.json, *.csv, *.provenance.json as the GPU run wrote them
 
 An import replaces the studies it brings and keeps the others, since a GPU run may take two device
@@ -37,8 +41,10 @@ from hpcdl.platform.kit.atomic import atomic_write_json
 from hpcdl.platform.kit.claims import STATUSES
 from hpcdl.platform.kit.device import gpu_slug
 from hpcdl.platform.kit.sidecars import measured_on
+from hpcdl.platform.orchestration import record_state
 
 DEFAULT_ROOT = "resources/gpu-records"
+REPO = Path(__file__).resolve().parents[3]  # the code a record's fingerprint is held against
 RECORD = "record.json"
 NOT_STUDIES = ("calibration", "engines")  # folders of a run's records that hold no study
 STUDY_FILES = ("claims.json", "*.csv", "*.provenance.json")  # what gpu_run copies into a study folder
@@ -74,6 +80,40 @@ def _check_claims(path: Path, study: str) -> list[dict]:
         if not isinstance(c, dict) or not {"id", "status"} <= set(c) or c["status"] not in STATUSES:
             raise RecordError(f"{path}: claims[{i}] needs an 'id' and a 'status' in {', '.join(STATUSES)}")
     return doc["claims"]
+
+
+def _fingerprint(folder: Path, commit: str) -> dict | None:
+    """What the study ran: the fingerprint the run wrote from its own tree, else the one of its
+    commit in this repository's git (None where neither is at hand, or the tree had uncommitted
+    changes and wrote none: then nothing says what it ran)."""
+    written = folder / "fingerprint.json"
+    if written.is_file():
+        fp = _load(written, "the fingerprint of the code the study ran")
+        if not isinstance(fp, dict) or not isinstance(fp.get("files"), dict) or "config" not in fp:
+            raise RecordError(f"{written}: needs 'files' and 'config' (record_state.tree_fingerprint)")
+        return {**fp, "commit": commit, "from": "the run's working tree"}
+    return _git_fingerprint(folder.name, commit)
+
+
+def _git_fingerprint(study: str, commit: str) -> dict | None:
+    """A study's fingerprint at the commit its record names, from this repository's git."""
+    base = commit.split("-dirty")[0]
+    fp = record_state.commit_fingerprint(REPO, base, study) if " / " not in commit else None
+    if fp is None:
+        return None
+    dirty = commit.endswith("-dirty")
+    note = f"taken at {base[:12]}; the run's tree had uncommitted changes" if dirty else ""
+    return {**fp, "commit": commit, "from": f"git at {base[:12]}", **({"note": note} if note else {})}
+
+
+def _durations(run: Path) -> dict[str, dict]:
+    """Per study, its Snakemake call's seconds and exit, from the run's summary.json (gpu_run)."""
+    path = run / "summary.json"
+    steps = _load(path, "the run's summary") if path.is_file() else []
+    for step in steps if isinstance(steps, list) else []:
+        if isinstance(step, dict) and step.get("step") == "studies":
+            return {k: v for k, v in (step.get("per_study") or {}).items() if isinstance(v, dict)}
+    return {}
 
 
 def _study_run(folder: Path) -> dict:
@@ -114,33 +154,65 @@ def validate(run: Path) -> tuple[dict, dict[str, dict], dict[str, str]]:
         raise RecordError(f"{run}/device.json: no 'gpu_model' (the run saw no GPU; a --smoke run's "
                           "records are no GPU record)")
     studies, left = {}, {}
+    durations = _durations(run)
     for folder in sorted(d for d in run.iterdir() if d.is_dir() and d.name not in NOT_STUDIES):
+        took = durations.get(folder.name, {})
         if not (folder / "claims.json").exists():
             # gpu_run copies a study's tables even when its claims stage did not finish
-            left[folder.name] = "no claims.json (its claims stage did not finish on the GPU)"
+            why = "no claims.json (its claims stage did not finish on the GPU)"
+            if took.get("seconds") is not None:
+                why += f"; its call ran {took['seconds']:.0f} s, exit {took.get('exit')}"
+            left[folder.name] = why
             continue
         claims = _check_claims(folder / "claims.json", folder.name)
-        studies[folder.name] = {"folder": folder, "claims": claims, "run": _study_run(folder)}
+        info = _study_run(folder)
+        info["fingerprint"] = _fingerprint(folder, info["commit"])
+        if took.get("exit") == 0 and took.get("seconds") is not None:
+            info["duration_s"] = float(took["seconds"])
+        studies[folder.name] = {"folder": folder, "claims": claims, "run": info}
     if not studies:
         raise RecordError(f"{run}/<study>/claims.json: none in any study folder, nothing to import")
     return device, studies, left
 
 
 def _source(src: Path) -> dict:
-    source = {"path": str(src)}
+    """An imported archive by its file name and sha256 (a folder by its name): a path on the importing
+    machine says nothing to anyone else."""
+    source = {"name": src.name}
     if src.is_file():
         source["sha256"] = hashlib.sha256(src.read_bytes()).hexdigest()
     return source
+
+
+def _named(source: dict) -> dict:
+    """An older import's source ({'path': ...}) in today's form ({'name': ...})."""
+    if "path" not in source:
+        return source
+    return {"name": Path(source["path"]).name, **{k: v for k, v in source.items() if k != "path"}}
 
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def _kept_run(name: str, run: dict) -> dict:
+    """A kept study's entry in today's form: its source by name, and a fingerprint from git at its
+    commit where it was recorded before fingerprints were written."""
+    run = dict(run)
+    if isinstance(run.get("source"), str):
+        run["source"] = Path(run["source"]).name
+    if not run.get("fingerprint") and run.get("commit"):
+        fp = _git_fingerprint(name, run["commit"])
+        if fp:
+            run["fingerprint"] = fp
+    return run
+
+
 def _merged_record(kept: dict, imports: list, device: dict, studies: dict, source: dict, left: dict) -> dict:
     imported = {"source": source, "at": _now(), "studies": sorted(studies), "not_imported": left}
-    runs = {**kept,
-            **{name: {**s["run"], "device": device, "source": source["path"]} for name, s in studies.items()}}
+    imports = [{**i, "source": _named(i.get("source", {}))} for i in imports]
+    runs = {**{name: _kept_run(name, run) for name, run in kept.items()},
+            **{name: {**s["run"], "device": device, "source": source["name"]} for name, s in studies.items()}}
     ends = [r["ended"] for r in runs.values() if r.get("ended")]
     return {"gpu": device["gpu_model"], "device": device, "studies": dict(sorted(runs.items())),
             "started": min(r["started"] for r in runs.values()), "ended": max(ends) if ends else None,
@@ -228,7 +300,8 @@ def _day(iso: str | None) -> str:
 
 def read_records(root: str | Path = DEFAULT_ROOT) -> list[dict]:
     """Every committed GPU record, by folder name: gpu, slug, device, date, commit, and per study its
-    run (commit, date, measured_on, device) with its claims and passed / total."""
+    run (commit, date, measured_on, device) with its claims and passed / total, and whether it
+    measured today's code (code_state, one of record_state.STATES, and code_text)."""
     root = Path(root)
     out = []
     for folder in sorted(d for d in root.glob("*") if d.is_dir() and not d.name.startswith(".")) \
@@ -240,8 +313,10 @@ def read_records(root: str | Path = DEFAULT_ROOT) -> list[dict]:
         studies = {}
         for name, run in rec["studies"].items():
             claims = _check_claims(folder / name / "claims.json", name)
+            code = record_state.state_of(name, run, REPO)
             studies[name] = {**run, "date": _day(run.get("started")), "claims": claims,
-                             "passed": sum(c["status"] == "passed" for c in claims), "total": len(claims)}
+                             "passed": sum(c["status"] == "passed" for c in claims), "total": len(claims),
+                             "code_state": code.state, "code_text": code.text()}
         out.append({**rec, "slug": folder.name, "path": str(folder), "date": _day(rec.get("started")),
                     "commit": " / ".join(rec.get("commits", [])) or "?", "studies": studies})
     return out
@@ -275,7 +350,17 @@ def label(entry: dict) -> str:
     text = f"recorded on {entry['gpu']} ({entry['date']}, commit {' / '.join(commits)})"
     if entry.get("measured_on") and not entry["measured_on"].startswith("GPU"):
         text += f"; its tables say measured on {entry['measured_on']}"
+    if entry.get("code_text"):
+        text += f"; {entry['code_text']}"
     return text
+
+
+def current_count(root: str | Path | None, studies) -> tuple[int, int]:
+    """How many of `studies` have a GPU record (on any GPU) of today's code, and how many studies."""
+    studies = list(studies)
+    current = {name for r in (read_records(root) if root is not None else [])
+               for name, s in r["studies"].items() if s["code_state"] == "current"}
+    return len(current & set(studies)), len(studies)
 
 
 def measured_text(claim: dict, limit: int = MEASURED_CHARS) -> str:
@@ -313,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in records:
         print(f"{r['slug']}: {r['gpu']} ({r['date']}, commit {r['commit']})")
         for name, s in r["studies"].items():
+            took = f", {s['duration_s']:.0f} s" if s.get("duration_s") else ""
             print(f"  {name:<12} {s['passed']}/{s['total']} claims held  ({s['date']}, "
-                  f"commit {s['commit'][:12]}, {s['measured_on']})")
+                  f"commit {s['commit'][:12]}, {s['measured_on']}{took}): {s['code_text']}")
     return 0

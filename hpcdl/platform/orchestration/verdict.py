@@ -191,6 +191,23 @@ def _gpu_lines(e: dict) -> str:
     return "".join(lines)
 
 
+def _gpu_count_line(entries: list[dict]) -> str:
+    """How many studies have a GPU record of today's code, and which are missing or on older code
+    (nothing where no study has a record: a run without committed records says nothing of them)."""
+    if not any(e.get("gpu_records") for e in entries):
+        return ""
+    current = [e["study"] for e in entries
+               if any(r.get("code_state") == "current" for r in e.get("gpu_records", []))]
+    stale = [e["study"] for e in entries if e["study"] not in current and e.get("gpu_records")]
+    missing = [e["study"] for e in entries if not e.get("gpu_records")]
+    rest = ([f"on older code: {', '.join(stale)}"] if stale else []) + \
+        ([f"never recorded: {', '.join(missing)}"] if missing else [])
+    return (f"<p id='gpu-records-count' data-current='{len(current)}' data-studies='{len(entries)}' "
+            f"style='margin:0 0 4px 0;color:steelblue'>GPU records: <b>{len(current)} of {len(entries)}"
+            f"</b> studies recorded on a GPU at today's code{' (' + '; '.join(rest) + ')' if rest else ''}"
+            "</p>")
+
+
 def _claim_details(e: dict) -> str:
     """The failing, straddling and not-measured claims of a study, folded under a summary line."""
     items = []
@@ -256,6 +273,7 @@ def render_html(entries: list[dict], paper_rows: list[dict] | None = None,
     cell = "padding:2px 6px;vertical-align:top;text-align:left"
     parts = [
         f"<style>{LAYOUT_CSS}</style>",
+        _gpu_count_line(entries),
         "<table id='hpcdl-verdict' style='border-collapse:collapse;font-size:0.85rem;margin:0'>",
         f"<caption style='text-align:left;font-weight:bold'>Verdict: {passed}/{total} claims hold on "
         f"this run ({len(ran_all)} of {len(entries)} studies ran)</caption>",
