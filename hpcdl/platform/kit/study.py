@@ -73,15 +73,26 @@ class Ours:
     """How one published result is set beside a run (hpcdl.platform.orchestration.paper_vs_ours).
     Exactly one way:
 
-    `value`    run -> {"value": float[, "interval": (low, high)][, "setting": str]} (our number), or
+    `value`    run -> {"value": float[, "interval": (low, high)][, "setting": str]
+               [, "setting_fields": {key: value}][, "mechanism_differs": why]} (our number), or
                {"missing": why}, {"unreproducible": why} (this run's hardware cannot), or None (the
                run has nothing of `source`); compared with the paper's value by `tolerance` (within
-               N %) and then `line` (the same side of it as the paper's value: the direction);
+               N %) and then `line` (the same side of it as the paper's value: the direction; a line
+               the baseline itself does not cross: a claim's own threshold, never 1 for a quantity any
+               variant exceeds). `setting_fields` name our setting by the keys of the published
+               entry's `setting`; where one of `essential` differs, or the run says `setting_differs`
+               (e.g. a simulated reference where the paper measured hardware), the row reads "other
+               setting", and `mechanism_differs` (e.g. no kernel divided by a micro-batching plan)
+               "other mechanism", neither ever green; a `line` read from the run (a claim's own
+               threshold) takes the place of the declared one;
     `claims`   a qualitative result: its verdict follows these claims of the run (all passed: reproduced
                in direction; one failed: not reproduced; one straddles: undecided; else not measured);
     `context`  a setting or definition, not a result: what ours is, no verdict.
-    `unreproducible` says why no run of this study can reproduce it (e.g. 2048 GPUs). The comparison is
-    shown, never fed back into a model or a threshold.
+    `unreproducible` says why no run of this study can reproduce it (e.g. 2048 GPUs). `rests_on` names
+    the claims a `value` row's number rests on (in this run and in a GPU record): a failed one caps
+    the row at "not reproduced", a straddling one at "undecided", a not-measured one at "not yet
+    measured", whatever the number. The comparison is shown, never fed back into a model or a
+    threshold.
     """
 
     source: str                                  # which table / claim / column of a run gives ours
@@ -94,6 +105,8 @@ class Ours:
     unreproducible: str = ""
     oracle: Callable[[RunFiles], dict | None] | None = None  # a model's prediction: {"value", "setting"}
     setting: str = ""                            # our setting in words, where `value` gives none
+    rests_on: tuple[str, ...] = ()               # the claims the number rests on: their statuses cap it
+    essential: tuple[str, ...] = ()              # published setting keys that must match for a verdict
 
     def __post_init__(self):
         ways = [self.value is not None, bool(self.claims), bool(self.context), bool(self.unreproducible)]
@@ -149,6 +162,12 @@ class StudySpec:
     # mapping's module is imported only when a page needs it. None: the `PAPER` of the study's own
     # paper.py, where it has one
     paper: Callable[[], Mapping[str, Ours]] | None = None
+    # Which paper figure each of ours re-draws (its about page lists them): our figure name (one of
+    # `figures`) -> "<paper>, Fig. N: what it plots; what differs in our axes or setting", or "no direct
+    # counterpart identified in <paper>: ..." where the paper's figure is not known (never a guessed
+    # number). A key that is not one of `figures` names a paper figure with no counterpart here; its
+    # value says why.
+    paper_figures: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.paper is None:  # frozen: set once, here

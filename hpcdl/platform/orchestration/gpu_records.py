@@ -316,7 +316,8 @@ def read_records(root: str | Path = DEFAULT_ROOT) -> list[dict]:
             code = record_state.state_of(name, run, REPO)
             studies[name] = {**run, "date": _day(run.get("started")), "claims": claims,
                              "passed": sum(c["status"] == "passed" for c in claims), "total": len(claims),
-                             "code_state": code.state, "code_text": code.text()}
+                             "code_state": code.state, "code_text": code.text(),
+                             "code_summary": code.summary()}
         out.append({**rec, "slug": folder.name, "path": str(folder), "date": _day(rec.get("started")),
                     "commit": " / ".join(rec.get("commits", [])) or "?", "studies": studies})
     return out

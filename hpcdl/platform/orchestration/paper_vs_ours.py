@@ -15,6 +15,12 @@ paper.py); the platform reaches it through the registry, never by importing a st
     not reproducible on this hardware (why)   e.g. 2048 GPUs, or cuDNN's workspace limits on a CPU
     not yet measured (why)        the study did not run, or the run lacks the table or claim
     context, not a result         a setting or definition the paper states: shown, not compared
+    other setting (which)         a setting key the row declares essential differs from the paper's
+    other mechanism (why)         ours was not made by the paper's mechanism (no kernel divided)
+    older code (what changed)     a GPU record of code that has changed since: shown, not judged
+
+A row is never better than its own claims (`Ours.rests_on`): a failed claim caps it at not reproduced,
+a straddling one at undecided, a not-measured or absent one at not yet measured.
 
 The comparison is shown only: it never feeds back into a model, a threshold or a claim (a config value
 taken from it would need a `tuned` note, hpcdl.platform.kit.claims).
@@ -26,6 +32,7 @@ import html
 import json
 import math
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -39,7 +46,9 @@ from hpcdl.platform.orchestration.claim_lines import AMBER, readable
 PAPERS = REPO_ROOT / "resources" / "papers.yaml"
 SCALES = {"default": "laptop", "test": "test", "paper": "paper", "gpu": "gpu"}  # config file stem -> scale
 KINDS = {"within": "green", "reproduced": "green", "undecided": AMBER, "not_reproduced": "firebrick",
-         "not_measured": AMBER, "unreproducible": "dimgray", "context": "dimgray"}
+         "not_measured": AMBER, "unreproducible": "dimgray", "context": "dimgray",
+         "other_setting": "dimgray", "other_mechanism": "dimgray", "older_code": "dimgray"}
+GREEN = ("within", "reproduced")
 _E = html.escape
 
 
@@ -193,9 +202,60 @@ def evaluate(published: dict, ours: Ours | None, run: RunFiles | None, study: st
     if not math.isfinite(v):
         return out("not_measured", f"not yet measured ({ours.source} is not a finite number)")
     text = _fmt(v) + (" [{}, {}]".format(*map(_fmt, got["interval"])) if got.get("interval") else "")
-    kind, verdict = compare(float(published["value"]), got, ours)
-    return out(kind, verdict, text, value=v, interval=got.get("interval"),
-               setting=got.get("setting") or ours.setting)
+    # a line read from the run (a claim's own threshold) takes the place of the declared one
+    kind, verdict = compare(float(published["value"]), got,
+                            replace(ours, line=float(got["line"])) if got.get("line") is not None else ours)
+    differs = setting_differences(published.get("setting"), got.get("setting_fields") or {})
+    essential = [f"{k} ours {o}, paper {p}" for k, o, p in differs if k in ours.essential]
+    essential += [got["setting_differs"]] if got.get("setting_differs") else []
+    if got.get("mechanism_differs"):
+        kind, verdict = "other_mechanism", f"other mechanism: {got['mechanism_differs']} (was: {verdict})"
+    elif essential:
+        kind, verdict = "other_setting", f"other setting: {'; '.join(essential)} (was: {verdict})"
+    kind, verdict, claims_text = cap_by_claims(kind, verdict, ours.rests_on, run)
+    return out(kind, verdict, text + claims_text, value=v, interval=got.get("interval"),
+               setting=got.get("setting") or ours.setting,
+               differs="; ".join(f"{k}: ours {o}, paper {p}" for k, o, p in differs))
+
+
+def setting_differences(published, ours: dict) -> list[tuple[str, str, str]]:
+    """(key, ours, paper) for each key of the published setting that ours names with another value."""
+    if not isinstance(published, dict):
+        return []
+    return [(k, str(ours[k]), str(published[k])) for k in published
+            if k in ours and _norm(ours[k]) != _norm(published[k])]
+
+
+def _norm(value) -> str:
+    return str(value).strip().lower().replace(" ", "")
+
+
+CAPS = {"failed": ("not_reproduced", ("within", "reproduced", "undecided")),
+        "straddles": ("undecided", GREEN),
+        "not_measured": ("not_measured", ("within", "reproduced", "undecided")),
+        "absent": ("not_measured", ("within", "reproduced", "undecided"))}
+
+
+def cap_by_claims(kind: str, verdict: str, names: tuple[str, ...], run: RunFiles) -> tuple[str, str, str]:
+    """The row's kind and verdict capped by the statuses of the claims its number rests on, and those
+    statuses as a text to show beside the number."""
+    if not names:
+        return kind, verdict, ""
+    found = {name: run.claims_named(name) for name in names}
+    statuses = {name: [c["status"] for c in cs] or ["absent"] for name, cs in found.items()}
+    shown = "; ".join(f"{name} {'/'.join(SHOWN[s][1] if s in SHOWN else 'not in this run' for s in ss)}"
+                      for name, ss in statuses.items())
+    for status in ("failed", "not_measured", "absent", "straddles"):
+        capped, over = CAPS[status]
+        hit = [name for name, ss in statuses.items() if status in ss]
+        if hit and kind in over:
+            why = {"failed": "failed", "straddles": "straddles", "not_measured": "not measured",
+                   "absent": "is not in this run"}[status]
+            label = {"not_reproduced": "not reproduced", "undecided": "undecided",
+                     "not_measured": "not yet measured"}[capped]
+            return capped, f"{label} (claim {', '.join(hit)} {why}; the number alone: {verdict})", \
+                f" (claim: {shown})"
+    return kind, verdict, f" (claim: {shown})"
 
 
 def _oracle(published: dict, ours: Ours | None, run: RunFiles | None) -> dict | None:
@@ -241,13 +301,27 @@ def study_rows(spec: StudySpec | None, study: str, items: list[dict], study_dir:
             here["verdict"] = f"not yet measured ({why_absent})"
         if run is not None:
             here["where"] = f"{scale} scale, measured on {run.device or 'an unknown device'}"
-        gpu = []
+        gpu, oracles = [], []
+        own = _oracle(pub, ours, run)
+        if own:
+            oracles.append({**own, "label": "this run"})
         for r in records:
             folder = Path(records_root) / r["slug"] / study  # its tables lie flat there
             rec = RunFiles(folder, tuple(r["claims"]), r.get("measured_on", ""))
-            gpu.append({"label": f"recorded on {r['gpu']} ({r['date']})", **evaluate(pub, ours, rec, study)})
+            got = evaluate(pub, ours, rec, study)
+            code = r.get("code_summary", "")
+            if r.get("code_state", "current") != "current" and got["kind"] in GREEN:
+                got = {**got, "kind": "older_code",
+                       "verdict": f"older code, not judged (was: {got['verdict']})"}
+            code = f"; {code}" if code else ""
+            label = f"recorded on {r['gpu']} ({r['date']}, commit {r['commit'][:7]}{code})"
+            gpu.append({"label": label, **got})
+            recorded = _oracle(pub, ours, rec)
+            if recorded:
+                oracles.append({**recorded, "label": f"{r['gpu']} record"})
         rows.append({"study": study, "id": pub["id"], "published": pub, "ours": here, "gpu": gpu,
-                     "oracle": _oracle(pub, ours, run), "kind": here["kind"], "verdict": here["verdict"]})
+                     "oracle": oracles[0] if oracles else None, "oracles": oracles,
+                     "kind": here["kind"], "verdict": here["verdict"]})
     return rows
 
 
@@ -284,6 +358,7 @@ def _paper_cell(pub: dict) -> str:
 
 def _ours_cell(o: dict) -> str:
     extra = [o[k] for k in ("setting", "where") if o.get(k)]
+    extra += [f"differs from the paper's: {o['differs']}"] if o.get("differs") else []
     return _E(o["text"]) + "".join(f"<br><small style='color:dimgray'>{_E(x)}</small>" for x in extra)
 
 
@@ -312,7 +387,9 @@ def render(rows: list[dict], heading: str = "Paper vs ours", path: str | Path = 
              + "</colgroup><thead><tr>" + "".join(f"<th style='{cell}'>{c}</th>" for c in cols)
              + "</tr></thead><tbody>"]
     for r in rows:
-        oracle = _E(r["oracle"]["text"]) if r["oracle"] else "<span style='color:dimgray'>—</span>"
+        oracles = r.get("oracles") or ([r["oracle"]] if r.get("oracle") else [])
+        oracle = ("<br>".join(f"{_E(o['label'])}: {_E(o['text'])}" if o.get("label") else _E(o["text"])
+                              for o in oracles) or "<span style='color:dimgray'>—</span>")
         cells = (f"{_E(r['study'])}<br><b>{_E(r['id'])}</b>", _paper_cell(r["published"]),
                  _ours_cell(r["ours"]), _gpu_cell(r["gpu"]), oracle,
                  f"<b style='color:{KINDS[r['kind']]}'>{_E(r['verdict'])}</b>")

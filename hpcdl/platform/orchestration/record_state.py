@@ -135,8 +135,20 @@ class RecordState:
         shown = ", ".join(self.changed[:SHOWN_CHANGED])
         more = len(self.changed) - SHOWN_CHANGED
         files = shown + (f" and {more} more" if more > 0 else "")
-        count = "" if self.commits is None else f"{self.commits} commit{'s' if self.commits != 1 else ''}; "
-        return f"older code ({count}these files changed: {files})"
+        return f"older code ({self._count()}these files changed: {files})"
+
+    def _count(self) -> str:
+        return "" if self.commits is None else f"{self.commits} commit{'s' if self.commits != 1 else ''}; "
+
+    def summary(self) -> str:
+        """The state in a few words: which parts changed (the study's package, the platform kit, its task
+        app, its gpu.yaml block), not every file."""
+        if self.state != "older code":
+            return self.text()
+        parts = {"package": f"hpcdl/studies/{self.study}/", "kit": KIT + "/",
+                 "task app": f"tasks/{self.study}.py", "gpu.yaml block": GPU_CONFIG}
+        changed = [name for name, prefix in parts.items() if any(f.startswith(prefix) for f in self.changed)]
+        return f"older code ({self._count()}{', '.join(changed)} changed since)"
 
 
 def state_of(study: str, run: dict | None, root: Path, current: dict | None = None) -> RecordState:

@@ -1,9 +1,11 @@
 """The hetmem study's results beside Denoyelle, Gerofi et al.'s published ones (resources/papers.yaml; the
 rows are built by hpcdl.platform.orchestration.paper_vs_ours).
 
-Ours is the estimator's mean |error| over the apps, each app's own mean over its validation placements
-(claim estimate_error_le_5pct). The paper measured KNL's DRAM vs MCDRAM; on the CPU our reference is a
-SIMULATED two-tier memory, on a GPU the hardware (GPU memory vs mapped host memory): the row says which.
+Ours is the estimator's largest per-app mean |error| (each app's own mean over its validation
+placements), since claim estimate_error_le_5pct judges per app: a mean over apps would pass where the
+claim fails one. The paper measured KNL's DRAM vs MCDRAM hardware; on the CPU our reference is a
+SIMULATED two-tier memory, which is never compared as if it were hardware (the row reads "other
+setting"); on a GPU the reference is the hardware (GPU memory vs mapped host memory).
 """
 
 from __future__ import annotations
@@ -16,15 +18,21 @@ def _error(run: RunFiles) -> dict | None:
     if c is None or not per:
         return c and {"missing": c.get("reason", "no app has an estimate error")}
     ref = (c.get("measured") or {}).get("reference", "?")
-    return {"value": sum(per.values()) / len(per),
-            "setting": f"mean over {len(per)} apps ({', '.join(per)}) against the {ref} reference"
-                       + ("" if c["status"] != "not_measured" else f"; {c.get('reason')}")}
+    worst = max(per, key=lambda app: float(per[app]))
+    apps = ", ".join(f"{app} {float(e):.3g}" for app, e in per.items())
+    out = {"value": float(per[worst]),
+           "setting": f"the largest of {len(per)} apps' errors ({worst}; {apps}) against the {ref} reference"
+                      + ("" if c["status"] != "not_measured" else f"; {c.get('reason')}")}
+    if ref != "hardware":
+        out["setting_differs"] = f"reference ours {ref}, paper real hardware (KNL)"
+    return out
 
 
 PAPER = {
     # an error: below the paper's counts as within; 25 % above it still does
-    "estimate_error": Ours("claim estimate_error_le_5pct: per_app_mean_abs_error, averaged over apps",
-                           value=_error, tolerance=0.25, better="lower"),
+    "estimate_error": Ours("claim estimate_error_le_5pct: per_app_mean_abs_error, the largest app's",
+                           value=_error, tolerance=0.25, better="lower",
+                           rests_on=("estimate_error_le_5pct",)),
     "estimate_speed": Ours("claim estimate_100x_faster", claims=("estimate_100x_faster",)),
     "error_metric": Ours("hetmem validation tables' error column", context=(
         "ours: the same metric, |estimate - reference| / reference per placement (tables/validation.csv)")),

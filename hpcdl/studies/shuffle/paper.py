@@ -4,7 +4,8 @@ built by hpcdl.platform.orchestration.paper_vs_ours).
 Partial exchange keeping global shuffling's accuracy is qualitative: it follows this run's claims that
 partial-Q matches global (random partitions) and recovers it (label-skewed ones), at every M. KAKURENBO's
 saving is the claim kakurenbo_saves_time's time saving at the hiding fraction nearest the authors'
-scripts' 0.3, with its 95 % interval over interleaved rounds.
+scripts' 0.3, with its 95 % interval over interleaved rounds. The claim judges every fraction, so the
+row rests on it: a fraction that straddles or fails caps the row, whichever F its number is at.
 """
 
 from __future__ import annotations
@@ -32,5 +33,5 @@ PAPER = {
                                          "skewed_partial_recovers_global_M{M}")),
     # a saving: above 0 is the direction; within 25 % of 22 % counts as within
     "kakurenbo_time": Ours("claim kakurenbo_saves_time: time_saving at F nearest 0.3", value=_saving,
-                           tolerance=0.25, line=0.0),
+                           tolerance=0.25, line=0.0, rests_on=("kakurenbo_saves_time",)),
 }
