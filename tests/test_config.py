@@ -111,3 +111,17 @@ def test_snakemakes_schema_file_accepts_the_repo_configs_tuned_notes(repo, tmp_p
     cfg["shuffle"]["tuned"][0]["colour"] = "red"
     with pytest.raises(Exception, match="colour"):
         validate(cfg, str(schema))
+
+
+@pytest.mark.parametrize("study, key, claim", [
+    ("microbatch", "exact_reference", "outputs_exact"),       # fp64 since the H200 run; the laptop too
+    ("spatial", "train.grid", "loss_falls"),                  # the train run's grid is loss_falls' run
+    ("spatial", "calibration.repeats", "oracle_error"),       # 5 -> 3 for the budget
+    ("shuffle", "epochs", "kakurenbo_saves_time"),            # 6 -> 5 for the budget
+])
+def test_the_laptop_config_notes_each_change_in_the_config_that_runs_it(repo, study, key, claim):
+    """#59: these were changed with no note in configs/default.yaml (or with one elsewhere only)."""
+    from hpcdl.platform.kit.config import load_config
+
+    notes = {n["key"]: n for n in load_config(repo / "configs" / "default.yaml")[study]["tuned"]}
+    assert key in notes and claim in notes[key]["claims"] and notes[key]["why"].strip()
