@@ -8,6 +8,12 @@ platform from the study's declaration and this run's files:
     the headline figure (StudySpec.headline), embedded, with its caption (the run's part and what to
     look at, hpcdl.platform.orchestration.captions);
     this run's setting: config files and scale, the sizes (StudySpec.setting), the seeds and device;
+    this run's claims, one row each as the landing page's claim lines show them
+    (hpcdl.platform.orchestration.claim_lines): the status word with the TUNED mark, its number, its
+    confirmation (on which seeds it was judged, unseen or not, or why no seed decides it) and each
+    `tuned` note (the config key and why);
+    which paper figure each of ours re-draws, and what differs (StudySpec.paper_figures), and the
+    paper figures declared to have no counterpart here, with why;
     the study's published results beside ours (hpcdl.platform.orchestration.paper_vs_ours: its rows
     of resources/papers.yaml, through the study's declared mapping);
     each committed GPU record of the study (hpcdl.platform.orchestration.gpu_records) as a table of its
@@ -30,9 +36,10 @@ import struct
 from pathlib import Path
 
 from hpcdl.platform.kit.atomic import atomic_write_text
-from hpcdl.platform.kit.claims import SHOWN
+from hpcdl.platform.kit.claims import SHOWN, _tuned_html
 from hpcdl.platform.kit.study import StudySpec
 from hpcdl.platform.orchestration import captions, gpu_records, paper_vs_ours
+from hpcdl.platform.orchestration.claim_lines import AMBER, TUNED, UNSEEN, _confirmation, readable
 
 ABOUT = "about"  # <study_dir>/about.html
 CLAIMS = "claims"  # <study_dir>/claims.html
@@ -126,6 +133,57 @@ def headline_figure(spec: StudySpec, study_dir: str | Path) -> str:
             f"<figcaption>{captions.html_caption(spec, study_dir, spec.headline)}</figcaption></figure>")
 
 
+# the landing line's mark of a claim the config was tuned against (claim_lines.render_lines)
+TUNED_MARK = " <b title='tuned after seeing it'>· TUNED</b>"
+
+
+def claims_table(doc: dict | None) -> str:
+    """This run's claims (claims.json), one row each as the landing page's claim lines show them: the
+    status word with the TUNED mark, the claim (its statement on hover), its number
+    (claim_lines.readable) with its confirmation under it (claim_lines' line of
+    hpcdl.platform.kit.confirmation.describe) and each `tuned` note, the key and why (as the claims
+    page words it); "" where the run has no claims."""
+    if doc is None or not isinstance(doc.get("claims"), list) or not doc["claims"]:
+        return ""
+    e = html.escape
+    rows = []
+    for c in doc["claims"]:
+        color, word = SHOWN[c["status"]]
+        color = AMBER if c["status"] == "not_measured" else color
+        rows.append(f"<tr class='run-claim {c['status']}' data-run-claim='{e(c['id'])}' "
+                    f"data-status='{c['status']}'>"
+                    f"<td style='color:{color};white-space:nowrap'><b>{word}</b>"
+                    f"{TUNED_MARK if c.get('tuned') else ''}</td>"
+                    f"<td title='{e(c.get('statement', ''))}'>{e(c['id'])}</td>"
+                    f"<td>{e(readable(c))}{_confirmation(c)}{_tuned_html(c)}</td></tr>")
+    return ("<h2 id='run-claims'>This run's claims</h2>"
+            "<table class='run-claims' border='1' cellpadding='4' style='border-collapse:collapse'>"
+            "<tr><th>result</th><th>claim</th><th>measured; where it was confirmed</th></tr>"
+            + "".join(rows) + "</table>"
+            f"<p class='claims-legend'><small><b>TUNED</b>: {e(TUNED)}. <b>confirmed on unseen seeds</b>: "
+            f"{e(UNSEEN)}.</small></p>")
+
+
+def paper_figures(spec: StudySpec) -> str:
+    """Which paper figure each of the study's figures re-draws, and what differs (StudySpec.paper_figures),
+    one row per figure, in the order of `figures`; then the paper figures declared to have no
+    counterpart here, with why."""
+    e = html.escape
+    declared = dict(spec.paper_figures)
+    rows = "".join(
+        f"<tr class='figure-source' data-our-figure='{e(f)}'><td>{e(f.replace('_', ' '))}</td>"
+        f"<td>{e(declared.get(f) or 'not declared (StudySpec.paper_figures)')}</td></tr>"
+        for f in spec.figures)
+    unmatched = [k for k in declared if k not in spec.figures]
+    none_here = ("<p>Paper figures with no counterpart here:</p><ul class='paper-figures-unmatched'>"
+                 + "".join(f"<li data-paper-figure='{e(k)}'><b>{e(k)}</b>: {e(declared[k])}</li>"
+                           for k in unmatched) + "</ul>") if unmatched else ""
+    return ("<h2 id='paper-figures'>Figures and the paper figures they re-draw</h2>"
+            "<table class='paper-figures' border='1' cellpadding='4' style='border-collapse:collapse'>"
+            "<tr><th>our figure</th><th>paper figure; what differs in our axes or setting</th></tr>"
+            f"{rows}</table>{none_here}")
+
+
 def gpu_tables(records: list[dict]) -> str:
     """One table per recorded GPU run of the study (`gpu_records.study_records`): id, status and
     measured values of each claim, under its label."""
@@ -165,7 +223,9 @@ STYLE = ("body{font-family:sans-serif;line-height:1.5;margin:0.6rem 1rem;color:#
          "figure.headline{margin:0.8rem 0;width:100%}"
          "figure.headline img{display:block;height:auto;border:1px solid #e2e8f0}"
          "figcaption{font-size:0.85rem;color:#334155}figcaption p{margin:0.3rem 0}"
-         "table{max-width:100%}")
+         "table{max-width:100%}table.run-claims,table.paper-figures{font-size:0.85rem;max-width:62rem}"
+         "table.run-claims td,table.paper-figures td{vertical-align:top;overflow-wrap:anywhere}"
+         "h2{font-size:1.1rem;margin:1rem 0 0.4rem}")
 
 
 def render(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list[str],
@@ -175,7 +235,8 @@ def render(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list
     facts = captions.facts(spec, cfg, study_dir, config_files)
     scale = f"{paper_vs_ours.scale_of(config_files)} scale"
     question = spec.question or f"{spec.title}: the study declares no question (StudySpec.question)."
-    answer = claims_answer(claims_of(study_dir), scale, facts["device"])
+    doc = claims_of(study_dir)
+    answer = claims_answer(doc, scale, facts["device"])
     if rows is not None:
         answer += " " + paper_answer(rows)
     paper = paper_vs_ours.render(rows, f"{spec.name}: paper vs ours", papers) if rows is not None else ""
@@ -187,7 +248,7 @@ def render(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list
             f"<p class='answer'><b>Answer.</b> {e(answer)}</p>"
             f"{headline_figure(spec, study_dir)}"
             f"<p class='setting'><b>Setting.</b> {e(setting_text(spec, cfg, facts))}</p>"
-            f"{paper}{gpu_tables(records)}</body></html>\n")
+            f"{claims_table(doc)}{paper_figures(spec)}{paper}{gpu_tables(records)}</body></html>\n")
 
 
 def write(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list[str],

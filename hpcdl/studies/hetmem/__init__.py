@@ -34,6 +34,28 @@ def _setting(cfg: dict) -> str:
     return f"on the CPU: {cpu}; on a GPU: {gpu}"
 
 
+# Which paper figure each of ours re-draws (StudySpec.paper_figures). The paper's figures were not read
+# for this project (resources/papers.yaml quotes its abstract and the authors' repository), so no figure
+# number is given; each entry names the published result nearest to it instead.
+_ISC = ("no direct counterpart identified in Denoyelle, Gerofi, Iskra, Perarnau (ISC High Performance 2022; "
+        "its figures were not read for this project)")
+_PAPER_FIGURES = {
+    "parity": (
+        f"{_ISC}. Ours: the estimate against a simulated two-tier reference (CPU) or GPU memory vs mapped "
+        "host memory (CUDA) for five small kernels, not the paper's mini-apps on KNL DRAM vs MCDRAM; the "
+        "paper's result is a mean error (papers.yaml estimate_error)."),
+    "error_vs_sampling": (
+        f"{_ISC}. Ours: the estimate's mean error against the sampling period of the last-level-cache "
+        "misses, per kernel."),
+    "runtime_vs_fraction": (
+        f"{_ISC}. Ours: the runtime of greedy, random and PPO placements relative to all-fast against the "
+        "fast-memory capacity, simulated on the CPU, measured on a GPU."),
+    "estimate_vs_reference_time": (
+        f"{_ISC}. Ours: one estimate's wall time against one real run of the kernel; the paper states the "
+        "speed without a number (papers.yaml estimate_speed)."),
+}
+
+
 SPEC = StudySpec(
     name="hetmem",
     title="Heterogeneous memory (differential-tracing estimator, placement agent; simulated tiers on the "
@@ -53,4 +75,5 @@ SPEC = StudySpec(
               "running it?"),
     headline="parity",
     setting=_setting,
+    paper_figures=_PAPER_FIGURES,
 )

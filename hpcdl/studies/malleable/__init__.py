@@ -28,6 +28,25 @@ def _setting(cfg: dict) -> str:
             f"{'/'.join(b['response']['methods'])}")
 
 
+# Which paper figure each of ours re-draws (StudySpec.paper_figures). The paper's figures were not read
+# for this project (resources/papers.yaml quotes its abstract), so no figure number is given.
+_LIBUTTI = ("no direct counterpart identified in Libutti, De Giusti, Naiouf, Towards a Malleable Tensorflow "
+            "Implementation (CCIS 2020; its figures were not read for this project)")
+_JOBS = "PyTorch jobs under cgroup CPU quotas, not TensorFlow"
+_PAPER_FIGURES = {
+    "gantt": (
+        f"{_LIBUTTI}. Ours: each job's wait and cores over time under the rigid and malleable policies; "
+        f"{_JOBS}."),
+    "policy_bars": (
+        f"{_LIBUTTI}. Ours: makespan, mean turnaround and utilisation per policy; {_JOBS}."),
+    "iter_time": (
+        f"{_LIBUTTI}. Ours: iteration time per thread count, and under a cut quota with threads kept or "
+        f"following it; {_JOBS}."),
+    "utilisation": (
+        f"{_LIBUTTI}. Ours: cores busy and cores allocated over time per policy; {_JOBS}."),
+}
+
+
 SPEC = StudySpec(
     name="malleable",
     title="Malleable thread counts and co-scheduling (API / signal / quota, cgroups)",
@@ -41,4 +60,5 @@ SPEC = StudySpec(
               "co-scheduler that reshapes jobs finish a queue sooner than rigid allocation?"),
     headline="policy_bars",
     setting=_setting,
+    paper_figures=_PAPER_FIGURES,
 )

@@ -38,6 +38,35 @@ def _setting(cfg: dict) -> str:
             f"policies {'/'.join(b['policies'])}{engines}")
 
 
+# Which paper figure each of ours re-draws (StudySpec.paper_figures). The paper's figures were not read
+# for this project (resources/papers.yaml quotes its abstract, the thesis summary and the authors'
+# README), so no figure number is given; each entry names the published result nearest to it instead.
+_UCUDNN = ("no direct counterpart identified in Oyama, Ben-Nun, Hoefler, Matsuoka, mu-cuDNN (IEEE CLUSTER "
+           "2018, arXiv 1804.04806; its figures were not read for this project)")
+_PAPER_FIGURES = {
+    "layer_speedup": (
+        f"{_UCUDNN}. Ours: each layer's speedup of the executed ILP plan, timed inside whole-network "
+        "rounds, among PyTorch's algorithms (oneDNN and im2col on the CPU, cudnn.benchmark modes on "
+        "CUDA), not cuDNN algorithms chosen by id on P100 / V100."),
+    "budget_speedup": (
+        f"{_UCUDNN}. Ours: the predicted network conv speedup against the total workspace budget the ILP "
+        "shares, with the executed plans measured at the default's workspace; the nearest published "
+        "results are the AlexNet and ResNet-18 speedups on P100-SXM2 and V100 (papers.yaml alexnet_p100, "
+        "resnet18_p100, alexnet_v100, resnet18_v100)."),
+    "microbatch_sizes": (
+        f"{_UCUDNN}. Ours: the micro-batch division and algorithm the ILP chose for every layer and kernel "
+        "(policy all)."),
+    "predicted_vs_measured": (
+        f"{_UCUDNN}. Ours: the plan time predicted from the benchmarked kernels against the measured "
+        "whole-network time of the executed plan."),
+    "cudnn_limits": (
+        f"{_UCUDNN}. Ours: on CUDA only, the speedup over the fastest undivided cuDNN engine within the "
+        "same per-kernel workspace limit, against that limit (the configured limits and the library "
+        "default, 64 MiB), engines run by id; the nearest published setting is the authors' README's "
+        "DeepBench run on P100 at 128, 256 and 512 MiB limits (papers.yaml deepbench_p100_limits)."),
+}
+
+
 SPEC = StudySpec(
     name="microbatch",
     title="Micro-batched convolutions (μ-cuDNN: DP + ILP under a workspace limit)",
@@ -66,4 +95,5 @@ SPEC = StudySpec(
               "over a network's workspace budget (ILP), make the network's convolutions faster?"),
     headline="budget_speedup",
     setting=_setting,
+    paper_figures=_PAPER_FIGURES,
 )

@@ -35,6 +35,29 @@ def _setting(cfg: dict) -> str:
             "budget")
 
 
+# Which paper figure each of ours re-draws (StudySpec.paper_figures). Neither paper's figures were read
+# for this project (resources/papers.yaml quotes their abstracts), so no figure number is given; each
+# entry names the published result nearest to it instead.
+_MYELIN = ("no direct counterpart identified in Singh and Bhatele, Myelin / AxoNN (IPDPS 2022, arXiv "
+           "2110.13005) or Ren et al., ZeRO-Offload (arXiv 2101.06840); their figures were not read for this "
+           "project")
+_TIERS = "an MLP stack in place of transformer blocks, tiers the CPU analogue or GPU vs pinned host memory"
+_PAPER_FIGURES = {
+    "tradeoff": (
+        f"{_MYELIN}. Ours: peak fast-tier memory against the median step time per strategy and depth; "
+        f"{_TIERS}; the nearest published result is Myelin's memory reduction (papers.yaml memory_4x)."),
+    "breakdown": (
+        f"{_MYELIN}. Ours: a step's time split into forward, backward, optimizer and exposed transfer, per "
+        f"strategy and depth; {_TIERS}."),
+    "capacity": (
+        f"{_MYELIN}. Ours: the largest model that trains under the fast-tier budget per strategy; "
+        f"{_TIERS}; the nearest published results are ZeRO-Offload's model size on one GPU and Myelin's "
+        "parameters per GPU (papers.yaml zero_offload_10x, throughput_13pct)."),
+    "timeline": (
+        f"{_MYELIN}. Ours: one measured step's compute, copies and waits on their lanes."),
+}
+
+
 SPEC = StudySpec(
     name="offload",
     title="Memory offload (optimizer state and activations to a slower tier)",
@@ -50,4 +73,5 @@ SPEC = StudySpec(
               "save, how much of the copy time hides behind compute, and how much larger a model fits?"),
     headline="tradeoff",
     setting=_setting,
+    paper_figures=_PAPER_FIGURES,
 )

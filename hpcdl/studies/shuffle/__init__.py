@@ -36,6 +36,35 @@ def _setting(cfg: dict) -> str:
             f"at M={kk['world_size']} in {len(kk.get('seeds') or b['seeds'])} interleaved rounds")
 
 
+# Which paper figure each of ours re-draws (StudySpec.paper_figures). Neither paper's figures were read
+# for this project (resources/papers.yaml quotes their abstracts), so no figure number is given; each
+# entry names the published result nearest to it instead.
+_NGUYEN = ("no direct counterpart identified in Nguyen et al., Why Globally Re-shuffle? (IPDPS 2022; its "
+           "figures were not read for this project)")
+_KAKURENBO = ("no direct counterpart identified in Nguyen, Gerofi et al., KAKURENBO (NeurIPS 2023, arXiv "
+              "2310.10102; its figures were not read for this project)")
+_SMALL = "Fashion-MNIST and an MLP over a few ranks of one machine, not the paper's up to 2048 GPUs of ABCI"
+_PAPER_FIGURES = {
+    "acc_gap_vs_q": (
+        f"{_NGUYEN}. Ours: local and partial-Q accuracy minus global's, paired by seed, against Q, per "
+        f"partitioning and rank count; {_SMALL} (papers.yaml partial_keeps_global)."),
+    "acc_vs_epoch": (
+        f"{_NGUYEN}. Ours: validation accuracy per epoch per strategy; {_SMALL}."),
+    "final_acc_vs_q": (
+        f"{_NGUYEN}. Ours: final validation accuracy against Q; {_SMALL}."),
+    "time_per_epoch_vs_q": (
+        f"{_NGUYEN}. Ours: time per epoch and rank, stacked by loading, exposed exchange, compute and "
+        f"update, against Q; {_SMALL}."),
+    "bytes_vs_q": (
+        f"{_NGUYEN}. Ours: the bytes partial-Q exchanges per epoch against the Q x N line, a check of this "
+        "project's exchange."),
+    "kakurenbo": (
+        f"{_KAKURENBO}. Ours: wall time saved, work skipped, overhead and accuracy change per maximum "
+        "hiding fraction F, on Fashion-MNIST at one small world size; the paper's result is a fraction of "
+        "training time saved at an accuracy change (papers.yaml kakurenbo_time)."),
+}
+
+
 SPEC = StudySpec(
     name="shuffle",
     title="Shuffle fraction (global / local / partial-Q, KAKURENBO)",
@@ -54,4 +83,5 @@ SPEC = StudySpec(
               "accuracy of global shuffling, and does hiding easy samples (KAKURENBO) save training time?"),
     headline="acc_gap_vs_q",
     setting=_setting,
+    paper_figures=_PAPER_FIGURES,
 )
