@@ -125,13 +125,16 @@ def attach_tuned(claims: list[dict], notes: Iterable[Mapping],
 def attach_confirmation(claims: list[dict], study: str, declaration: Mapping, ids: Iterable[str],
                         block: Mapping) -> list[dict]:
     """Each claim with its confirmation entry, under `confirmation` (the declaration's entry for the
-    declared id it matches, resolved against the study's config block)."""
+    declared id it matches, resolved against the study's config block). A claim that carries its own
+    entry keeps it: where the run's input came from (a committed file rather than this run's
+    measurement) is known only when the claim is judged; the declaration must still cover its id."""
     ids = list(ids)
     entries = resolve_all(study, declaration, ids, block)
     out = []
     for c in claims:
         match = next((d for d in ids if c["id"] == d or declared(c["id"], [d])), None)
-        out.append({**c, "confirmation": entries[match]} if match is not None else c)
+        own = c.get("confirmation")
+        out.append({**c, "confirmation": own or entries[match]} if match is not None else c)
     return out
 
 

@@ -8,7 +8,8 @@ The two timing claims compare whole-network runs of a plan and of the default, p
 interleaved round: each is judged on the 95 % interval of the per-round values
 (hpcdl.platform.kit.intervals) and straddles when that interval crosses its line. Policies (and
 planners) that give the same plan are one plan: it is judged once, and the evidence names who
-shares it.
+shares it. A plan that moves no layer off the default has no prediction to check: the prediction
+claim leaves it out, and is not measured when no plan is left.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from hpcdl.platform import (
     failed_because,
     interval_for,
     measured_afresh,
+    not_measured,
     read_tables,
 )
 from hpcdl.studies.microbatch import cudnn_claims
@@ -165,23 +167,31 @@ def judge(cfg: dict, study_dir: Path) -> list[dict]:
 
     tol = block["prediction_tolerance"]
     missing = dict(plan_missing)
-    ivs = _intervals(plans, rounds, "prediction_error_scaled_frac", missing, statistic)
+    # a plan that moves no layer off the default is the default: its predicted speedup is 1 by
+    # construction and its measured one the default timed against itself, so it predicts nothing
+    unmoved = [k for k, (n, p) in plans.items()
+               if (ilp[(ilp["network"] == n) & (ilp["plan_id"] == p)]["layers_changed"] == 0).all()]
+    moved = {k: v for k, v in plans.items() if k not in unmoved}
+    ivs = _intervals(moved, rounds, "prediction_error_scaled_frac", missing, statistic)
     raw_errs = {k: round(float(ilp[(ilp["network"] == n) & (ilp["plan_id"] == p)]["prediction_error_frac"]
-                               .iloc[0]), 4) for k, (n, p) in plans.items()}
-    c2 = every(
-        "algorithm_choice_prediction_within_tolerance",
+                               .iloc[0]), 4) for k, (n, p) in moved.items()}
+    cid = "algorithm_choice_prediction_within_tolerance"
+    statement = (
         "Per-kernel algorithm choice by the DP/ILP planner among PyTorch's algorithms: for each distinct "
-        "ILP plan, the planner's predicted speedup (the default's over the plan's "
-        "whole-network conv time, each the count-weighted sum of benchmarked kernel times) matches the "
-        f"speedup measured by executing both whole networks: the 95 % interval of the per-round error{of} "
-        f"(predicted / measured speedup - 1) lies within ±{tol:.0%}, every network." + what,
-        {k: all_of([above(iv, -tol), below(iv, tol)]) for k, iv in ivs.items()},
-        missing,
-        scaled_error_per_round={k: iv.evidence(4) for k, iv in ivs.items()},
-        unscaled_predicted_over_measured_minus_1=raw_errs,
-        shared_by=shared,
-        tolerance=tol,
-    )
+        "ILP plan that moves a layer off the default, the planner's predicted speedup (the default's over "
+        "the plan's whole-network conv time, each the count-weighted sum of benchmarked kernel times) "
+        "matches the speedup measured by executing both whole networks: the 95 % interval of the "
+        f"per-round error{of} (predicted / measured speedup - 1) lies within ±{tol:.0%}, every network."
+        + what)
+    evidence = dict(scaled_error_per_round={k: iv.evidence(4) for k, iv in ivs.items()},
+                    unscaled_predicted_over_measured_minus_1=raw_errs, nothing_to_predict=unmoved,
+                    shared_by=shared, tolerance=tol)
+    if unmoved and not moved and not missing:
+        c2 = not_measured(cid, statement, f"no layer left the default in any plan ({'; '.join(unmoved)}): "
+                          "each plan is the default, so there is nothing to predict", **evidence)
+    else:
+        c2 = every(cid, statement, {k: all_of([above(iv, -tol), below(iv, tol)]) for k, iv in ivs.items()},
+                   missing, **evidence)
 
     c3 = _outputs_exact(block, exact, missing_nets)
     return [c1, c2, c3, *cudnn_claims.judge(cfg, study_dir)]

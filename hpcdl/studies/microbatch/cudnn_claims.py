@@ -3,7 +3,8 @@ only), judged on tables/cudnn_limits.csv and tables/cudnn_networks.csv; claims.j
 
 cudnn_plan_not_slower      at every limit, each kernel's DP plan, executed, is not slower than the
                            undivided baseline under the same limit beyond the noise its repeats
-                           show, and each network's ILP plan (one budget for all kernels) likewise
+                           show, and each network's ILP plan (one budget for all kernels) likewise;
+                           a plan that is its baseline is nothing to judge (listed, not held)
 cudnn_tight_limit_speedup  at the tightest limit, AlexNet's and ResNet-18's DP plans beat the
                            baseline by more than that noise; the papers' speedups stand beside ours
 
@@ -91,8 +92,9 @@ def not_slower(block: dict, lim: pd.DataFrame, nets: pd.DataFrame, missing_nets:
         "undivided baseline (the fastest cuDNN engine fitting the same limit at the full mini-batch) "
         "beyond the noise its repeats show ((slowest - fastest) / median round, the larger of the two), "
         "every kernel; each network's ILP plan (one budget, the limit times its kernels) likewise over "
-        "the network's summed time, as the ILP may give one kernel's workspace to another. " + TIMING)
-    holds, missing, worst, unjudged = {}, dict(missing_nets), {}, {}
+        "the network's summed time, as the ILP may give one kernel's workspace to another. A plan that "
+        "runs its baseline's engines and micro-batches is the baseline itself: nothing to judge. " + TIMING)
+    holds, missing, worst, unjudged, nothing = {}, dict(missing_nets), {}, {}, []
     for net in block["networks"]:
         if net in missing_nets:
             continue
@@ -102,19 +104,20 @@ def not_slower(block: dict, lim: pd.DataFrame, nets: pd.DataFrame, missing_nets:
             judged = g[_truthy(g["feasible"]) & g["baseline_measured_time_s"].notna()]
             unjudged.update({f"{key} {r.layer}/{r.kernel}": _text(r.reason, "no baseline")
                              for r in g[~g.index.isin(judged.index)].itertuples()})
-            if judged["measured_time_s"].isna().any():
-                missing[key] = "a kernel with a plan and a baseline was not executed"
-                continue
             if judged.empty:
                 continue
-            over = _ratio_over(judged)
-            holds[key] = bool((over <= 0).all())
-            # a plan equal to its baseline is one measurement (ratio 1): the worst is among the others
-            differ = over[~_truthy(judged["same_as_baseline"])]
+            # a kernel whose plan runs its baseline's division (same engines, same micro-batches) is
+            # one measurement against itself: nothing to judge; a limit with only such kernels neither
+            differ = judged[~_truthy(judged["same_as_baseline"])]
             if differ.empty:
-                worst[key] = {"kernel": None, "note": "every kernel's plan is its baseline"}
+                nothing.append(key)
                 continue
-            w = judged.loc[differ.idxmax()]
+            if differ["measured_time_s"].isna().any():
+                missing[key] = "a kernel with a plan and a baseline was not executed"
+                continue
+            over = _ratio_over(differ)
+            holds[key] = bool((over <= 0).all())
+            w = differ.loc[over.idxmax()]
             worst[key] = {"kernel": f"{w['layer']}/{w['kernel']}", "micro_batches": str(w["micro_batches"]),
                           **_ratio(w["measured_time_s"], w["baseline_measured_time_s"], w["noise_frac"])}
         n = nets[(nets["network"] == net) & (nets["planner"] == "ilp")] if not nets.empty else nets
@@ -122,6 +125,9 @@ def not_slower(block: dict, lim: pd.DataFrame, nets: pd.DataFrame, missing_nets:
             key = f"{net} ilp {r.limit_label} [{r.policy}]"
             if not _true(r.feasible):
                 unjudged[key] = "the ILP or a baseline is infeasible at this limit"
+                continue
+            if _is_baseline(lim, net, r.limit_label, r.policy, "ilp"):
+                nothing.append(key)
                 continue
             if pd.isna(r.measured_time_s):
                 missing[key] = "the ILP plan or its baselines were not executed"
@@ -131,9 +137,21 @@ def not_slower(block: dict, lim: pd.DataFrame, nets: pd.DataFrame, missing_nets:
     kernels = [(k, v) for k, v in worst.items() if v.get("kernel")]
     where, w = max(kernels, key=lambda kv: kv[1]["plan_over_baseline"] - kv[1]["noise_allowance"],
                    default=(None, None))
-    return every(cid, statement, holds, missing, worst_kernel=w and {"where": where, **w},
-                 worst_per_limit=worst, not_judged=unjudged, divided_kernels=_divided(nets),
-                 threshold_time_ratio=1.0, tolerance="each kernel's noise_frac (repeats' spread)")
+    evidence = dict(worst_kernel=w and {"where": where, **w}, worst_per_limit=worst, not_judged=unjudged,
+                    nothing_to_judge=nothing, divided_kernels=_divided(nets), threshold_time_ratio=1.0,
+                    tolerance="each kernel's noise_frac (repeats' spread)")
+    if nothing and not holds and not missing:
+        why = f"nothing to judge: every plan is its baseline ({'; '.join(nothing)})"
+        return not_measured(cid, statement, why, **evidence)
+    return every(cid, statement, holds, missing, **evidence)
+
+
+def _is_baseline(lim: pd.DataFrame, net: str, label: str, policy: str, planner: str) -> bool:
+    """Whether every kernel of the plan runs its baseline's division (cudnn_plan.attach_measured's
+    same_as_baseline): then the plan is its baseline, and its time the baseline's own measurement."""
+    g = lim[(lim["network"] == net) & (lim["limit_label"] == label) & (lim["policy"] == policy)
+            & (lim["planner"] == planner)]
+    return len(g) > 0 and bool(_truthy(g["same_as_baseline"]).all())
 
 
 def _ratio(plan_s, baseline_s, noise) -> dict:

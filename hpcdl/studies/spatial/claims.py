@@ -21,6 +21,7 @@ from hpcdl.platform import (
     every,
     failed_because,
     mean_interval,
+    measured_afresh,
     not_measured,
     read_or_empty,
     read_tables,
@@ -43,7 +44,9 @@ CONFIRMATION = {
     "loss_falls": confirmed_on("seed"),
     "oracle_picks_spatial": unseeded("the pick is the oracle's arithmetic on the configured machine; its "
                                      "trust rests on this run's timings (oracle_error)"),
-    "compute_term": unseeded("GPU times of a calibration run, measured afresh"),
+    # the claim replaces this with its calibration's own source where it can tell (calibration_source)
+    "compute_term": unseeded("GPU times of a calibration: this run's own, measured afresh, or a committed "
+                             "resources/calibration/<gpu>.csv, not measured in this run"),
 }
 
 
@@ -73,12 +76,46 @@ def judge(cfg: dict, study_dir: Path) -> list[dict]:
             oracle,
             _claim_loss(block, loss, raw, runs),
             _claim_pick(block, ext, oracle, oracle_holds),
-            claim_compute_term(block, check)]
+            claim_compute_term(block, check, calibration_source(cfg, study_dir, check))]
 
 
-def claim_compute_term(block: dict, check: pd.DataFrame) -> dict:
+def _short(commit: str) -> str:
+    sha, dirty = str(commit).removesuffix("-dirty"), str(commit).endswith("-dirty")
+    return sha[:7] + ("-dirty" if dirty else "")
+
+
+def calibration_source(cfg: dict, study_dir: Path, check: pd.DataFrame) -> dict | None:
+    """Where the compute check's calibration came from, found as the tables stage found it
+    (tables.gpu_calibration): {"confirmation": entry, "calibration": evidence}, the committed file named
+    with its GPU, dates and commits (its provenance sidecar) or this run's own; None where the config
+    names none (no data.resources_dir) or the file's GPU is not the check's."""
+    from hpcdl.studies.spatial.tables import gpu_calibration
+
+    if check.empty or "gpu" not in check or "resources_dir" not in cfg.get("data", {}):
+        return None
+    cal = gpu_calibration(cfg, study_dir)
+    if cal is None or cal.path is None or cal.gpu_model != str(check["gpu"].iloc[0]):
+        return None
+    if cal.path.parent == StudyDir(study_dir).raw / "gpu_calibration":
+        own = measured_afresh(f"GPU times of this run's own calibration raw/gpu_calibration/{cal.path.name}")
+        return {"confirmation": own.resolve({}, "compute_term"),
+                "calibration": {"file": str(cal.path), "this_run": True}}
+    sessions = cal.meta.get("sessions") or [cal.meta]
+    dates = list(dict.fromkeys(str(x.get("date", "?"))[:10] for x in sessions))
+    commits = list(dict.fromkeys(_short(x.get("git_commit", "?")) for x in sessions))
+    partial = f"; partial: {cal.measured_items} of {cal.total_items} items" if cal.partial else ""
+    when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    text = (f"read from the committed calibration {cal.path} ({cal.gpu_model}, {when}, commit "
+            f"{', '.join(commits)}{partial}), not measured in this run")
+    return {"confirmation": unseeded(text).resolve({}, "compute_term"),
+            "calibration": {"file": str(cal.path), "this_run": False, "gpu": cal.gpu_model, "dates": dates,
+                            "commits": commits, "partial": cal.partial}}
+
+
+def claim_compute_term(block: dict, check: pd.DataFrame, source: dict | None = None) -> dict:
     """The oracle's compute sum against a whole one-GPU step measured in the same calibration run: a check of
-    the model on the GPU it was calibrated on (not of the paper predictions' mapping or communication)."""
+    the model on the GPU it was calibrated on (not of the paper predictions' mapping or communication).
+    `source` (calibration_source): the calibration's file, named in the evidence and the confirmation."""
     tol = block["gpu_calibration"]["tolerance"]
     statement = (f"on the calibrated GPU, the oracle's compute term (sum of the per-layer forward + backward "
                  f"times and the optimizer step of the calibration table) is within {tol:.0%} of a measured "
@@ -90,11 +127,14 @@ def claim_compute_term(block: dict, check: pd.DataFrame) -> dict:
                             "resources/calibration/<gpu>.csv", tolerance=tol)
     per = {f"{r.network} {int(r.depth)}x{int(r.height)}": float(r.error) for r in check.itertuples()}
     gpu = str(check["gpu"].iloc[0])
-    return every("compute_term", statement, {k: abs(e) <= tol for k, e in per.items()}, {}, error=per,
-                 measured_step_s={f"{r.network} {int(r.depth)}x{int(r.height)}": float(r.measured_step_s)
-                                  for r in check.itertuples()},
-                 oracle_compute_s={f"{r.network} {int(r.depth)}x{int(r.height)}": float(r.oracle_compute_s)
-                                   for r in check.itertuples()}, tolerance=tol, gpu=gpu)
+    c = every("compute_term", statement, {k: abs(e) <= tol for k, e in per.items()}, {}, error=per,
+              measured_step_s={f"{r.network} {int(r.depth)}x{int(r.height)}": float(r.measured_step_s)
+                               for r in check.itertuples()},
+              oracle_compute_s={f"{r.network} {int(r.depth)}x{int(r.height)}": float(r.oracle_compute_s)
+                                for r in check.itertuples()}, tolerance=tol, gpu=gpu,
+              **({"calibration": source["calibration"]} if source else {}))
+    # the verdict is confirmed by whichever calibration it read: a committed one is not measured afresh
+    return {**c, "confirmation": source["confirmation"]} if source else c
 
 
 def _claim_exact(block: dict, ex: pd.DataFrame) -> dict:
@@ -319,7 +359,8 @@ def _claim_pick(block: dict, ext: pd.DataFrame, oracle: dict, oracle_holds: dict
                  "family's fastest split or why none can run: memory, divisibility, mini-batch, channels) on "
                  "the target machine described in spatial.machine (a model from the config, not measured "
                  "here), and that oracle predicted every held-out run of this run within "
-                 f"{block['claims']['max_oracle_error']:.0%} (claim oracle_error)")
+                 f"{block['claims']['max_oracle_error']:.0%} (claim oracle_error); not measured where no "
+                 "family but a spatial one fits, as the pick is then forced")
     evidence = dict(target_machine=dict(block["machine"]),
                     basis="configured machine model (spatial.machine), trusted only as far as the oracle's "
                     "measured error on this run")
@@ -336,13 +377,25 @@ def _claim_pick(block: dict, ext: pd.DataFrame, oracle: dict, oracle_holds: dict
     rivals = sorted(str(f) for f, ok in zip(top["family"], fits, strict=True)
                     if ok and "spatial" not in str(f))
     chosen = ext[ext["chosen"].astype(str).str.lower() == "true"]
+    evidence = dict(picked=picked, picked_family=picked_family, families_at_scale=_families(top),
+                    feasible_rivals=rivals, contested=bool(rivals),
+                    data_parallel_fits=bool(fits[top["family"] == "data"].any()),
+                    oracle_mean_abs_error=oracle["measured"].get("mean_abs_error"),
+                    oracle_worst_run=oracle["measured"].get("worst_run"),
+                    threshold_oracle_error=block["claims"]["max_oracle_error"],
+                    picks={int(g): str(s) for g, s in zip(chosen["gpus"], chosen["strategy"], strict=True)},
+                    **evidence)
+    if "spatial" in picked_family and not rivals:
+        # only spatial families fit at this scale: the pick is forced, and the claim would only repeat
+        # oracle_error, so it says so instead of passing on it
+        spatial = sorted(str(f) for f, ok in zip(top["family"], fits, strict=True) if ok)
+        others = sorted(str(f) for f in dict.fromkeys(top["family"]) if str(f) not in spatial)
+        return not_measured(
+            "oracle_picks_spatial", statement,
+            f"uncontested: no other family is feasible at {gpus} GPUs and mini-batch {ex['batch_size']} "
+            f"({', '.join(others) or 'none enumerated'} cannot run: families_at_scale says why; only "
+            f"{', '.join(spatial)} fit), so the pick is forced and the claim would only repeat oracle_error",
+            **evidence)
     holds = {f"pick at {gpus} GPUs is spatial": "spatial" in picked_family,
              **{f"oracle_error {r}": v for r, v in oracle_holds.items()}}
-    return every("oracle_picks_spatial", statement, holds, {}, picked=picked, picked_family=picked_family,
-                 families_at_scale=_families(top), feasible_rivals=rivals, contested=bool(rivals),
-                 data_parallel_fits=bool(fits[top["family"] == "data"].any()),
-                 oracle_mean_abs_error=oracle["measured"].get("mean_abs_error"),
-                 oracle_worst_run=oracle["measured"].get("worst_run"),
-                 threshold_oracle_error=block["claims"]["max_oracle_error"],
-                 picks={int(g): str(s) for g, s in zip(chosen["gpus"], chosen["strategy"], strict=True)},
-                 **evidence)
+    return every("oracle_picks_spatial", statement, holds, {}, **evidence)
