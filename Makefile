@@ -46,11 +46,14 @@ browser:
 	fi
 
 # Debian tools the studies drive: valgrind (hetmem's memory-access traces), numactl (hetmem's NUMA
-# probe) and a C compiler (hetmem compiles its kernels at run time), installed when missing and apt is usable; without valgrind the hetmem study says how to get it.
+# probe), a C compiler (hetmem compiles its kernels at run time) and fio (checkpoint's storage
+# ceiling), installed when missing and apt is usable; without valgrind the hetmem study says how to
+# get it, without fio the checkpoint study's bandwidth claim is not measured and says so.
 tools:
 	@missing=""; command -v valgrind >/dev/null || missing="$$missing valgrind"; \
 	command -v numactl >/dev/null || missing="$$missing numactl"; \
 	command -v cc >/dev/null || missing="$$missing build-essential"; \
+	command -v fio >/dev/null || missing="$$missing fio"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing$$missing with apt-get"; \

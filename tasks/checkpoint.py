@@ -5,9 +5,11 @@
 
 Writes raw/io.csv (save/load cost per format, mode, size, ranks), raw/resume.csv
 (bit-identical resume per format) and raw/overhead.csv (throughput vs checkpoint
-interval). checkpoint.device is resolved here, once: on cuda the state lives on the GPU, each task
-holds GPUs (HPCDL_CHECKPOINT_GPUS: the largest DCP launch's ranks, one each), and every point and
-row names the device. A failing point becomes a row with status=failed and its error; the rest runs.
+interval). A sync point's storage ceiling comes from fio (hpcdl/studies/checkpoint/fio.py; `make
+tools` installs it): without fio the run goes on and says so. checkpoint.device is resolved here,
+once: on cuda the state lives on the GPU, each task holds GPUs (HPCDL_CHECKPOINT_GPUS: the largest
+DCP launch's ranks, one each), and every point and row names the device. A failing point becomes a
+row with status=failed and its error; the rest runs.
 Every point's record is kept in <results>/checkpoint/points/ as it finishes (hpcdl.platform.kit.points): a
 rerun after a kill runs only the points not finished yet.
 """
@@ -30,7 +32,7 @@ from hpcdl.platform.orchestration.task_runtime import (
     task,
 )
 from hpcdl.platform.orchestration.task_runtime.app import start_app
-from hpcdl.studies.checkpoint import compute, sweep
+from hpcdl.studies.checkpoint import compute, fio, sweep
 
 
 @on_failure(management="IGNORE", returns=None)
@@ -94,6 +96,9 @@ def main(argv=None) -> None:
     ovh_pts = sweep.overhead_points(cfg, device)
     print(f"[checkpoint] {len(io_pts)} I/O points, {len(res_pts)} resume checks, "
           f"{len(ovh_pts)} overhead runs on {device}; scratch {scratch}", file=sys.stderr, flush=True)
+    if shutil.which("fio") is None:  # the points still run; their ceiling columns say why they are empty
+        print(f"[checkpoint] {fio.FIO_MISSING}: no storage ceiling, the bandwidth claim will be not "
+              "measured", file=sys.stderr, flush=True)
     # A point's key covers its whole dict: sweep.py puts in it everything the measurement reads.
     batches = [run.submit("io", io_pts, _submit_io),
                run.submit("resume", res_pts, lambda p, slot: resume_point(p, slot)),

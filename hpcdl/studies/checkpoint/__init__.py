@@ -4,7 +4,9 @@
     state        nested training state <-> flat tensors any format can hold
     integrity    temp dir + fsync + rename commit, sha256 manifest, verification
     saver        synchronous saves, CheckFreq-style async saves (DCP's included), verified loads
-    instruments  synthetic state, storage ceiling, peak RSS and scratch budget of an I/O point
+    instruments  synthetic state, D2H ceiling, page-cache warm-up, peak RSS and scratch budget of an
+                 I/O point (and the DCP ranks points' own storage probe)
+    fio          the storage ceiling from fio: write + fsync of the state's size, before and after
     compute      what the task app's task bodies run: one (format, mode, size) I/O point, and the
                  DCP-ranks point, resume check and overhead run it exposes from the two below
     distributed  DCP save/load from N torch.distributed ranks (sharded DTensors)
@@ -14,7 +16,7 @@
 
 On CUDA (checkpoint.device) the state lives on the GPU: the synchronous save includes the
 device-to-host copy, the asynchronous one blocks for a snapshot into pinned host memory, DCP runs
-from GPU ranks over NCCL, resume lands on the GPU, and the ceiling adds the D2H copy ceiling.
+from GPU ranks over NCCL, resume lands on the GPU, and the ceiling adds the D2H copy ceiling to fio's.
 """
 
 from hpcdl.platform import StudySpec, computing_units_of

@@ -9,6 +9,12 @@ def check(cfg: dict) -> None:
     block = cfg.get("checkpoint")
     if block is None:
         return
+    tolerance = block.get("claims", {}).get("ceiling_tolerance")
+    if tolerance is not None:
+        raise ConfigError("checkpoint.claims.ceiling_tolerance", tolerance,
+                          "no value: the key was removed (#59). The ceiling is fio's now, and a save above "
+                          "it by more than the ceiling's own measured spread (fio before vs after the saves) "
+                          "marks it defective; delete the key")
     sizes = block["sizes"]
     if sizes["min_params"] > sizes["max_params"]:
         raise ConfigError("checkpoint.sizes.min_params", sizes["min_params"],

@@ -2,20 +2,23 @@
 
 `run_point` is one (format, mode, size) I/O point in one process: per repeat the save (blocking,
 durable, committed), then a verified load with the files evicted from the page cache first (cold
-read, unless `cold_load` is off), each with its peak extra RAM (instruments.py). A sync save is
-bracketed by two storage-ceiling probes of the same bytes, written the way the save writes them
-right before and right after it; every timed write (probe or save) follows an untimed page-cache
-warm-up of its size (instruments.warm_pages). The repeat's ceiling is the FASTER probe, the most
-favourable ceiling of the save's own moment (paired per repeat): a noisy probe can only lower the
-ratio, never make a pass easier; the two probes' disagreement is kept as the ceiling's noise.
-Async points probe no ceiling (nothing compares async bandwidth with it), which pays for the
-second sync probe.
+read, unless `cold_load` is off), each with its peak extra RAM (instruments.py). A sync point is
+bracketed by the storage ceiling from fio (fio.py): sequential write + fsync of the state's size in
+the save's directory, buffered and, where the filesystem allows it, O_DIRECT (the faster of the two),
+measured before the point's first save and again after its last. Each repeat's ceiling is the FASTER
+of those two moments (a slow moment can only lower the save's ratio, never make a pass easier); how
+much the two disagree (`ceiling_spread`) is the ceiling's own noise, which the bandwidth claim allows
+a save above the ceiling before it calls the ceiling defective (claims.py). Every timed write (a save,
+a buffered fio job) follows an untimed page-cache warm-up of its size (instruments.warm_pages).
+Async points measure no ceiling (nothing compares async bandwidth with it). Where fio is missing or
+fails the ceiling columns are NaN and `ceiling_error` says why; the point itself still runs.
 
 On `device="cuda"` the state lives on the GPU: a sync save's time includes its device-to-host copy
 (`d2h_s`), an async save blocks for the snapshot into pinned host memory only (`snapshot_s`; the
-background serialisation + fsync + commit is `persist_s`), each probe of the ceiling is the D2H
-ceiling of the same bytes plus the storage ceiling (instruments.CEILINGS, the `ceiling` column),
-and `load_s` includes copying the loaded state back onto the GPU.
+background serialisation + fsync + commit is `persist_s`), each moment of the ceiling is the D2H
+ceiling of the same bytes, probed right before and right after each save, plus fio's storage ceiling
+(instruments.CEILINGS, the `ceiling` column), and `load_s` includes copying the loaded state back
+onto the GPU.
 
 The other task bodies' functions live in their own modules and are exposed here: `ranks_point`
 (DCP from N ranks, distributed.py), `resume_check` and `overhead_run` (training-state
@@ -32,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpcdl.studies.checkpoint import integrity, saver
+from hpcdl.studies.checkpoint import fio, integrity, saver
 from hpcdl.studies.checkpoint.distributed import run_point as ranks_point
 from hpcdl.studies.checkpoint.instruments import (
     CEILINGS,
@@ -40,7 +43,6 @@ from hpcdl.studies.checkpoint.instruments import (
     check_scratch_budget,
     d2h_ceiling,
     on_device,
-    storage_ceiling,
     synthetic_state,
     warm_pages,
 )
@@ -87,23 +89,47 @@ def _snapshot_passes(ckpt: saver.AsyncCheckpointer, flat: dict, passes: int) -> 
 
 
 def _typical_blocking(timing: saver.SaveTiming, extra: list[float]) -> float:
-    """The save's blocking time with its snapshot copy replaced by the median of all the repeat's
-    snapshot copies (the save's own and `extra`); a sync save's own blocking time. On the laptop VM
-    2-4 in 60 copies of 256 MiB stall for 40-140 ms on the host (no guest fault, no steal), so one
-    copy's time is the host's draw; the median of three needs two of them stalled."""
+    """Context, not judged by any claim: the save's blocking time with its snapshot copy replaced by
+    the median of all the repeat's snapshot copies (the save's own and `extra`, made after the save
+    is durable); a sync save's own blocking time. Training stalls on the save's own copy, which is
+    what the async claim judges (`blocking_s`); this shows how typical that copy was (on the laptop
+    VM 2-4 in 60 copies of 256 MiB stall for 40-140 ms on the host)."""
     if not extra or not np.isfinite(timing.snapshot_s):
         return timing.blocking_s
     return timing.blocking_s - timing.snapshot_s + float(np.median([timing.snapshot_s, *extra]))
 
 
+FIO_MOMENTS = ("before", "after")
+
+
+def fio_columns(nbytes: int, before: fio.Moment | None, after: fio.Moment | None) -> dict:
+    """A repeat's record of its point's fio ceiling: each moment's buffered and direct bandwidth
+    (`fio_<moment>_<kind>_bytes_per_s`), why direct was not measured (`fio_direct_note`), fio's wall
+    seconds (`fio_s`, warm-ups included), why there is no ceiling (`ceiling_error`), and each moment's
+    storage seconds (nbytes / its faster job; NaN without one). An async point's are all empty."""
+    nan = float("nan")
+    moments = dict(zip(FIO_MOMENTS, (before, after), strict=True))
+    out = {f"fio_{m}_{kind}_bytes_per_s": getattr(x, kind) if x is not None else nan
+           for m, x in moments.items() for kind in ("buffered", "direct")}
+    if before is None or after is None:
+        return {**out, "fio_direct_note": "", "fio_s": nan, "ceiling_source": "", "ceiling_error": "",
+                "storage_before_s": nan, "storage_after_s": nan}
+    errors = list(dict.fromkeys(x.error for x in (before, after) if x.error))
+    notes = list(dict.fromkeys(x.direct_note for x in (before, after) if x.direct_note))
+    return {**out, "fio_direct_note": "; ".join(notes), "fio_s": before.wall_s + after.wall_s,
+            "ceiling_source": "fio", "ceiling_error": "; ".join(errors),
+            **{f"storage_{m}_s": nan if x.error else nbytes / x.bw_bytes_per_s for m, x in moments.items()}}
+
+
 def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: int = 1,
               seed: int = 0, cold_load: bool = True, rss_interval_s: float = 0.002,
               scratch_limit_mb: float | None = None, device: str = "cpu",
-              snapshot_passes: int = 1) -> list[dict]:
+              snapshot_passes: int = 1, ceiling: bool = True) -> list[dict]:
     """Measure one (format, mode, size) point with the state on `device`; one record per repeat.
-    An async repeat times `snapshot_passes` snapshot copies in all (its save's own, then the rest
-    once the save is durable) and records their median as `blocking_typical_s` (see
-    `_typical_blocking`). Scratch is removed after."""
+    A sync point measures fio's storage ceiling before its first save and after its last unless
+    `ceiling` is False (its ceiling columns are then NaN, `ceiling_error` says so). An async repeat
+    times `snapshot_passes` snapshot copies in all (its save's own, then the rest once the save is
+    durable, context only: `blocking_typical_s`, see `_typical_blocking`). Scratch is removed after."""
     if mode not in ("sync", "async"):
         raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
     if int(snapshot_passes) != snapshot_passes or snapshot_passes < 1:
@@ -111,13 +137,12 @@ def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: 
     if device not in CEILINGS:
         raise ValueError(f"device must be a resolved device, cpu or cuda; got {device!r}")
     cuda = device == "cuda"
-    nan = float("nan")
     root = Path(scratch_dir) / f"{fmt}-{mode}-{n_params}-{os.getpid()}"
     root.mkdir(parents=True, exist_ok=True)
     try:
         flat = on_device(synthetic_state(n_params, seed), device)
         nbytes = tensor_bytes(flat)
-        # The checkpoint and the probe after it (or its page-cache warm-up, deleted first) coexist briefly.
+        # A checkpoint and its page-cache warm-up (or fio's file and its warm-up) coexist briefly.
         check_scratch_budget(root, 2 * nbytes + (1 << 20),
                              None if scratch_limit_mb is None else int(scratch_limit_mb * 2**20))
         _warm_up(root, fmt, device)
@@ -129,30 +154,24 @@ def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: 
         if pinned is not None:
             pinned.prepare(flat)
 
-        # what a probe writes: the state's own host bytes (on cuda, the D2H ceiling's pinned copy)
-        host = list((pinned.buffers if pinned is not None else flat).values()) if ckpt is None else None
+        def storage() -> fio.Moment:
+            if not ceiling:
+                return fio.Moment(error="no ceiling measured at this size (checkpoint.ceiling_sizes)")
+            return fio.measure(root, nbytes, warm=warm_pages)
 
-        def probe(after: bool) -> tuple[float, float]:
-            """(storage ceiling s, D2H ceiling s: 0 for state in host memory) of the state's bytes;
-            the storage probe is the one next to the save."""
-            d2h = d2h_ceiling(flat, pinned) if pinned is not None and not after else 0.0
-            storage = storage_ceiling(root, nbytes, host)
-            if pinned is not None and after:
-                d2h = d2h_ceiling(flat, pinned)
-            return storage, d2h
-
+        before = storage() if ckpt is None else None
         rows = []
         for rep in range(repeats):
             name = f"rep-{rep:03d}"
-            st_before, d2h_before = probe(after=False) if ckpt is None else (nan, nan)
-            warm_pages(root, nbytes)  # as before each probe: the save's page cache as warm as theirs
+            d2h_before = d2h_ceiling(flat, pinned) if pinned is not None else 0.0
+            warm_pages(root, nbytes)  # as before fio's buffered job: the save's page cache as warm as its
             with PeakRSS(rss_interval_s) as save_mem:
                 if ckpt is None:
                     timing = saver.save(flat, root, name, fmt)
                 else:
                     ckpt.save(flat, name)
                     timing = ckpt.wait()
-            st_after, d2h_after = probe(after=True) if ckpt is None else (nan, nan)
+            d2h_after = d2h_ceiling(flat, pinned) if pinned is not None else 0.0
             # after the save is durable, so the extra copies neither warm nor contend with its own
             extra = _snapshot_passes(ckpt, flat, snapshot_passes - 1) if ckpt is not None else []
             if cold_load:
@@ -180,16 +199,31 @@ def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: 
                                       if ckpt is not None else ""),
                 "blocking_typical_s": _typical_blocking(timing, extra),
                 "write_bw_bytes_per_s": timing.file_bytes / timing.durable_s,
-                # the ceiling of each moment: D2H (on cuda) then storage, the two as a save does them
-                **ceiling_pair(nbytes, st_before + d2h_before, st_after + d2h_after,
-                               timing.file_bytes / timing.durable_s),
                 "ceiling": CEILINGS[device] if ckpt is None else "",
-                # the parts of the faster probe (the ceiling)
-                **_parts(st_before, d2h_before, st_after, d2h_after, pinned is not None),
                 "save_peak_extra_rss_bytes": save_mem.peak_extra_bytes,
                 "load_peak_extra_rss_bytes": load_mem.peak_extra_bytes,
                 "roundtrip_ok": bool(ok), "cold_load": bool(cold_load),
+                "_d2h": (d2h_before, d2h_after),
             })
-        return rows
+        after = storage() if ckpt is None else None
+        return [_with_ceiling(r, nbytes, before, after, pinned is not None) for r in rows]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _with_ceiling(row: dict, nbytes: int, before: fio.Moment | None, after: fio.Moment | None,
+                  cuda: bool) -> dict:
+    """A repeat's record with its ceiling: fio's storage ceiling of each moment (plus, on cuda, the
+    D2H probe right before / after the save), the save's ratio to the faster moment, their spread."""
+    d2h_before, d2h_after = row.pop("_d2h")
+    cols = fio_columns(nbytes, before, after)
+    st_before, st_after = cols.pop("storage_before_s"), cols.pop("storage_after_s")
+    nan = float("nan")
+    if before is None or not (np.isfinite(st_before) and np.isfinite(st_after)):
+        pair = {"ceiling_before_s": nan, "ceiling_after_s": nan, "ceiling_s": nan,
+                "ceiling_bw_bytes_per_s": nan, "bw_over_ceiling": nan, "ceiling_spread": nan}
+        parts = {"storage_ceiling_s": nan, "d2h_ceiling_s": min(d2h_before, d2h_after) if cuda else nan}
+    else:
+        pair = ceiling_pair(nbytes, st_before + d2h_before, st_after + d2h_after, row["write_bw_bytes_per_s"])
+        parts = _parts(st_before, d2h_before, st_after, d2h_after, cuda)
+    return {**row, **pair, **parts, **cols}

@@ -10,8 +10,10 @@ rename) as in the 1-rank path; a load reads the shards back onto the ranks' devi
 The ceiling is the same byte count written concurrently by the same ranks (each its share, the way
 a save writes: instruments.storage_ceiling), on the GPU preceded by each rank's D2H ceiling (its
 shards copied into pinned host memory), instruments.CEILINGS; each rank warms its page cache before
-the probe and before the save alike (instruments.warm_pages). `rank_point` runs on every rank via
-`hpcdl.platform.kit.rank_runtime.launch.run_ranks`; `run_point` launches it and merges the ranks.
+the probe and before the save alike (instruments.warm_pages). This own probe is context (io_cost.csv's
+DCP rows), no claim divides by it; the single-process points' ceiling is fio's (compute.py).
+`rank_point` runs on every rank via `hpcdl.platform.kit.rank_runtime.launch.run_ranks`; `run_point`
+launches it and merges the ranks.
 """
 
 from __future__ import annotations
@@ -210,6 +212,7 @@ def run_point(ranks: int, n_params: int, scratch_dir: str, *, repeats: int = 1, 
             "load_s": max(r["load_s"] for r in rr), "verify_s": max(r["verify_s"] for r in rr),
             "write_bw_bytes_per_s": rr[0]["file_bytes"] / durable, "ceiling_s": rr[0]["ceiling_s"],
             "ceiling_bw_bytes_per_s": nbytes / rr[0]["ceiling_s"], "ceiling": CEILINGS[device],
+            "ceiling_source": "own probe",  # not fio's (compute.py): the ranks write it concurrently
             "d2h_ceiling_s": rr[0]["d2h_ceiling_s"],
             "save_peak_extra_rss_bytes": sum(r["save_peak_extra_rss_bytes"] for r in rr),
             "load_peak_extra_rss_bytes": sum(r["load_peak_extra_rss_bytes"] for r in rr),

@@ -77,9 +77,18 @@ def draw(cfg: dict, study_dir: Path) -> None:
         d = sync[sync["format"] == f].sort_values("state_bytes")
         ax.plot(d["state_bytes"] / MiB, d["write_bw_bytes_per_s"] / MiB, "o-", color=col[f], label=f)
     if not sync.empty:
-        ceil = sync.groupby("state_bytes")["ceiling_bw_bytes_per_s"].median()
-        ax.plot(ceil.index / MiB, ceil.values / MiB, "k--", lw=2,
-                label=f"ceiling: {CEILINGS.get(device, 'storage (write+fsync)')}")
+        ceil = sync.groupby("state_bytes")["ceiling_bw_bytes_per_s"].median().dropna()
+        fio = "ceiling_source" in sync and sync["ceiling_source"].eq("fio").any()
+        label = f"ceiling: {CEILINGS.get(device, 'storage (write+fsync)')}" + (", fio" if fio else "")
+        # a line where the ceiling was measured at several sizes, a mark where at one (ceiling_sizes)
+        if not ceil.empty:
+            ax.plot(ceil.index / MiB, ceil.values / MiB, "k--" if len(ceil) > 1 else "kx", lw=2, ms=10,
+                    label=label)
+        errors = [e for e in sync.get("ceiling_error", pd.Series(dtype=object))
+                  if isinstance(e, str) and e and "ceiling_sizes" not in e]  # a CSV's empty text reads as NaN
+        if ceil.empty and errors:
+            ax.text(0.5, 0.5, f"no storage ceiling: {errors[0]}", transform=ax.transAxes, ha="center",
+                    va="center", fontsize=8, wrap=True)
     else:
         mark_no_data(ax, "no successful sync points in this run")
     _size_axis(ax)

@@ -2,7 +2,8 @@
 (in host memory, or on the GPU), the bandwidth ceiling and the peak extra RAM, and the scratch budget
 a point must fit in.
 
-The storage ceiling is the same bytes written the way a save writes them (`storage_ceiling`): a fresh
+The single-process points' storage ceiling is fio's (fio.py, warmed by `warm_pages` like a save). The
+DCP ranks points' own probe is the same bytes written the way a save writes them (`storage_ceiling`): a fresh
 staging directory next to the checkpoints, one file written through a Python file object, fsync'd
 with the saves' own `integrity.make_durable`, timed from before the mkdir to durable like a save's
 `durable_s`; only the format's encoding is missing. Before it and before every save, `warm_pages`
@@ -41,7 +42,8 @@ from hpcdl.studies.checkpoint import integrity
 
 LAYER_WIDTH = 1024
 LAYER_PARAMS = 1 << 22  # 16 MiB fp32 per tensor: many tensors, as in a real state_dict
-# Which ceiling a save's bandwidth is divided by, on each device (the tables' `ceiling` column).
+# Which ceiling a save's bandwidth is divided by, on each device (the tables' `ceiling` column; what
+# measured its storage part is `ceiling_source`: fio, or the DCP ranks points' own probe).
 CEILINGS = {"cpu": "storage (write+fsync)",
             "cuda": "D2H pinned memcpy + storage (write+fsync)"}
 

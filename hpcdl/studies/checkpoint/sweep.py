@@ -45,8 +45,10 @@ def io_points(cfg: dict, device: str) -> list[dict]:
               "scratch_dir": scratch, "device": _device(device)}
     sharing = {"gpu_sharing": bool(b.get("gpu_sharing", False))} if device == "cuda" else {}
     sizes = sweep_sizes(**b["sizes"])
+    # fio's ceiling: at every size, or at the claim's (the largest) only (checkpoint.ceiling_sizes)
+    fio_at = set(sizes) if b.get("ceiling_sizes", "all") == "all" else {max(sizes)}
     points = [{"kind": "io", "fmt": f, "mode": m, "n_params": n, **common,
-               **({"snapshot_passes": b["snapshot_passes"]} if m == "async" else {})}
+               **({"snapshot_passes": b["snapshot_passes"]} if m == "async" else {"ceiling": n in fio_at})}
               for n in sizes for f in b["formats"] for m in b["modes"]]
     points += [{"kind": "ranks", "ranks": r, "n_params": n, "timeout_s": b["rank_timeout_s"], **common,
                 **sharing}

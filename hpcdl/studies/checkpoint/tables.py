@@ -43,28 +43,39 @@ def run_device(df: pd.DataFrame, study_dir: Path | None = None) -> str:
     return recorded if recorded in DEVICE_NAMES else "cpu"
 
 
+TEXT_COLS = ["ceiling", "placement", "ceiling_source", "ceiling_error", "fio_direct_note"]
+
+
+def _text(col: pd.Series) -> pd.Series:
+    """A text column with "" for missing values (a CSV column of empty strings reads back as NaN floats)."""
+    return col.astype(object).where(col.notna(), "").astype(str)
+
+
 def io_cost(raw: pd.DataFrame) -> pd.DataFrame:
     """Median over repeats per (format, mode, process group, ranks, size).
 
     `bw_over_ceiling` is the median of the paired ratios: each repeat's write bandwidth over the
-    ceiling probed around that same save (the faster probe, compute.py), never over a ceiling pooled
-    across formats and times, so the storage's drift between points cancels. `ceiling_spread` is the median
-    disagreement of a repeat's two probes (the ceiling's own noise). Rows without a per-repeat
-    ratio (DCP ranks points: one probe before the save) get write bandwidth / that repeat's probe.
-    `ceiling` names the ceiling of the row's device (instruments.CEILINGS). An async row's
-    `blocking_over_sync` is its blocking time over the sync save of the same device, format and size.
+    ceiling of that same save's point (the faster of fio's runs before and after its saves,
+    compute.py), never over a ceiling pooled across formats and times, so the storage's drift between
+    points cancels. `ceiling_spread` is the median disagreement of the two moments (the ceiling's own
+    noise). Rows without a per-repeat ratio (DCP ranks points: one own probe before the save) get write
+    bandwidth / that repeat's probe. `ceiling` names the ceiling of the row's device
+    (instruments.CEILINGS), `ceiling_source` what measured it (fio; "own probe" for DCP ranks), and
+    `ceiling_error` why a point has none (fio missing or failed). An async row's `blocking_over_sync`
+    is its blocking time (its save's own snapshot copy) over the sync save of the same device, format
+    and size.
     """
     ok = with_device(ok_rows(raw))
     keys = KEYS
     if ok.empty:
-        return pd.DataFrame(columns=[*keys, "repeats", *MEDIAN_COLS, *PHASE_COLS, "ceiling", "placement",
+        return pd.DataFrame(columns=[*keys, "repeats", *MEDIAN_COLS, *PHASE_COLS, *TEXT_COLS,
                                      "sync_blocking_s", "blocking_over_sync", "roundtrip_ok"])
     ok["roundtrip_ok"] = ok["roundtrip_ok"].astype(str).str.lower() == "true"
     for col in ("bw_over_ceiling", "ceiling_spread", *PHASE_COLS):
         if col not in ok:
             ok[col] = float("nan")
-    for col in ("ceiling", "placement"):
-        ok[col] = ok[col].fillna("").astype(str) if col in ok else ""
+    for col in TEXT_COLS:
+        ok[col] = _text(ok[col]) if col in ok else ""
     # a sync row from before the `ceiling` column was divided by the CPU's storage ceiling
     ok.loc[(ok["ceiling"] == "") & (ok["mode"] == "sync") & (ok["device"] == "cpu"), "ceiling"] = \
         CEILINGS["cpu"]
@@ -72,8 +83,8 @@ def io_cost(raw: pd.DataFrame) -> pd.DataFrame:
                                                          / ok["ceiling_bw_bytes_per_s"])
     g = ok.groupby(keys, sort=True)
     out = g[MEDIAN_COLS + PHASE_COLS].median()
-    out["ceiling"] = g["ceiling"].first()
-    out["placement"] = g["placement"].first()
+    for col in TEXT_COLS:  # the first non-empty value of the point's repeats
+        out[col] = g[col].agg(lambda v: next((x for x in v if x), ""))
     out["repeats"] = g.size()
     out["roundtrip_ok"] = g["roundtrip_ok"].all()
     out = out.reset_index()
@@ -86,37 +97,46 @@ def io_cost(raw: pd.DataFrame) -> pd.DataFrame:
 
 
 def async_repeats(raw: pd.DataFrame) -> pd.DataFrame:
-    """Per single-process format, size and repeat: the async save's blocking time (its snapshot copy
-    the median of the repeat's snapshot passes) over the sync save's of the same repeat, the
-    run-to-run spread the async claim's interval is taken over."""
+    """Per single-process format, size and repeat: the async save's blocking time (its own snapshot
+    copy, the stall training waits for) over the sync save's of the same repeat, the run-to-run spread
+    the async claim's interval is taken over. Context, not judged: `typical_async_blocking_s` and
+    `typical_blocking_over_sync`, the same with the save's copy replaced by the median of the repeat's
+    snapshot passes (compute._typical_blocking; the save's own where a raw table has none)."""
     cols = ["device", "format", "n_params", "repeat", "async_blocking_s", "sync_blocking_s",
-            "blocking_over_sync"]
+            "blocking_over_sync", "typical_async_blocking_s", "typical_blocking_over_sync"]
     ok = ok_rows(raw)
     if ok.empty or "repeat" not in ok:
         return pd.DataFrame(columns=cols)
     ok = with_device(ok[~ok["process_group"].astype(bool)])
     keys = ["device", "format", "n_params", "repeat"]
-    # an async repeat's snapshot copy as the median of its passes (compute._typical_blocking); a raw
-    # table from before `blocking_typical_s` keeps the save's own
     typical = (ok["blocking_typical_s"].fillna(ok["blocking_s"]) if "blocking_typical_s" in ok
                else ok["blocking_s"])
-    ok = ok.assign(claim_blocking_s=typical)
-    by_mode = {m: ok[ok["mode"] == m].groupby(keys)["claim_blocking_s"].median().rename(f"{m}_blocking_s")
-               for m in ("async", "sync")}
-    out = pd.concat(by_mode.values(), axis=1, join="inner").reset_index()
+    ok = ok.assign(typical_blocking_s=typical)
+    parts = [ok[ok["mode"] == m].groupby(keys)[col].median().rename(name)
+             for m, col, name in (("async", "blocking_s", "async_blocking_s"),
+                                  ("sync", "blocking_s", "sync_blocking_s"),
+                                  ("async", "typical_blocking_s", "typical_async_blocking_s"))]
+    out = pd.concat(parts, axis=1, join="inner").reset_index()
     out["blocking_over_sync"] = out["async_blocking_s"] / out["sync_blocking_s"]
+    out["typical_blocking_over_sync"] = out["typical_async_blocking_s"] / out["sync_blocking_s"]
     return out[cols]
 
 
 def bandwidth_repeats(raw: pd.DataFrame) -> pd.DataFrame:
-    """Per single-process format, size and sync repeat: the save's write bandwidth over the ceiling
-    probed around it (compute.ceiling_pair), the spread the bandwidth claim's interval is taken over."""
-    cols = ["device", "format", "n_params", "repeat", "bw_over_ceiling", "ceiling_spread"]
+    """Per single-process format, size and sync repeat: the save's write bandwidth over its point's
+    ceiling (compute.ceiling_pair), the ceiling's spread, both bandwidths and, where the point has no
+    ceiling, why (`ceiling_error`): the items the bandwidth claim judges one by one."""
+    cols = ["device", "format", "n_params", "repeat", "bw_over_ceiling", "ceiling_spread",
+            "write_bw_bytes_per_s", "ceiling_bw_bytes_per_s", "ceiling_error"]
     ok = ok_rows(raw)
     if ok.empty or not {"repeat", "bw_over_ceiling", "ceiling_spread"} <= set(ok):  # ceiling_pair writes both
         return pd.DataFrame(columns=cols)
     ok = with_device(ok[~ok["process_group"].astype(bool) & (ok["mode"] == "sync")])
-    return ok[cols].dropna(subset=["bw_over_ceiling"]).sort_values(cols[:4]).reset_index(drop=True)
+    ok = ok.assign(**{c: float("nan") for c in cols[6:8] if c not in ok})  # the two bandwidths
+    ok["ceiling_error"] = _text(ok["ceiling_error"]) if "ceiling_error" in ok else ""
+    # a repeat without a ratio stays where its point says why (fio missing or failed)
+    ok = ok[ok["bw_over_ceiling"].notna() | (ok["ceiling_error"] != "")]
+    return ok[cols].sort_values(cols[:4]).reset_index(drop=True)
 
 
 def overhead_table(raw: pd.DataFrame) -> pd.DataFrame:

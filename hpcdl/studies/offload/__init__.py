@@ -6,6 +6,10 @@ activations moved to a slower memory tier, the copies overlapped with compute.
     timeline     compute / transfer / wait spans of a step; the hidden fraction of transfer time
     model        the MLP stack and its seeded synthetic batches
     optimizer    Adam with master weights and moments in the slow tier, streamed in buckets
+    zero         ZeRO-Offload: parameters and gradients in the fast tier, masters, moments and the
+                 Adam step on the host
+    precision    the training precision (fp32, bf16, fp16), none's mixed-precision Adam, the weights' sample
+    tolerance    how far apart two runs' weights may be when their Adam kernels differ (numpy only)
     activations  saved tensors kept (accounted) or packed to the slow tier and prefetched
     train        one measured training run under a strategy
     capacity     the largest depth that trains under the budget, per strategy
@@ -21,9 +25,10 @@ from hpcdl.platform import StudySpec, computing_units_of
 
 def _run_resources(cfg: dict) -> dict:
     m = cfg["offload"]["model"]
-    # the none strategy at the largest depth (16 bytes per parameter + 8 per activation element);
-    # on CPU it is all process memory, on a GPU the slow tier holds about as much in pinned host memory
-    largest = max(m["depths"]) * (16 * m["width"] ** 2 + 8 * m["batch"] * m["width"])
+    # the largest point at the largest depth: none's 16 bytes per parameter (18 at bf16 / fp16), or
+    # zero_offload's 2-8 in the fast tier and 18-20 on the host, so 24; + 8 per activation element. On
+    # CPU it is all process memory, on a GPU the slow tier holds about as much in host memory
+    largest = max(m["depths"]) * (24 * m["width"] ** 2 + 8 * m["batch"] * m["width"])
     return {"mem_mb": max(2000, 2 * largest // 2**20), "runtime": 60}
 
 
@@ -31,8 +36,8 @@ def _setting(cfg: dict) -> str:
     b = cfg["offload"]
     m = b["model"]
     return (f"MLP width {m['width']}, batch {m['batch']}, depths {m['depths']}, strategies "
-            f"{'/'.join(b['strategies'])}, capacity under a {b['capacity']['budget_mb']:g} MiB fast-tier "
-            "budget")
+            f"{'/'.join(b['strategies'])} at {b.get('precision', 'fp32')}, capacity under a "
+            f"{b['capacity']['budget_mb']:g} MiB fast-tier budget")
 
 
 # Which paper figure each of ours re-draws (StudySpec.paper_figures). Neither paper's figures were read

@@ -7,12 +7,18 @@ prefetched activations and the optimizer's bucket staging buffers. Transient tem
 kernel (a matmul's output before it is saved) are not charged; the process's peak RSS, measured
 beside it, shows everything. Exceeding the budget raises `BudgetExceeded`: that is the trial failing,
 which is how the capacity search decides that a model does not fit.
+
+Beside the peak of everything, the registry keeps the peak of the model's state alone (every kind but
+the saved activations: parameters, gradients, fp32 master weights, optimizer state and staging), the
+numerator of the fast tier's bytes per parameter (`state_peak`; train.py divides it by the parameters).
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+
+NOT_MODEL_STATE = frozenset({"activations"})  # scales with the batch, not with the parameters
 
 
 class BudgetExceeded(MemoryError):
@@ -35,6 +41,8 @@ class FastTier:
         self.peak = 0
         self.by_kind: dict[str, int] = {}
         self.peak_by_kind: dict[str, int] = {}
+        self.state_resident = 0
+        self.state_peak = 0
         self._lock = threading.Lock()
 
     def check_single(self, nbytes: int, what: str) -> None:
@@ -57,11 +65,16 @@ class FastTier:
             if self.resident > self.peak:
                 self.peak = self.resident
                 self.peak_by_kind = dict(self.by_kind)
+            if kind not in NOT_MODEL_STATE:
+                self.state_resident += nbytes
+                self.state_peak = max(self.state_peak, self.state_resident)
 
     def release(self, nbytes: int, kind: str) -> None:
         with self._lock:
             self.resident -= nbytes
             self.by_kind[kind] -= nbytes
+            if kind not in NOT_MODEL_STATE:
+                self.state_resident -= nbytes
 
     def track(self, tensor, kind: str, what: str = ""):
         """Charge a tensor's bytes now and release them when the tensor is garbage collected."""

@@ -84,6 +84,7 @@ def _result(spec: RunSpec, depth: int, probes: list, rec: dict | None, capped: b
 
     return {
         "strategy": spec.strategy,
+        "precision": spec.precision,
         "width": spec.width,
         "batch": spec.batch,
         "budget_mb": spec.budget_mb,

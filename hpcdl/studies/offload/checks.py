@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from hpcdl.platform import ConfigError
 
 
@@ -24,6 +26,10 @@ def check(cfg: dict) -> None:
     if block["warmup_steps"] >= block["steps"]:
         raise ConfigError("offload.warmup_steps", block["warmup_steps"],
                           f"fewer than offload.steps ({block['steps']}), or no step is measured")
+    scale = block.get("loss_scale", 65536)
+    if not (scale >= 1 and math.log2(scale).is_integer()):
+        raise ConfigError("offload.loss_scale", scale,
+                          "a power of two (fp16's gradients are unscaled exactly)")
     if block["capacity"]["max_depth"] < max(block["model"]["depths"]):
         raise ConfigError("offload.capacity.max_depth", block["capacity"]["max_depth"],
                           f"at least the largest of offload.model.depths ({max(block['model']['depths'])})")

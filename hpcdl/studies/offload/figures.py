@@ -12,16 +12,17 @@ from hpcdl.platform import StudyDir, mark_no_data, pyplot, read_or_empty, read_t
 from hpcdl.studies.offload.tables import ORDER
 
 MiB = 2**20
-COLORS = dict(zip(ORDER, ["C0", "C1", "C2", "C3", "C4"], strict=True))
+COLORS = dict(zip(ORDER, ["C0", "C1", "C2", "C3", "C4", "C6"], strict=True))
 
 
 def _tier_label(df: pd.DataFrame) -> str:
     if df.empty or "tier" not in df:
         return ""
     tier = str(df["tier"].iloc[0])
+    precision = f"; {df['precision'].iloc[0]}" if "precision" in df else ""
     if tier == "ram>file":
-        return f"CPU analogue: fast = process memory, slow = files ({df['io_mode'].iloc[0]})"
-    return "CUDA: fast = GPU memory, slow = pinned host memory"
+        return f"CPU analogue: fast = process memory, slow = files ({df['io_mode'].iloc[0]}){precision}"
+    return f"CUDA: fast = GPU memory, slow = pinned host memory{precision}"
 
 
 def draw(cfg: dict, study_dir: Path) -> None:

@@ -12,9 +12,12 @@ buckets ahead); a staging set is reused only after its copy-out is confirmed, an
 buckets' copy-outs are confirmed at the next step (they overlap that step's forward pass).
 
 A bucket is a run of whole parameter tensors up to `bucket_bytes` of fp32 (a tensor larger than
-that is a bucket of its own). The update is torch.optim.adam.adam, the functional form of
-torch.optim.Adam, on tensors of the same shapes with the same foreach/fused setting as the
-in-memory baseline: element for element the same arithmetic, so the weights are bit-identical.
+that is a bucket of its own; `backward_buckets`, which zero_offload's buckets share). The update is
+torch.optim.adam.adam, the functional form of torch.optim.Adam, on tensors of the same shapes with the
+same foreach/fused setting as the in-memory baseline: element for element the same arithmetic, so
+the weights are bit-identical. At bf16 / fp16 (precision.py) the parameters and gradients are in that
+format: a bucket's gradients are cast up (and unscaled) for the update and its masters cast back into
+the parameters, as the baseline's MasterAdam does.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from torch.optim.adam import adam as adam_functional
 
 from hpcdl.studies.offload.accounting import FastTier
+from hpcdl.studies.offload.precision import unscaled
 
 
 def buckets_of(sizes: list[int], bucket_elems: int) -> list[list[int]]:
@@ -36,6 +40,13 @@ def buckets_of(sizes: list[int], bucket_elems: int) -> list[list[int]]:
     if cur:
         out.append(cur)
     return out
+
+
+def backward_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
+    """Parameter indices in buckets, in the order backward produces their gradients (the last layer's
+    first), each up to `bucket_bytes` of fp32 (whole tensors)."""
+    order = list(reversed(range(len(sizes))))
+    return [[order[j] for j in b] for b in buckets_of([sizes[i] for i in order], max(1, bucket_bytes // 4))]
 
 
 class OffloadedAdam:
@@ -56,17 +67,16 @@ class OffloadedAdam:
         fused: bool = False,
         in_backward: bool = True,
         staging_sets: int = 3,
+        loss_scale: float = 1.0,
     ):
         self.params = list(params)
         self.tier, self.fast, self.timeline = tier, fast, timeline
         self.hyper = dict(lr=lr, beta1=betas[0], beta2=betas[1], eps=eps, weight_decay=weight_decay)
         self.foreach, self.fused = (False if fused else bool(foreach)), bool(fused)
+        self.inv = 1.0 / loss_scale
         sizes = [p.numel() for p in self.params]
         # buckets in the order backward produces gradients: the last layer's first
-        order = list(reversed(range(len(sizes))))
-        self.buckets = [
-            [order[j] for j in b] for b in buckets_of([sizes[i] for i in order], max(1, bucket_bytes // 4))
-        ]
+        self.buckets = backward_buckets(sizes, bucket_bytes)
         self._bucket_of = {i: k for k, b in enumerate(self.buckets) for i in b}
         self._ready = [0] * len(self.buckets)
         self._next = 0
@@ -153,7 +163,7 @@ class OffloadedAdam:
             idx = [v[0] for v in views]
             adam_functional(
                 [v[1] for v in views],
-                [self.params[i].grad.float() for i in idx],
+                [unscaled(self.params[i].grad, self.inv) for i in idx],
                 [v[2] for v in views],
                 [v[3] for v in views],
                 [],

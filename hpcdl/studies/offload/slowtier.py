@@ -28,8 +28,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
 from hpcdl.studies.offload.procs import pid_alive
 
 IO_MODES = ("page_cache", "dontneed")
@@ -163,7 +161,10 @@ class FileTier:
     # --------------------------------------------------------------- copies
     @staticmethod
     def _bytes(t) -> memoryview:
-        return memoryview(t.detach().contiguous().view(-1).numpy().view(np.uint8))
+        import torch
+
+        # as bytes first: numpy has no bfloat16
+        return memoryview(t.detach().contiguous().view(-1).view(torch.uint8).numpy())
 
     def put(self, src, region: str, offset: int, kind: str) -> Ticket:
         buf = self._bytes(src)

@@ -52,6 +52,10 @@ def _common(cfg: dict, device: str) -> dict:
         "prefetch_depth": b["activations"]["prefetch_depth"],
         "write_window": b["activations"]["write_window"],
         "rss_interval_s": b["rss_interval_ms"] / 1000.0,
+        "precision": b["precision"],
+        "loss_scale": b["loss_scale"],
+        "host_adam": b["zero_offload"]["host_adam"],
+        "grad_window": b["zero_offload"]["grad_window"],
     }
 
 

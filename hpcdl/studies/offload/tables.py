@@ -1,8 +1,9 @@
 """Tables stage of the memory-offload study: raw/ -> tables/ (docs/architecture.md, "Stages").
 
-tradeoff.csv (per strategy and depth: measured and accounted peak memory, step-time split, bytes moved,
-hidden fraction, and the ratios to `none` at the same depth: memory (measured, and the registry's),
-slowdown, bit-identical weights), capacity.csv
+tradeoff.csv (per strategy and depth: measured and accounted peak memory, the fast tier's bytes per
+parameter, step-time split, bytes moved, hidden fraction, and the ratios to `none` at the same depth and
+precision: memory (measured, and the registry's), slowdown, bit-identical weights and, where they are not,
+how far apart in units in the last place (tolerance.py)), capacity.csv
 (largest depth and parameters under the budget per strategy, and the ratio to `none`), tiers.csv
 (both tiers' write and read bandwidth, measured by every sweep point after its run: is the slow tier
 slower? tiers.py) and failures.csv (every failed point).
@@ -17,19 +18,30 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.platform import StudyDir, failures_table, ok_rows, read_or_empty, write_table
-from hpcdl.studies.offload import tiers
+from hpcdl.studies.offload import tiers, tolerance
 
-ORDER = ["none", "optimizer", "activations", "both", "save_on_cpu"]
+ORDER = ["none", "optimizer", "activations", "both", "save_on_cpu", "zero_offload"]
+
+
+def _deviation(r, b) -> float:
+    """How far a row's final weights are from none's, in units in the last place (rms over the sample)."""
+    a, ref = (tolerance.parse_sample(x.get("weights_sample")) for x in (r, b))
+    if not a or len(a) != len(ref):
+        return np.nan
+    return tolerance.deviation(a, ref, str(r.get("precision", "fp32")))
 
 
 def tradeoff(steps: pd.DataFrame) -> pd.DataFrame:
     ok = ok_rows(steps)
     if ok.empty:
         return pd.DataFrame(columns=["strategy", "depth", "memory_ratio", "slowdown", "bit_identical"])
-    base = ok[ok["strategy"] == "none"].set_index("depth")
+    if "precision" not in ok:  # tables from before offload.precision: every run was fp32
+        ok = ok.assign(precision="fp32")
+    base = ok[ok["strategy"] == "none"].set_index(["depth", "precision"])
     rows = []
     for _, r in ok.iterrows():
-        b = base.loc[r["depth"]] if r["depth"] in base.index else None
+        key = (r["depth"], r["precision"])
+        b = base.loc[key] if key in base.index else None
         rows.append(
             {
                 **r.to_dict(),
@@ -43,6 +55,7 @@ def tradeoff(steps: pd.DataFrame) -> pd.DataFrame:
                 else np.nan,
                 "slowdown": r["step_s"] / b["step_s"] if b is not None else np.nan,
                 "bit_identical": (r["weights_sha256"] == b["weights_sha256"]) if b is not None else None,
+                "weights_deviation_ulps": _deviation(r, b) if b is not None else np.nan,
             }
         )
     out = pd.DataFrame(rows)

@@ -6,6 +6,12 @@
     both          optimizer + activations
     save_on_cpu   CUDA only: torch.autograd.graph.save_on_cpu(pin_memory=True), the library's
                   activation offload, with torch.optim.Adam
+    zero_offload  ZeRO-Offload: parameters and gradients in the training precision in the fast tier,
+                  fp32 master weights, Adam's moments and the step on the host (zero.py)
+
+Every strategy trains at `precision` (precision.py): fp32 as always, or bf16 / fp16 with fp32 master
+weights and moments wherever the strategy keeps them (`none`: MasterAdam, in the fast tier), so that
+each is compared with `none` at its own precision.
 
 Per step the timeline (timeline.py) holds the forward / backward / optimizer phases, every
 transfer and every wait; the record gives the median step's phases, and the hidden fraction
@@ -32,12 +38,23 @@ from hpcdl.studies.offload.activations import SavedActivations
 from hpcdl.studies.offload.checks import largest_tensor
 from hpcdl.studies.offload.model import build_mlp, make_batch, n_params
 from hpcdl.studies.offload.optimizer import OffloadedAdam
+from hpcdl.studies.offload.precision import (
+    MasterAdam,
+    check_finite,
+    dtype_of,
+    format_sample,
+    gather,
+    loss_scale_of,
+    sample_positions,
+)
 from hpcdl.studies.offload.slowtier import FileTier, PinnedTier
 from hpcdl.studies.offload.timeline import CpuClock, CudaClock, Timeline
+from hpcdl.studies.offload.zero import ZeroOffloadAdam
 
-STRATEGIES = ("none", "optimizer", "activations", "both", "save_on_cpu")
+STRATEGIES = ("none", "optimizer", "activations", "both", "save_on_cpu", "zero_offload")
 OFFLOADS_OPTIMIZER = {"optimizer", "both"}
 OFFLOADS_ACTIVATIONS = {"activations", "both"}
+NEEDS_TIER = OFFLOADS_OPTIMIZER | OFFLOADS_ACTIVATIONS | {"zero_offload"}
 MEASURED_BY = {True: "torch.cuda.max_memory_allocated", False: "anonymous RSS high-water mark"}
 
 
@@ -74,6 +91,10 @@ class RunSpec:
     rss_interval_s: float = 0.002
     trim_heap: bool = True  # gc + malloc_trim first, so that peak RSS starts from a clean heap
     copy_cores: int = 0  # CPU: cores of the task kept for the slow tier's copy threads (compute_threads)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (precision.py)
+    loss_scale: float = 65536.0  # fp16 only: the static loss scale (a power of two)
+    host_adam: str = "fused"  # zero_offload: torch's CPU Adam on the host (fused | foreach | forloop)
+    grad_window: int = 2  # zero_offload on CPU: gradient buckets whose copy to the host may be in flight
 
 
 def rss_bytes() -> int:
@@ -144,8 +165,8 @@ def _trim_heap() -> None:
 
 def weights_digest(model) -> str:
     h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    for p in model.parameters():  # as bytes (numpy has no bfloat16); fp32 digests are as before
+        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -188,6 +209,8 @@ def _train(spec: RunSpec, keep_weights: bool = False) -> tuple:
         raise ValueError(
             "strategy 'save_on_cpu' needs CUDA (on CPU the saved tensors are already on the CPU)"
         )
+    dtype = dtype_of(spec.precision)
+    scale = loss_scale_of(spec.precision, spec.loss_scale)
     budget = None if spec.budget_mb is None else int(spec.budget_mb * 2**20)
     _warm_process()
     if spec.trim_heap:
@@ -205,8 +228,9 @@ def _train(spec: RunSpec, keep_weights: bool = False) -> tuple:
     rss0 = rss_bytes()
     with _PeakRss(spec.rss_interval_s) as rss:
         fast.check_single(*largest_tensor({"model": {"width": spec.width, "batch": spec.batch}}))
-        model = build_mlp(spec.width, spec.depth, spec.seed, device)
+        model = build_mlp(spec.width, spec.depth, spec.seed, device).to(dtype)
         params = list(model.parameters())
+        positions = sample_positions(params)
 
         def charge_grad(p):  # a new gradient tensor each step (zero_grad sets them to None)
             fast.track(p.grad, "gradients")
@@ -214,9 +238,9 @@ def _train(spec: RunSpec, keep_weights: bool = False) -> tuple:
         for p in params:
             fast.track(p, "parameters")
             p.register_post_accumulate_grad_hook(charge_grad)
+        opt = None
         try:
-            needs_tier = spec.strategy in OFFLOADS_OPTIMIZER | OFFLOADS_ACTIVATIONS
-            if needs_tier:
+            if spec.strategy in NEEDS_TIER:
                 tier = (
                     PinnedTier(timeline, torch.device(device))
                     if cuda
@@ -234,7 +258,23 @@ def _train(spec: RunSpec, keep_weights: bool = False) -> tuple:
                     fused=spec.fused,
                     in_backward=spec.optimizer_in_backward,
                     staging_sets=spec.staging_sets,
+                    loss_scale=scale,
                 )
+            elif spec.strategy == "zero_offload":
+                opt = ZeroOffloadAdam(
+                    params,
+                    tier,
+                    fast,
+                    timeline,
+                    int(spec.bucket_mb * 2**20),
+                    spec.lr,
+                    host_adam=spec.host_adam,
+                    loss_scale=scale,
+                    grad_window=spec.grad_window,
+                )
+            elif dtype != torch.float32:  # mixed precision: fp32 masters and moments in the fast tier
+                opt = MasterAdam(params, fast, spec.lr, foreach=spec.foreach, fused=spec.fused,
+                                 loss_scale=scale)
             else:
                 opt = torch.optim.Adam(
                     params, lr=spec.lr, foreach=False if spec.fused else spec.foreach, fused=spec.fused
@@ -259,7 +299,10 @@ def _train(spec: RunSpec, keep_weights: bool = False) -> tuple:
                         torch.cuda.synchronize()
                         torch.cuda.reset_peak_memory_stats()
                 x, y = make_batch(spec.width, spec.batch, spec.seed, step, device)
-                wall, log = _one_step(model, opt, saved, timeline, x, y, spec.strategy, cuda)
+                wall, log, loss = _one_step(model, opt, saved, timeline, x.to(dtype), y, spec.strategy, cuda,
+                                            scale)
+                if spec.precision == "fp16":
+                    check_finite(loss, params, step, spec.precision, scale)
                 if isinstance(opt, torch.optim.Adam) and step == 0:
                     for st in opt.state.values():  # created by the first step: charge them now
                         fast.track(st["exp_avg"], "optimizer_state")
@@ -286,23 +329,29 @@ def _train(spec: RunSpec, keep_weights: bool = False) -> tuple:
                 log.resolve()
                 per_step.append((_record(wall, log), log.rows()))
             digest = weights_digest(model)
+            sample = format_sample(gather(params, positions))
             weights = [p.detach().cpu().clone() for p in params] if keep_weights else None
         finally:
+            if hasattr(opt, "close"):
+                opt.close()  # zero_offload: its host buffers live in the tier's run directory
             if tier is not None:
                 tier.close()
     # the median step (by step time), whole: its phases add up to its step time
     med, tl_rows = (
         sorted(per_step, key=lambda r: r[0]["step_s"])[(len(per_step) - 1) // 2] if per_step else ({}, [])
     )
+    n = n_params(spec.width, spec.depth)
     out = {
         "strategy": spec.strategy,
+        "precision": spec.precision,
+        "loss_scale": scale,
         "device": device,
         "tier": tier_name(device),
         "io_mode": spec.io_mode if not cuda else "pinned",
         "width": spec.width,
         "depth": spec.depth,
         "batch": spec.batch,
-        "n_params": n_params(spec.width, spec.depth),
+        "n_params": n,
         "steps": spec.steps,
         "measured_steps": len(per_step),
         "compute_threads": torch.get_num_threads(),  # in effect while it trained (train())
@@ -311,6 +360,10 @@ def _train(spec: RunSpec, keep_weights: bool = False) -> tuple:
         "peak_measured_by": MEASURED_BY[cuda],
         "peak_accounted_bytes": fast.peak,
         **{f"peak_{k}_bytes": v for k, v in sorted(fast.peak_by_kind.items())},
+        # the model's state in the fast tier (parameters, gradients, masters, optimizer state and
+        # staging; no activations) at its peak, per parameter: e.g. 16 for none at fp32
+        "fast_state_peak_bytes": fast.state_peak,
+        "fast_bytes_per_param": fast.state_peak / n,
         "peak_rss_bytes": rss.peak,
         "peak_extra_rss_bytes": rss.peak - rss0,
         **{k: v for k, v in med.items() if k != "step"},
@@ -318,6 +371,9 @@ def _train(spec: RunSpec, keep_weights: bool = False) -> tuple:
         # each measured step's own fraction, for the claim's interval (space-separated; nan: no transfer)
         "hidden_frac_steps": " ".join(f"{r['hidden_frac']:.6f}" for r, _ in per_step),
         "weights_sha256": digest,
+        # the final weights at SAMPLE fixed positions: what the claims compare within the tolerance of
+        # tolerance.py where a strategy's update runs other kernels than none's (zero_offload)
+        "weights_sample": sample,
     }
     return (out, tl_rows, weights) if keep_weights else (out, tl_rows)
 
@@ -331,8 +387,9 @@ def _pooled_hidden_fraction(records: list[dict]) -> float:
     return min(1.0, max(0.0, 1.0 - sum(r["exposed_transfer_s"] for r in records) / total))
 
 
-def _one_step(model, opt, saved, tl: Timeline, x, y, strategy, cuda):
-    """One training step; its wall time and its timeline log (resolved later)."""
+def _one_step(model, opt, saved, tl: Timeline, x, y, strategy, cuda, scale: float = 1.0):
+    """One training step; its wall time, its timeline log (resolved later) and its loss. Below fp32
+    the loss is computed in fp32 (the output cast up, as autocast does) and, under fp16, scaled."""
     stream = torch.cuda.current_stream() if cuda else None
     log = tl.start()
     saved.begin_step()
@@ -340,18 +397,19 @@ def _one_step(model, opt, saved, tl: Timeline, x, y, strategy, cuda):
     hooks = torch.autograd.graph.save_on_cpu(pin_memory=True) if strategy == "save_on_cpu" else saved.hooks()
     with tl.phase("forward", stream):
         with hooks:
-            loss = F.mse_loss(model(x), y)
+            out = model(x)
+            loss = F.mse_loss(out, y) if out.dtype == torch.float32 else F.mse_loss(out.float(), y.float())
     with tl.phase("backward", stream):
         if isinstance(opt, OffloadedAdam):
             opt.prefetch()
-        loss.backward()
+        (loss if scale == 1.0 else loss * scale).backward()
     with tl.phase("optimizer", stream):
         opt.step()
         opt.zero_grad()
     saved.end_step()
     if cuda:
         torch.cuda.synchronize()
-    return time.perf_counter() - wall0, log
+    return time.perf_counter() - wall0, log, loss.detach()
 
 
 def _record(wall: float, log) -> dict:
