@@ -1,7 +1,8 @@
 """Micro-batched convolution benchmarks: ratios measured in one run (never fails on timing).
 
     python benchmarks/bench_microbatch.py [--networks alexnet resnet18 deepbench] [--batch 8]
-                                          [--image 64] [--device auto] [--csv PATH]
+                                          [--image 64] [--deepbench-layers subset] [--device auto]
+                                          [--csv PATH]
 
 Per network and policy, for the ILP plan at a total workspace budget equal to the default's:
 1. planned / default time: the executed plan's whole-network fwd+bwd conv time over the default's
@@ -31,6 +32,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--image", type=int, default=64)
     p.add_argument("--deepbench-scale", type=float, default=0.25)
+    p.add_argument("--deepbench-layers", default="subset", choices=["subset", "training_3x3_5x5"],
+                   help="DeepBench's six-layer subset, or the training set's 3x3 and 5x5 layers (μ-cuDNN's)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--stack-vetting-rounds", type=int, default=21,
@@ -54,6 +57,7 @@ def main() -> None:
             None,
             0,
             stack_vetting_rounds=args.stack_vetting_rounds,
+            deepbench_layers=args.deepbench_layers,
         )
         ex = pd.DataFrame(res["execution"])
         speed = network_speedup(ex.assign(device=res["meta"]["device"], status="ok"),

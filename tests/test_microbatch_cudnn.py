@@ -146,12 +146,16 @@ def test_bad_tables_are_refused_with_the_reason():
 
 def test_config_keys_default_and_validate():
     block = validate_config({"studies": ["microbatch"], "microbatch": {}})["microbatch"]
-    assert block["cudnn"] == {"engines": False, "limits_mib": [8, 64, 512], "tf32": False}
+    assert block["cudnn"] == {"engines": False, "limits_mib": [8, 64, 512], "tf32": False, "networks": None,
+                              "deepbench_limits_mib": None, "screen_ratio": None}
     for bad, key in [
         ({"limits_mib": [0]}, "microbatch.cudnn.limits_mib[0]"),
         ({"limits_mib": []}, "microbatch.cudnn.limits_mib"),
         ({"engines": "yes"}, "microbatch.cudnn.engines"),
         ({"engine": True}, "microbatch.cudnn"),
+        ({"networks": ["vgg"]}, "microbatch.cudnn.networks[0]"),
+        ({"deepbench_limits_mib": [0]}, "microbatch.cudnn.deepbench_limits_mib[0]"),
+        ({"screen_ratio": 1}, "microbatch.cudnn.screen_ratio"),
     ]:
         with pytest.raises(ConfigError) as err:
             validate_config({"studies": ["microbatch"], "microbatch": {"cudnn": bad}})

@@ -17,14 +17,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from hpcdl.platform.kit.config import load_config
 from hpcdl.studies.microbatch import engine_table, limits
-from hpcdl.studies.microbatch.dp import policy_sizes
-from hpcdl.studies.microbatch.workloads import alexnet, resnet18
+from hpcdl.studies.microbatch.workloads import alexnet
 
 MiB = 2**20
 ROOT = Path(__file__).resolve().parent.parent
-SIZES = policy_sizes("powerOfTwo", 64)  # configs/gpu.yaml: batch 64, policies undivided + powerOfTwo
 
 
 def test_gpu_slugs_and_the_gpu_configs_setting():
@@ -34,11 +31,7 @@ def test_gpu_slugs_and_the_gpu_configs_setting():
     assert engine_table.gpu_slug("NVIDIA GeForce RTX 4090") == "rtx4090"
     with pytest.raises(ValueError, match="no short name in the GPU model 'NVIDIA'"):
         engine_table.gpu_slug("NVIDIA")
-    s = engine_table.setting(load_config(ROOT / "configs" / "gpu.yaml"))
-    assert s["networks"] == ["alexnet", "resnet18"] and s["batch_size"] == 64 and s["image_size"] == 224
-    assert s["sizes"] == SIZES and s["max_workspace_bytes"] == 512 * MiB and s["tf32"] is False
-    layers = engine_table.layers_of(s)
-    assert len(layers) == 5 + 11 and layers[0][0] == "alexnet" and layers[5] == ("resnet18", resnet18(224)[0])
+    # gpu.yaml's setting (mini-batch 256, three networks) is tests/test_microbatch_settings.py's
 
 
 def _cuda_and_binding() -> bool:

@@ -1,6 +1,7 @@
 """Micro-batched convolution study (after μ-cuDNN): per-kernel micro-batch division by DP and ILP.
 
-workloads   AlexNet / ResNet-18 conv layers and a DeepBench subset, as plain shapes
+workloads   AlexNet / ResNet-18 conv layers and DeepBench layers (a subset, or the training set's 3x3
+            and 5x5 layers μ-cuDNN benchmarks), as plain shapes
 algorithms  the candidate implementations PyTorch has (oneDNN, native im2col, cuDNN modes),
             forced one at a time, with which one really ran
 bench       time and workspace (extra peak memory) per kernel, algorithm and micro-batch
@@ -19,6 +20,8 @@ cudnn_plan  (pure) a network's plans under every limit (configured + the library
             rows, the measured times attached, the network rollup, plan checks against the table
 cudnn_study (CUDA, microbatch.cudnn.engines) one network's engine table, plans and their execution by
             engine id against the baseline: what the task app's second task runs
+cudnn_why   (pure) why micro-batching pays or not per kernel and limit, read off an engine table;
+            cudnn_figures: the cuDNN experiment's figures
 compute     one network point (what the task app runs): benchmark, plan, execute, check exactness
 heap        fixed glibc heap thresholds, so in-process timing comparisons allocate alike
 sweep       the network points of a validated config; checks: config checks beyond the schema
@@ -29,13 +32,23 @@ from hpcdl.platform import StudySpec, computing_units_of
 
 
 def _setting(cfg: dict) -> str:
+    from hpcdl.studies.microbatch.cudnn_plan import cudnn_networks, network_limits_mib
+
     b = cfg["microbatch"]
     cudnn = b.get("cudnn") or {}
-    limits = "/".join(f"{v:g}" for v in sorted({*map(float, cudnn.get("limits_mib", [])), 64.0}))
-    engines = (f"; on CUDA, cuDNN engines by id under {limits} MiB workspace limits (64: the library's "
-               "default)" if cudnn.get("engines") else "")
-    return (f"{'/'.join(b['networks'])} conv layers at batch {b['batch_size']}, image {b['image_size']}, "
-            f"policies {'/'.join(b['policies'])}{engines}")
+    engines = ""
+    if cudnn.get("engines"):
+        per = []
+        for net in cudnn_networks(b):
+            limits = "/".join(f"{v:g}" for v in sorted({*network_limits_mib(b, net), 64.0}))
+            per.append(f"{net} ({limits} MiB)")
+        engines = (f"; on CUDA, μ-cuDNN on cuDNN engines by id at batch {b['batch_size']}: "
+                   f"{', '.join(per)} per-kernel limits (WR, the DP; 64: the library's default), each pooled "
+                   "over the network's kernels for WD (the ILP)")
+    deepbench = (f", DeepBench {b.get('deepbench_layers', 'subset')} x{b['deepbench_scale']:g}"
+                 if "deepbench" in {*b["networks"], *(cudnn.get("networks") or [])} else "")
+    return (f"{'/'.join(b['networks'])} conv layers at batch {b['batch_size']}, image {b['image_size']}"
+            f"{deepbench}, policies {'/'.join(b['policies'])}{engines}")
 
 
 # Which paper figure each of ours re-draws (StudySpec.paper_figures). The paper's figures were not read
@@ -64,6 +77,21 @@ _PAPER_FIGURES = {
         "same per-kernel workspace limit, against that limit (the configured limits and the library "
         "default, 64 MiB), engines run by id; the nearest published setting is the authors' README's "
         "DeepBench run on P100 at 128, 256 and 512 MiB limits (papers.yaml deepbench_p100_limits)."),
+    "cudnn_kernels": (
+        f"{_UCUDNN}. Ours: on CUDA only, each network's conv time per iteration under each workspace limit, "
+        "split into its layers and kernels: the undivided cuDNN baseline, the DP per kernel (WR) and the ILP "
+        "network budget (WD), with the speedup and the kernels divided; the nearest published results are "
+        "the AlexNet and ResNet-18 speedups (papers.yaml alexnet_p100, resnet18_p100, alexnet_v100, "
+        "resnet18_v100)."),
+    "cudnn_deepbench": (
+        "the spcl/ucudnn README's DeepBench figure (misc/deepbench_3x3_5x5.png: DeepBench's 3x3 and 5x5 "
+        "layers on a P100-SXM2, mini-batch 256, 128/256/512 MiB; papers.yaml deepbench_p100_limits), read as "
+        "its caption only. Ours: on CUDA only, each DeepBench layer's speedup of the DP per kernel (WR) over "
+        "the undivided baseline at each limit, 3x3 and 5x5 layers apart, the README's maxima beside."),
+    "cudnn_why": (
+        f"{_UCUDNN}. Ours: on CUDA only, why dividing pays or not per kernel and limit, read off the run's "
+        "engine table: the kernels by cause, the fastest engine's workspace at each micro-batch size and the "
+        "per-call overhead."),
 }
 
 
@@ -85,8 +113,11 @@ SPEC = StudySpec(
         "failures",
         "cudnn_limits",
         "cudnn_networks",
+        "cudnn_engines",
+        "cudnn_why",
     ),
-    figures=("layer_speedup", "budget_speedup", "microbatch_sizes", "predicted_vs_measured", "cudnn_limits"),
+    figures=("layer_speedup", "budget_speedup", "microbatch_sizes", "predicted_vs_measured", "cudnn_limits",
+             "cudnn_kernels", "cudnn_deepbench", "cudnn_why"),
     task_units=computing_units_of("microbatch"),
     devices=("cpu", "cuda"),
     task_gpus=lambda cfg: 1,  # on CUDA each network's task holds one GPU

@@ -66,14 +66,23 @@ def time_rounds(fns: list, device: str, repeats: int, warmup: int) -> list[tuple
     of every repeat of one: ResNet-18's last layer once benchmarked its default at 1.8x its executed
     time that way, and the planner left the default for a configuration that ran slower.
     """
+    times, wall = round_times(fns, device, repeats, warmup)
+    return [(min(t), statistics.median(t), w) for t, w in zip(times, wall, strict=True)]
+
+
+def round_times(fns: list, device: str, repeats: int, warmup: int, first_call: int = 0
+                ) -> tuple[list[list[float]], list[float]]:
+    """time_rounds' measurements before they are summarised: each fns[j]'s time in every round, and
+    the wall seconds spent on it. fns[j] is called with its call count, starting at `first_call` (a
+    later batch of rounds continues the count, so each call walks on to the next micro-batch offset)."""
     n = len(fns)
     if n == 0:  # every configuration of the layer was skipped
-        return []
+        return [], []
     wall = [0.0] * n
     for j, fn in enumerate(fns):
         w0 = time.perf_counter()
         for i in range(warmup):
-            fn(i)
+            fn(first_call + i)
         _sync(device)
         wall[j] += time.perf_counter() - w0
     times: list[list[float]] = [[] for _ in fns]
@@ -82,11 +91,11 @@ def time_rounds(fns: list, device: str, repeats: int, warmup: int) -> list[tuple
         for j in round_order(n, r):
             w0 = time.perf_counter()
             t0 = now()
-            fns[j](warmup + r)
+            fns[j](first_call + warmup + r)
             _sync(device)
             times[j].append(now() - t0)
             wall[j] += time.perf_counter() - w0
-    return [(min(t), statistics.median(t), w) for t, w in zip(times, wall, strict=True)]
+    return times, wall
 
 
 def cpu_peak_extra_bytes(events) -> int:

@@ -96,6 +96,7 @@ def run_network(
     switch_margin: float = 0.05,  # microbatch.switch_margin's default
     threads: int | None = None,
     stack_vetting_rounds: int = 0,  # microbatch.stack_vetting_rounds' default
+    deepbench_layers: str = "subset",  # microbatch.deepbench_layers' default
 ) -> dict:
     """`backward_forms`: how a layer's backward may run: "separate" (backward-data and
     backward-filter kernels, μ-cuDNN's setting), "fused" (PyTorch's one call), or either.
@@ -122,7 +123,7 @@ def run_network(
     )
     device = resolve_device(device)
     torch.manual_seed(seed)
-    layers = network(network_name, image_size, deepbench_scale)
+    layers = network(network_name, image_size, deepbench_scale, deepbench_layers)
     algs = candidates(device, algorithms)
     default = DEFAULT[device]
     if default not in algs:

@@ -3,21 +3,33 @@ micro-batch size, timed at every offset the executor runs it at, or a row saying
 
 Before anything is timed, each plan's fate at each micro-batch offset is decided by the pure
 alignment.decide (built, within the largest limit, every offset aligned as its graph declares), then
-the plan runs once at one offset of each address class (alignment.probe_offsets); what fails there,
-or later inside the timing rounds, becomes a "skipped" row with the reason. Nothing a single plan
-does stops the layer's other plans. Rows carry the graph's declared alignment (`alignment`).
+the plan runs once at one offset of each address class (alignment.probe_offsets; the first, at sample
+0, with a workspace of its own, measures the plan's workspace too); what fails there, or later inside
+the timing rounds, becomes a "skipped" row with the reason. Nothing a single plan does stops the
+layer's other plans. Rows carry the graph's declared alignment (`alignment`) and how many rounds
+timed them (`repeats`).
+
+The probe is the plan's first warm-up call: `warmup` - 1 more run before its timed rounds. With a
+`screen_ratio` (microbatch.cudnn.screen_ratio: time, not the setting), every plan is timed in one
+round first; a plan at least that many times slower than another of the same kernel and micro-batch
+that needs no more workspace is dominated (limits.dominated: no limit can choose it) and keeps that
+round's time, the others run the remaining `repeats` - 1 rounds. On the H200 table of 2026-11-27
+(batch 64) such plans (by 1.5x) took about 80 % of the benchmark's GPU time.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 
 import torch
 
 from hpcdl.studies.microbatch.algorithms import KERNELS, KernelCall
 from hpcdl.studies.microbatch.alignment import decide, describe, probe_offsets, starts
-from hpcdl.studies.microbatch.bench import cuda_peak_extra_bytes, time_rounds
+from hpcdl.studies.microbatch.bench import cuda_peak_extra_bytes, round_times
 from hpcdl.studies.microbatch.cudnn_engines import KernelGraph, graph_for, inputs_at, kernel_operands
+from hpcdl.studies.microbatch.limits import dominated
 
 
 def _why(exc: Exception) -> str:
@@ -49,6 +61,7 @@ def benchmark_layer(
     tf32: bool = False,
     kernels: tuple[str, ...] = KERNELS,
     progress=None,
+    screen_ratio: float | None = None,
 ) -> tuple[list[dict], dict[tuple[str, int], KernelGraph]]:
     """One row per (kernel, micro-batch, plan): the plan's name and index, its reported and measured
     workspace, its time (fastest and median of `repeats` rounds, all plans of a layer interleaved,
@@ -58,7 +71,8 @@ def benchmark_layer(
     not timed) or "skipped" (did not build, or cannot run at some offset, or failed when run; the
     reason says which). A graph no engine supports gives one skipped row with plan_index -1. Also
     returns the graphs by (kernel, size), for the executor. `progress` (a tqdm bar or None) advances
-    by one per (kernel, size)."""
+    by one per (kernel, size). `screen_ratio`: see the module's docstring (None: every plan is timed
+    `repeats` rounds)."""
     if call.device != "cuda":
         raise ValueError("cuDNN engines are benchmarked on CUDA only")
     wrong = [b for b in sizes if not 1 <= b <= call.batch]
@@ -101,15 +115,20 @@ def benchmark_layer(
                     out = out_full if kernel == "backward_filter" else out_full[s : s + b]
                     return g.run(i, inputs_at(call, kernel, s, b), out, shared["ws"] if ws is None else ws)
 
-                def with_workspace(g=g, i=d.index, once=once):
-                    return once(0, ws=g.workspace(i))  # the allocation itself is what is measured
+                got = {}
+
+                def with_workspace(g=g, i=d.index, once=once, got=got):
+                    got["ran"] = once(0, ws=g.workspace(i))  # the allocation itself is what is measured
 
                 try:
-                    for s in probes:  # every address class once, before any timing
-                        where = s
-                        ran = once(offsets.index(s))
+                    # every address class once, before any timing; the first (sample 0: probes[0] is
+                    # offsets[0]) with a workspace of its own, whose extra peak memory is the plan's
                     where = 0
                     measured = cuda_peak_extra_bytes(with_workspace)  # beside the shared buffer
+                    ran = got["ran"]
+                    for s in probes[1:]:
+                        where = s
+                        ran = once(offsets.index(s))
                 except Exception as exc:  # noqa: BLE001 - a built plan may still refuse these tensors
                     rows.append({**row, "status": "skipped", "reason": f"at sample {where}: {_why(exc)}"})
                     continue
@@ -117,8 +136,11 @@ def benchmark_layer(
             if progress is not None:
                 progress.update(1)
     failed: dict[int, str] = {}
-    timed = time_rounds([_guarded(c[1], j, failed) for j, c in enumerate(configs)], "cuda", repeats, warmup)
-    for j, ((row, _, ran, measured, wall), (t, t_med, t_wall)) in enumerate(zip(configs, timed, strict=True)):
+    fns = [_guarded(c[1], j, failed) for j, c in enumerate(configs)]
+    times, walls = timed_rounds(fns, [(c[0]["kernel"], c[0]["micro_batch"]) for c in configs],
+                                [c[0]["workspace_bytes"] for c in configs], failed, repeats, warmup,
+                                screen_ratio)
+    for j, ((row, _, ran, measured, wall), t, t_wall) in enumerate(zip(configs, times, walls, strict=True)):
         if j in failed:
             rows.append({**row, "status": "skipped", "reason": failed[j]})
             continue
@@ -128,10 +150,33 @@ def benchmark_layer(
                 "status": "ok",
                 "reason": "",
                 "ran": ran,
-                "time_s": t,
-                "time_median_s": t_med,
+                "time_s": min(t),
+                "time_median_s": statistics.median(t),
+                "repeats": len(t),
                 "measured_workspace_bytes": measured,
                 "bench_wall_s": wall + t_wall,
             }
         )
     return rows, graphs
+
+
+def timed_rounds(fns: list, groups: list, workspaces: list[float], failed: dict[int, str], repeats: int,
+                 warmup: int, screen_ratio: float | None, device: str = "cuda"
+                 ) -> tuple[list[list[float]], list[float]]:
+    """Each plan's round times and wall seconds: `warmup` - 1 untimed calls (its probe was the first),
+    then `repeats` interleaved rounds; with `screen_ratio`, one round of every plan, then the remaining
+    rounds only for those no other plan of its group (kernel, micro-batch) dominates (limits.dominated).
+    A plan in `failed` (it raised in a round) is never dominating."""
+    extra = max(warmup - 1, 0)
+    times, walls = round_times(fns, device, 1 if screen_ratio else repeats, extra)
+    if not screen_ratio or repeats == 1 or not fns:
+        return times, walls
+    cells = [(g, float(w), t[0] if j not in failed else math.nan)
+             for j, (g, w, t) in enumerate(zip(groups, workspaces, times, strict=True))]
+    out = dominated(cells, screen_ratio)
+    keep = [j for j in range(len(fns)) if j not in out and j not in failed]
+    more, more_wall = round_times([fns[j] for j in keep], device, repeats - 1, 0, first_call=extra + 1)
+    for j, t, w in zip(keep, more, more_wall, strict=True):
+        times[j] += t
+        walls[j] += w
+    return times, walls

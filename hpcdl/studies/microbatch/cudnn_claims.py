@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from hpcdl.platform import every, failed_because, not_measured, read_tables
+from hpcdl.studies.microbatch.cudnn_plan import cudnn_networks
 
 CLAIMS = ("cudnn_plan_not_slower", "cudnn_tight_limit_speedup")
 NEEDS = "needs cuDNN's workspace-limited algorithms (a GPU)"
@@ -209,7 +210,8 @@ def tight_limit_speedup(block: dict, nets: pd.DataFrame, missing_nets: dict) -> 
 
 
 def judge(cfg: dict, study_dir: Path) -> list[dict]:
-    block = cfg["microbatch"]
+    # μ-cuDNN's experiment runs its own networks: microbatch.cudnn.networks, or microbatch.networks
+    block = {**cfg["microbatch"], "networks": cudnn_networks(cfg["microbatch"])}
     lim, nets, fails, speedups = read_tables(study_dir, "cudnn_limits", "cudnn_networks", "failures",
                                              "network_speedup")
     why = _not_run(block, speedups, lim)

@@ -1,8 +1,9 @@
 """The study's plans over a network's cuDNN engine table under every workspace limit, and their
 rows (pure: no torch, no GPU; hpcdl.studies.microbatch.cudnn_study runs them on CUDA).
 
-Limits: microbatch.cudnn.limits_mib plus μ-cuDNN's library default, 64 MiB (spcl/ucudnn README:
-"workspace limit 64 MiB, micro-batch policy powerOfTwo"), labelled "default (64 MiB)". Under a
+Limits: microbatch.cudnn.limits_mib (DeepBench: cudnn.deepbench_limits_mib where set,
+`network_limits_mib`) plus μ-cuDNN's library default, 64 MiB (spcl/ucudnn README: "workspace limit
+64 MiB, micro-batch policy powerOfTwo"), labelled "default (64 MiB)". Under a
 limit L, per kernel of the network (layer x forward / backward_data / backward_filter):
 
   baseline  the fastest engine that fits L at the full mini-batch (limits.fastest_undivided): what a
@@ -11,6 +12,10 @@ limit L, per kernel of the network (layer x forward / backward_data / backward_f
   ilp       μ-cuDNN's ILP over the network under one budget, L x the kernels' count ("WD", the
             memory the per-kernel limit allows in all): a kernel may take more than L where another
             takes less, so a single kernel may be slower than its baseline while the network is not
+
+Every row and rollup names its mode (`mode`: WR for the DP, WD for the ILP) and what bounds it
+(`budget_label`: "8 MiB per kernel (WR)", "120 MiB pooled over 15 kernel calls (WD)": a layer
+the network runs n times counts n times).
 
 One row per (limit, policy, planner, kernel): the baseline beside the plan, both benchmarked
 ("planned") and, after `attach_measured`, executed ("measured"). `rollup` sums a network's kernels
@@ -36,6 +41,34 @@ Config = tuple[limits.Key, Division | None, Division | None]
 KEYS = ["network", "limit_mib", "limit_label", "policy", "planner"]
 
 
+# μ-cuDNN's two modes and the planner that stands for each (hpcdl.studies.microbatch.paper): every row
+# and rollup names its mode, and every figure labels its planner so
+MODE = {"dp": "WR", "ilp": "WD"}
+MODE_LABEL = {"dp": "DP per kernel (WR)", "ilp": "ILP network budget (WD)"}
+
+
+def cudnn_networks(block: dict) -> list[str]:
+    """The networks μ-cuDNN's experiment runs: microbatch.cudnn.networks, or microbatch.networks."""
+    return list((block.get("cudnn") or {}).get("networks") or block["networks"])
+
+
+def network_limits_mib(block: dict, network: str) -> list[float]:
+    """One network's per-kernel limits (MiB): microbatch.cudnn.deepbench_limits_mib for DeepBench where
+    set (the spcl/ucudnn README's 128, 256 and 512 MiB), else microbatch.cudnn.limits_mib."""
+    cudnn = block.get("cudnn") or {}
+    if network == "deepbench" and cudnn.get("deepbench_limits_mib"):
+        return [float(v) for v in cudnn["deepbench_limits_mib"]]
+    return [float(v) for v in cudnn.get("limits_mib", [8, 64, 512])]
+
+
+def budget_label(planner: str, limit_mib: float, budget_bytes: float, kernels: int) -> str:
+    """What bounds a plan, with its mode: "8 MiB per kernel (WR)" or "120 MiB pooled over 15 kernel
+    calls (WD)" (`kernels`: the network's kernel calls, a layer run n times counted n times)."""
+    if planner == "ilp":
+        return f"{budget_bytes / MiB:g} MiB pooled over {kernels} kernel calls (WD)"
+    return f"{limit_mib:g} MiB per kernel (WR)"
+
+
 def limit_settings(limits_mib) -> list[tuple[float, str]]:
     """(MiB, label) of every limit the study plans under: the configured ones and the library's
     default, ascending; the default is named so."""
@@ -55,13 +88,14 @@ def _text(division: Division | None) -> tuple[str, str]:
     return division_text(division)
 
 
-def _row(network, limit_mib, label, policy, planner, key, count, base, choice, budget, reason) -> dict:
+def _row(network, limit_mib, label, policy, planner, key, count, base, choice, budget, kernels,
+         reason) -> dict:
     sizes, engines = _text(choice.division if choice else None)
     planned = choice.time_s if choice else math.nan
     base_t = base.time_s if base else math.nan
     return {
         "network": network, "limit_mib": limit_mib, "limit_label": label, "policy": policy,
-        "planner": planner, "layer": key[0], "kernel": key[1], "count": count,
+        "planner": planner, "mode": MODE[planner], "layer": key[0], "kernel": key[1], "count": count,
         "baseline_engine": base.engines if base else "",
         "baseline_time_s": base_t,
         "baseline_workspace_bytes": base.workspace_bytes if base else math.nan,
@@ -70,6 +104,7 @@ def _row(network, limit_mib, label, policy, planner, key, count, base, choice, b
         "divided": bool(choice and len(choice.division) > 1),
         "workspace_bytes": choice.workspace_bytes if choice else math.nan,
         "budget_bytes": budget,
+        "budget_label": budget_label(planner, limit_mib, budget, kernels),
         "planned_time_s": planned,
         "planned_speedup": base_t / planned if choice and base else math.nan,
         "feasible": choice is not None,
@@ -150,7 +185,7 @@ def plan_network(
                             why = str(exc)
                     reason = "; ".join(r for r in (why_base.get(key, ""), why) if r)
                     rows.append(_row(network, limit_mib, label, policy, planner, key, counts[key], base[key],
-                                     choice, bound, reason))
+                                     choice, bound, sum(counts.values()), reason))
                     configs.append((key, _division(base[key]), _division(choice)))
     return rows, configs
 
@@ -174,10 +209,10 @@ def distinct_divisions(configs: list[Config]) -> dict[limits.Key, list[Division]
 MEASURED = ["baseline_measured_time_s", "measured_time_s", "measured_speedup", "noise_frac",
             "same_as_baseline", "rounds", "max_rel_err", "err_fp64", "default_err_fp64"]
 # raw/cudnn_limits.csv's columns (written with these alone where the experiment did not run)
-ROW_COLS = [*KEYS, "layer", "kernel", "count", "baseline_engine", "baseline_time_s",
+ROW_COLS = [*KEYS, "mode", "layer", "kernel", "count", "baseline_engine", "baseline_time_s",
             "baseline_workspace_bytes", "micro_batches", "engines", "n_micro_batches", "divided",
-            "workspace_bytes", "budget_bytes", "planned_time_s", "planned_speedup", "feasible", "reason",
-            *MEASURED]
+            "workspace_bytes", "budget_bytes", "budget_label", "planned_time_s", "planned_speedup",
+            "feasible", "reason", *MEASURED]
 
 
 def attach_measured(rows: list[dict], configs: list[Config], measured: dict) -> list[dict]:
@@ -207,7 +242,8 @@ def attach_measured(rows: list[dict], configs: list[Config], measured: dict) -> 
 
 
 ROLLUP_COLS = [
-    *KEYS, "feasible", "kernels", "divided_kernels", "baseline_time_s", "planned_time_s", "planned_speedup",
+    *KEYS, "mode", "budget_label", "feasible", "kernels", "divided_kernels", "baseline_time_s",
+    "planned_time_s", "planned_speedup",
     "baseline_measured_time_s", "measured_time_s", "measured_speedup", "noise_frac", "workspace_bytes",
     "budget_bytes", "max_rel_err",
 ]
@@ -239,8 +275,14 @@ def rollup(rows: pd.DataFrame) -> pd.DataFrame:
             float((g["noise_frac"] * g["baseline_measured_time_s"] * g["w"]).sum() / mbase)
             if "noise_frac" in g and ok and mbase > 0 else math.nan
         )
+        named = dict(zip(KEYS, keys, strict=True))
         out.append({
-            **dict(zip(KEYS, keys, strict=True)),
+            **named,
+            "mode": MODE.get(named["planner"], ""),
+            # the rows' own label where they carry one (raw tables of older runs do not)
+            "budget_label": (g["budget_label"].iloc[0] if "budget_label" in g else
+                             budget_label(named["planner"], float(named["limit_mib"]),
+                                          float(g["budget_bytes"].iloc[0]), int(g["count"].sum()))),
             "feasible": ok,
             "kernels": len(g),
             "divided_kernels": int(g["divided"].sum()),

@@ -3,8 +3,10 @@ where microbatch.device resolves to cuda and microbatch.cudnn.engines is true.
 
 1. the engine table: every conv layer's cuDNN plans per kernel and micro-batch size
    (cudnn_bench.benchmark_layer), over the largest limit marked over_limit;
-2. the plans (cudnn_plan.plan_network, pure): under every limit of microbatch.cudnn.limits_mib
-   and the library default (64 MiB), per kernel the undivided baseline, the DP and the ILP;
+2. the plans (cudnn_plan.plan_network, pure): under every limit of the network
+   (cudnn_plan.network_limits_mib: microbatch.cudnn.limits_mib, DeepBench's deepbench_limits_mib where
+   set) and the library default (64 MiB), per kernel the undivided baseline, the DP (μ-cuDNN's WR)
+   and the ILP (its WD, the limit times the network's kernel calls pooled);
 3. execution: every distinct division of each kernel (baselines and plans alike) run with its
    cuDNN engines by id (cudnn_engines.run_division), in `rounds` interleaved rounds after `warmup`
    calls each, synchronised around every call; its output checked against PyTorch's own kernel
@@ -121,13 +123,17 @@ def run_network(
     limits_mib: list[float],
     tf32: bool,
     seed: int,
+    deepbench_layers: str = "subset",
+    screen_ratio: float | None = None,
 ) -> dict:
     """One network's engine table, its plans under every limit, each executed and timed against
-    its baseline: {"cudnn_engines": rows, "cudnn_limits": rows, "meta": {...}}."""
+    its baseline: {"cudnn_engines": rows, "cudnn_limits": rows, "meta": {...}}. `deepbench_layers`:
+    which DeepBench layers (workloads.deepbench); `screen_ratio`: cudnn_bench's (None: every engine
+    timed `repeats` rounds)."""
     if not torch.cuda.is_available():
         raise RuntimeError("the cuDNN engines study needs CUDA: torch sees no GPU (microbatch.cudnn.engines)")
     binding()  # a missing or too old cuDNN frontend fails here, naming the package
-    layers = network(network_name, image_size, deepbench_scale)
+    layers = network(network_name, image_size, deepbench_scale, deepbench_layers)
     planned = cudnn_plan.planned_policies(policies)
     sizes = sorted(set().union(*(policy_sizes(p, batch_size) for p in planned), {batch_size}))
     largest = max(v for v, _ in cudnn_plan.limit_settings(limits_mib)) * MiB
@@ -135,7 +141,8 @@ def run_network(
     calls, graphs, bench = {}, {}, []
     for i, ly in enumerate(layers):
         calls[ly.name] = KernelCall(ly, batch_size, "cuda", seed=seed + i)
-        rows, graphs[ly.name] = benchmark_layer(calls[ly.name], sizes, repeats, warmup, largest, tf32)
+        rows, graphs[ly.name] = benchmark_layer(calls[ly.name], sizes, repeats, warmup, largest, tf32,
+                                                screen_ratio=screen_ratio)
         bench += [{**r, "network": network_name, "batch_size": batch_size, "image_size": image_size}
                   for r in rows]
     bench_s = time.perf_counter() - t0

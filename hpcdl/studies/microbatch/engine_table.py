@@ -3,10 +3,12 @@
     python -m hpcdl.studies.microbatch.engine_table --config configs/gpu.yaml \\
         --out 'tests/data/microbatch_cudnn_{gpu}.csv' --budget-s 55
 
-benchmarks every conv layer of microbatch.networks at microbatch.batch_size and image_size: every cuDNN
-plan (hpcdl.studies.microbatch.cudnn_bench) of each kernel at each micro-batch size of
-microbatch.policies, `repeats`/`warmup` as configured, TF32 as microbatch.cudnn.tf32, plans over the
-largest of microbatch.cudnn.limits_mib marked over_limit. `{gpu}` in --out becomes the GPU's slug
+benchmarks every conv layer of μ-cuDNN's experiment's networks (microbatch.cudnn.networks, or
+microbatch.networks; DeepBench's layers as microbatch.deepbench_layers) at microbatch.batch_size and
+image_size: every cuDNN plan (hpcdl.studies.microbatch.cudnn_bench) of each kernel at each micro-batch
+size of microbatch.policies, `repeats`/`warmup`/`cudnn.screen_ratio` as configured, TF32 as
+microbatch.cudnn.tf32, plans over the network's largest limit (microbatch.cudnn.limits_mib, DeepBench's
+cudnn.deepbench_limits_mib where set) marked over_limit. `{gpu}` in --out becomes the GPU's slug
 (NVIDIA H100 80GB HBM3 -> h100). The table is written header first and appended one layer at a time
 (flushed), so a kill keeps every finished layer; the first layer always runs, and no later one is
 started once the budget cannot cover the slowest layer so far. A sidecar <table>.provenance.json
@@ -45,6 +47,7 @@ from hpcdl.platform import (
     load_config,
     provenance_path,
 )
+from hpcdl.studies.microbatch.cudnn_plan import cudnn_networks, network_limits_mib
 from hpcdl.studies.microbatch.dp import policy_sizes
 from hpcdl.studies.microbatch.limits import COLUMNS, MiB
 from hpcdl.studies.microbatch.workloads import network
@@ -65,6 +68,7 @@ FIELDS = (
     "measured_workspace_bytes",
     "time_s",
     "time_median_s",
+    "repeats",
     "ran",
     "bench_wall_s",
     "batch_size",
@@ -74,26 +78,34 @@ KERNEL_COUNT = 3  # forward, backward_data, backward_filter
 
 
 def setting(cfg: dict) -> dict:
-    """What the table measures, from a validated config's microbatch block."""
+    """What the table measures, from a validated config's microbatch block: μ-cuDNN's experiment's
+    networks (microbatch.cudnn.networks, or microbatch.networks), each benchmarked up to its largest
+    workspace limit (DeepBench's own where microbatch.cudnn.deepbench_limits_mib is set)."""
     b = cfg["microbatch"]
     batch = int(b["batch_size"])
+    nets = cudnn_networks(b)
+    largest = {n: int(max(network_limits_mib(b, n)) * MiB) for n in nets}
     return {
-        "networks": list(b["networks"]),
+        "networks": nets,
         "batch_size": batch,
         "image_size": int(b["image_size"]),
         "deepbench_scale": float(b["deepbench_scale"]),
+        "deepbench_layers": str(b.get("deepbench_layers", "subset")),
         "sizes": sorted(set().union(*(policy_sizes(p, batch) for p in b["policies"]))),
         "repeats": int(b["repeats"]),
         "warmup": int(b["warmup"]),
+        "screen_ratio": b["cudnn"].get("screen_ratio"),
         "tf32": bool(b["cudnn"]["tf32"]),
-        "max_workspace_bytes": int(max(b["cudnn"]["limits_mib"]) * MiB),
+        "max_workspace_bytes": max(largest.values()),
+        "network_max_workspace_bytes": largest,
         "seed": int(b["seed"]),
     }
 
 
 def layers_of(s: dict) -> list[tuple[str, object]]:
     """(network, ConvLayer) for every layer the table covers, in order."""
-    return [(n, ly) for n in s["networks"] for ly in network(n, s["image_size"], s["deepbench_scale"])]
+    return [(n, ly) for n in s["networks"]
+            for ly in network(n, s["image_size"], s["deepbench_scale"], s.get("deepbench_layers", "subset"))]
 
 
 def start_table(path: Path) -> None:
@@ -201,8 +213,9 @@ def record(args: argparse.Namespace, cfg: dict, s: dict, out: Path) -> int:
         extra = {"network": net, "batch_size": s["batch_size"], "image_size": s["image_size"]}
         try:
             call = KernelCall(layer, s["batch_size"], "cuda", seed=s["seed"] + i)
-            rows, _ = benchmark_layer(call, s["sizes"], s["repeats"], s["warmup"], s["max_workspace_bytes"],
-                                      s["tf32"], progress=bar)
+            largest = s.get("network_max_workspace_bytes", {}).get(net, s["max_workspace_bytes"])
+            rows, _ = benchmark_layer(call, s["sizes"], s["repeats"], s["warmup"], largest, s["tf32"],
+                                      progress=bar, screen_ratio=s.get("screen_ratio"))
             del call
         except Exception as exc:  # noqa: BLE001 - one layer's failure is recorded; the others still run
             rows = [{"layer": layer.name, "count": layer.count, "kernel": "", "micro_batch": "",

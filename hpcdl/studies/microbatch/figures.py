@@ -1,6 +1,7 @@
 """Figures stage of the micro-batched convolution study: tables/ -> figures/ (per-layer speedup,
 speedup vs workspace budget, the chosen micro-batches, predicted vs measured time, and on CUDA
-μ-cuDNN's speedup over the undivided cuDNN baseline vs workspace limit)."""
+μ-cuDNN's speedup over the undivided cuDNN baseline vs workspace limit, with cudnn_figures' three:
+the time per limit split into kernels, DeepBench per layer and limit, and why dividing pays or not)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.platform import StudyDir, mark_no_data, pyplot, read_or_empty, read_tables, save_figure
+from hpcdl.studies.microbatch import cudnn_figures
 from hpcdl.studies.microbatch.cudnn_claims import PAPER_SPEEDUP
-from hpcdl.studies.microbatch.cudnn_plan import DEFAULT_LIMIT_MIB
+from hpcdl.studies.microbatch.cudnn_plan import DEFAULT_LIMIT_MIB, MODE_LABEL
 from hpcdl.studies.microbatch.tables import SEED_SPEEDUP
 
 MiB = 2**20
@@ -232,22 +234,27 @@ def draw(cfg: dict, study_dir: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     save_figure(fig, run.figure("predicted_vs_measured"))
     _cudnn_limits(plt, read_or_empty(run.table("cudnn_networks")), run.figures)
+    lim = read_or_empty(run.table("cudnn_limits"))
+    cudnn_figures.draw_kernels(plt, lim, run.figure("cudnn_kernels"))
+    cudnn_figures.draw_deepbench(plt, lim, run.figure("cudnn_deepbench"))
+    cudnn_figures.draw_why(plt, read_or_empty(run.table("cudnn_why")), run.figure("cudnn_why"))
 
 
 def _cudnn_limits(plt, nets: pd.DataFrame, figs: Path) -> None:
     """5. μ-cuDNN's network speedup over the undivided baseline vs the per-kernel workspace limit,
     measured (DP and ILP, per policy), the planned speedup beside it, the papers' as references."""
-    fig, panels = _per_network(plt, nets, (5.5, 4.2),
+    fig, panels = _per_network(plt, nets, (7.5, 4.2),  # wide enough for two legend columns of modes
                                "no cuDNN-engine run: it needs a GPU and microbatch.cudnn.engines")
     for ax, net in panels:
         d = nets[(nets["network"] == net) & nets["feasible"].astype(str).str.lower().eq("true")]
         for (policy, planner), g in d.groupby(["policy", "planner"], sort=False):
             g = g.sort_values("limit_mib")
             style = dict(color=POLICY_COLOR.get(policy, "k"), ls="-" if planner == "dp" else "--")
-            ax.plot(g["limit_mib"], g["measured_speedup"], "o", label=f"{policy} {planner} (executed)",
+            mode = MODE_LABEL.get(planner, planner)
+            ax.plot(g["limit_mib"], g["measured_speedup"], "o", label=f"{policy} {mode} (executed)",
                     **style)
             ax.plot(g["limit_mib"], g["planned_speedup"], "x", ms=7, alpha=0.6, color=style["color"],
-                    label=f"{policy} {planner} (planned)")
+                    label=f"{policy} {mode} (planned)")
         paper = PAPER_SPEEDUP.get(net, {})
         for (gpu, v), ls in zip(paper.items(), (":", "-."), strict=False):
             ax.axhline(v, color="gray", ls=ls, label=f"μ-cuDNN {gpu} (paper) {v:.2f}x")

@@ -216,3 +216,28 @@ def budget_plan(
         k, f = labels[lab], fronts[lab]
         choice[k] = Choice(tuple(dps[k].division(j)), float(f.time_s[j]), float(f.workspace[j]))
     return res, choice
+
+
+def dominated(cells: list[tuple[object, float, float]], ratio: float) -> set[int]:
+    """Which configurations no workspace limit can choose, by a margin: cells[j] = (group, workspace
+    bytes, time) (a group: one kernel at one micro-batch size); j is dominated where another cell of
+    its group needs no more workspace and takes at most time_j / ratio. The baseline (the fastest engine
+    within a limit), the DP's fronts and the ILP keep only configurations no other beats in both time
+    and workspace, so a dominated engine is never chosen as long as its true time stays above the other's
+    (`ratio` > 1 leaves that margin for the noise of one timed call). A NaN time dominates nothing and is
+    never dominated."""
+    if not ratio > 1:
+        raise ValueError(f"screen ratio must be > 1, got {ratio}")
+    groups: dict[object, list[int]] = {}
+    for j, (g, _, _) in enumerate(cells):
+        groups.setdefault(g, []).append(j)
+    out = set()
+    for members in groups.values():
+        for j in members:
+            _, wj, tj = cells[j]
+            if math.isnan(tj):
+                continue
+            if any(k != j and cells[k][1] <= wj and cells[k][2] * ratio <= tj for k in members
+                   if not math.isnan(cells[k][2])):
+                out.add(j)
+    return out

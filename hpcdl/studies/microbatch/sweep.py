@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 # What a network point takes from the block as it is (besides its network and the resolved device).
-POINT_KEYS = ("batch_size", "image_size", "deepbench_scale", "algorithms", "policies", "repeats", "warmup",
-              "exec_repeats", "budget_fractions", "kernel_limit_mib", "seed", "backward_forms",
-              "switch_margin", "threads", "stack_vetting_rounds")
+POINT_KEYS = ("batch_size", "image_size", "deepbench_scale", "deepbench_layers", "algorithms", "policies",
+              "repeats", "warmup", "exec_repeats", "budget_fractions", "kernel_limit_mib", "seed",
+              "backward_forms", "switch_margin", "threads", "stack_vetting_rounds")
 
 
 def network_points(cfg: dict, device: str = "cpu") -> list[dict]:
@@ -16,9 +16,12 @@ def network_points(cfg: dict, device: str = "cpu") -> list[dict]:
 
 
 def cudnn_points(cfg: dict, device: str) -> list[dict]:
-    """One point per network for μ-cuDNN's own experiment (hpcdl.studies.microbatch.cudnn_study):
-    none unless `device` (resolved) is cuda and microbatch.cudnn.engines is true."""
+    """One point per network of μ-cuDNN's own experiment (hpcdl.studies.microbatch.cudnn_study;
+    microbatch.cudnn.networks, or microbatch.networks), each under its own limits
+    (cudnn_plan.network_limits_mib): none unless `device` (resolved) is cuda and
+    microbatch.cudnn.engines is true."""
     from hpcdl.studies.microbatch.cudnn_engines import enabled
+    from hpcdl.studies.microbatch.cudnn_plan import cudnn_networks, network_limits_mib
 
     b = cfg["microbatch"]
     if not enabled(b, device):
@@ -29,13 +32,15 @@ def cudnn_points(cfg: dict, device: str) -> list[dict]:
             "batch_size": b["batch_size"],
             "image_size": b["image_size"],
             "deepbench_scale": b["deepbench_scale"],
+            "deepbench_layers": b.get("deepbench_layers", "subset"),
             "policies": b["policies"],
             "repeats": b["repeats"],
             "warmup": b["warmup"],
             "exec_repeats": b["exec_repeats"],
-            "limits_mib": b["cudnn"]["limits_mib"],
+            "limits_mib": network_limits_mib(b, net),
+            "screen_ratio": b["cudnn"].get("screen_ratio"),
             "tf32": b["cudnn"]["tf32"],
             "seed": b["seed"],
         }
-        for net in b["networks"]
+        for net in cudnn_networks(b)
     ]

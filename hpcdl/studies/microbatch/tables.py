@@ -9,7 +9,11 @@ solver time), stack_vetting.csv (each layer a plan moved, timed inside the netwo
 timed rounds, and whether the move was kept), exactness.csv (max relative error per candidate and
 per executed plan), failures.csv, and μ-cuDNN's own experiment on CUDA (empty elsewhere):
 cudnn_limits.csv (per workspace limit, policy, planner and kernel: the undivided baseline and the
-plan, benchmarked and executed) and cudnn_networks.csv (their network rollup, cudnn_plan.rollup).
+plan, benchmarked and executed, each with its mode: WR for the DP, WD for the ILP), cudnn_networks.csv
+(their network rollup, cudnn_plan.rollup), cudnn_engines.csv (the run's engine table, its timed and
+over-limit rows, in engine_table's columns: what the next two are read off, and what tests/data keeps
+of a GPU run) and cudnn_why.csv (why micro-batching does or does not pay per kernel and limit, read
+off that engine table: hpcdl.studies.microbatch.cudnn_why).
 Predicted times are count-weighted sums over each network's conv layers; the CPU path's measured
 network times are whole-network runs, never sums of layer times (the cuDNN experiment times kernels
 one at a time: its network times are count-weighted sums of executed kernels, and say so).
@@ -25,7 +29,9 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.platform import StudyDir, ok_rows, read_or_empty, write_table
+from hpcdl.studies.microbatch import cudnn_why
 from hpcdl.studies.microbatch.cudnn_plan import rollup
+from hpcdl.studies.microbatch.engine_table import FIELDS
 
 # μ-cuDNN (Oyama et al., Cluster 2018) on a V100: a reference, not a bar on this machine
 SEED_SPEEDUP = {"alexnet": 1.60, "resnet18": 1.30, "deepbench": 1.60}
@@ -181,3 +187,23 @@ def write(cfg: dict, study_dir: Path) -> None:
     limits = ok_rows(raws["cudnn_limits"])
     write_table(limits, run.table("cudnn_limits"), cfg, started)
     write_table(rollup(limits), run.table("cudnn_networks"), cfg, started)
+    engines = engine_rows(raws["cudnn_engines"])
+    write_table(engines, run.table("cudnn_engines"), cfg, started)
+    write_table(cudnn_why_table(cfg["microbatch"], engines), run.table("cudnn_why"), cfg, started)
+
+
+def engine_rows(raw: pd.DataFrame) -> pd.DataFrame:
+    """The run's engine table as engine_table writes one (its columns, in its order), timed and
+    over-limit rows only: a skipped plan (most of them: cuDNN deselects TF32 engines) plans nothing."""
+    cols = [c for c in FIELDS if c in raw.columns]
+    if raw.empty or "status" not in raw:
+        return pd.DataFrame(columns=list(FIELDS))
+    return raw[raw["status"].isin(["ok", "over_limit"])][cols].reset_index(drop=True)
+
+
+def cudnn_why_table(block: dict, engines: pd.DataFrame) -> pd.DataFrame:
+    """cudnn_why.why_table on the run's engine table under the limits each network was planned under."""
+    if engines.empty:
+        return pd.DataFrame(columns=cudnn_why.COLUMNS)
+    nets = list(dict.fromkeys(engines["network"]))
+    return cudnn_why.why_table(engines, cudnn_why.limits_for(block, nets), block["policies"])

@@ -3,11 +3,12 @@
 
 Ours: the memory reduction is 1 / claim memory_ratio ('none' / 'both' peak fast-tier memory at the
 largest depth both ran, Myelin's design); ZeRO-Offload's model-size gain is claim zero_capacity_ratio
-(parameters 'zero_offload' trains under the fast-tier budget / 'none''s at the same precision). The papers' GPUs hold billions of parameters; ours is an MLP stack on
-this run's device, so the factors are the same quantity at a smaller size.
+(parameters 'zero_offload' trains under the fast-tier budget / 'none''s at the same precision). The
+papers' GPUs hold billions of parameters; ours is an MLP stack on this run's device, so the factors are
+the same quantity at a smaller size.
 
 Each row rests on its claim (a failed claim caps it at not reproduced), and its direction line is the
-claim's own threshold (memory: 1 / memory_max_ratio; capacity: capacity_min_ratio), never 1: every
+claim's own threshold (memory: 1 / memory_max_ratio; capacity: zero_capacity_min_ratio), never 1: every
 offload strategy uses less fast-tier memory than 'none', so a line at 1 says nothing.
 """
 
