@@ -84,10 +84,11 @@ _PAPER_FIGURES = {
         "the AlexNet and ResNet-18 speedups (papers.yaml alexnet_p100, resnet18_p100, alexnet_v100, "
         "resnet18_v100)."),
     "cudnn_deepbench": (
-        "the spcl/ucudnn README's DeepBench figure (misc/deepbench_3x3_5x5.png: DeepBench's 3x3 and 5x5 "
-        "layers on a P100-SXM2, mini-batch 256, 128/256/512 MiB; papers.yaml deepbench_p100_limits), read as "
-        "its caption only. Ours: on CUDA only, each DeepBench layer's speedup of the DP per kernel (WR) over "
-        "the undivided baseline at each limit, 3x3 and 5x5 layers apart, the README's maxima beside."),
+        f"{_UCUDNN}; the nearest is the spcl/ucudnn README's DeepBench figure "
+        "(misc/deepbench_3x3_5x5.png: DeepBench's 3x3 and 5x5 layers on a P100-SXM2, mini-batch 256, "
+        "128/256/512 MiB; papers.yaml deepbench_p100_limits), read as its caption only. Ours: on CUDA "
+        "only, each DeepBench layer's speedup of the DP per kernel (WR) over the undivided baseline at each "
+        "limit, 3x3 and 5x5 layers apart, the README's maxima beside."),
     "cudnn_why": (
         f"{_UCUDNN}. Ours: on CUDA only, why dividing pays or not per kernel and limit, read off the run's "
         "engine table: the kernels by cause, the fastest engine's workspace at each micro-batch size and the "
