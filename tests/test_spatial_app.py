@@ -65,6 +65,11 @@ def test_spatial_app_end_to_end(tmp_path):
         ("unet3d", 512, 32)]
     assert papers["time_per_iter_s"].gt(0).all()
     assert (papers["depth"] * papers["height"] == papers["spatial_split"]).all()
+    # no calibration under this run's resources_dir: the breakdown rests on the assumed efficiency, its
+    # terms add up to the time per iteration
+    breakdown = pd.read_csv(out / "tables" / "paper_breakdown.csv")
+    assert len(breakdown) == 5 and (breakdown["compute_basis"] == "assumed").all()
+    assert breakdown["terms_sum_ms"].to_numpy() == pytest.approx(breakdown["time_per_iter_ms"].to_numpy())
     for fig in ("strong_scaling", "weak_scaling", "efficiency", "oracle_parity", "extrapolation",
                 "paper_predictions", "memory", "loss"):
         assert (out / "figures" / f"{fig}.png").stat().st_size > 1000

@@ -38,8 +38,17 @@ TOY = {
         "cosmoflow": {"grid": 8, "batch_size": 2, "gpus": [4, 8]},
         "unet3d": {"grid": 8, "in_channels": 1, "levels": [2, 4], "outputs": 2, "batch_size": 2, "gpus": [4]},
     },
-    "gpu_calibration": {"repeats": 2, "steps": [["cosmoflow", 4, 2, 1], ["unet3d", 4, 2, 1]]},
+    # held out: 3 ranks per CosmoFlow sample, between the papers' 2 and 4 (the oracle interpolates it)
+    "gpu_calibration": {"repeats": 2, "steps": [["cosmoflow", 4, 2, 1], ["unet3d", 4, 2, 1]],
+                        "held_out_steps": [["cosmoflow", 3, 1]]},
 }
+
+
+def _n_toy(test_config) -> int:
+    """Items of the TOY calibration."""
+    cfg = dict(test_config)
+    cfg["spatial"] = {**cfg["spatial"], **TOY}
+    return len(slabs.calibration_items(validate_config(cfg)["spatial"]))
 
 
 def _block(test_config, **over):
@@ -65,16 +74,35 @@ def test_paper_slab_shapes_are_every_split_of_the_papers_gpu_counts():
     # a depth-only split of a 'same' conv has its edge correction; the optimizer per network
     assert any(it["kind"] == "correction" for it in items)
     assert sum(it["kind"] == "optimizer" for it in items) == 2
-    assert sum(it["kind"] == "step" for it in items) == 3
+    # #57: whole steps of both networks, the 2048-GPU slabs among them, and two held out
+    steps = [it for it in items if it["kind"] == "step"]
+    assert len(steps) >= 6 and {it["network"] for it in steps} == {"cosmoflow", "unet3d"}
+    assert 2048 in {it["gpus"] for it in steps}
+    assert sum(it["kind"] == "heldout_step" for it in items) == 2
+    # the fixed costs per layer kind and per network's optimizer, alone and chained
+    assert {it["id"] for it in items if it["kind"] == "fixed"} == {
+        f"fixed|{k}|{m}" for m in ("alone", "chained")
+        for k in ("conv", "pool", "deconv", "dense", "optimizer:cosmoflow", "optimizer:unet3d")}
+    # every halo pack/unpack has its copies to and from pinned host memory
+    assert sum(it["kind"] == "face" for it in items) == sum(it["kind"] == "halo" for it in items) > 0
 
 
-def test_step_layouts_must_be_paper_layouts_one_pass_can_run():
+def test_step_layouts_must_be_paper_layouts_and_held_out_steps_must_not():
     test_config = yaml.safe_load((REPO / "configs" / "paper.yaml").read_text())
     with pytest.raises(ValueError, match=r"steps\[0\].*not a layout"):
         slabs.step_layouts(_block(test_config, gpu_calibration={"steps": [["cosmoflow", 512, 3, 1]]}))
-    # CosmoFlow on 8 depth ranks: conv6 has 1 local plane, its pool 0 (the oracle charges ceil: 1)
-    with pytest.raises(ValueError, match="local shape"):
-        slabs.step_layouts(_block(test_config, gpu_calibration={"steps": [["cosmoflow", 512, 8, 1]]}))
+    # CosmoFlow on 8 and 32 depth ranks: conv6 has 1 local plane, which a plain pass pools to 0; the step
+    # runs every layer at the oracle's local shape (pools round up), so those slabs are checked too
+    lays = slabs.step_layouts(_block(test_config, gpu_calibration={"steps": [["cosmoflow", 512, 8, 1],
+                                                                             ["cosmoflow", 2048, 32, 1]]}))
+    assert [(x["depth"], x["gpus"]) for x in lays] == [(8, 512), (32, 2048)]
+    with pytest.raises(ValueError, match=r"held_out_steps\[0\].*a layout of spatial.papers"):
+        slabs.calibration_items(_block(test_config,
+                                       gpu_calibration={"held_out_steps": [["cosmoflow", 4, 2]]}))
+    # 2 ranks per sample: conv0 has 256 x 512 planes, more than any paper layout's (<= 64 x 512): refused
+    with pytest.raises(ValueError, match=r"held_out_steps\[0\].*outside the sizes.*would extrapolate"):
+        slabs.calibration_items(_block(test_config,
+                                       gpu_calibration={"held_out_steps": [["cosmoflow", 2, 1]]}))
 
 
 def _table(tmp_path, rows, gpu="NVIDIA H100 80GB HBM3"):
@@ -205,14 +233,26 @@ def test_cpu_calibration_at_toy_size_feeds_the_oracle_and_the_compute_check(tmp_
     assert set(rows["compute_basis"]) == {"mapped", "calibrated", "assumed"}
     # every paper layout's shapes were measured: nothing interpolated
     assert (rows.loc[rows["compute_basis"] != "assumed", "interpolated_items"] == 0).all()
+    priced = rows.loc[rows["compute_basis"] != "assumed", "fixed_cost"]
+    assert (priced == "measured (alone out, chained in)").all()
+    # the mapping moves the compute term: every item as timed (fixed_cost none; with the fixed costs, a toy
+    # layer's work may be below its kind's chained cost, the host's, which is not mapped)
+    plain = {**block, "gpu_calibration": {**block["gpu_calibration"], "fixed_cost": "none"}}
+    rows = pd.DataFrame(papers.paper_predictions(plain, cal, every_basis=True))
     mapped, itself = (rows[rows["compute_basis"] == b].reset_index() for b in ("mapped", "calibrated"))
-    assert (mapped["compute_s"] != itself["compute_s"]).all()  # the mapping moves the compute term
+    assert (mapped["compute_s"] != itself["compute_s"]).all()
     check = pd.DataFrame(papers.compute_check(cal))
-    assert len(check) == 2 and (check["measured_step_s"] > 0).all() and (check["oracle_compute_s"] > 0).all()
+    assert len(check) == 3 and (check["measured_step_s"] > 0).all() and (check["oracle_compute_s"] > 0).all()
+    assert list(check["sample"]) == ["in_sample", "in_sample", "held_out"]
+    # the held-out step's layers are not all timed: some are interpolated
+    assert check.loc[check["sample"] == "held_out", "interpolated_items"].iloc[0] > 0
+    # the fixed costs were measured on this device (the same item code as on a GPU) and priced per layer
+    assert (check["fixed_cost"] == "measured (alone out, chained in)").all()
     c = claim_compute_term(block, check)
     assert c["status"] in ("passed", "failed") and set(c["measured"]["error"]) == {
         "cosmoflow 2x1",
         "unet3d 2x1",
+        "held out cosmoflow 3x1",
     }
 
 
@@ -225,13 +265,19 @@ def test_plan_counts_items_and_a_budget_with_cudnn_search(tmp_path):
     got = _calibrate("--config", str(REPO / "configs" / "paper.yaml"), "--plan", "--budget-s", "140")
     assert got.returncode == 0, got.stderr
     plan = json.loads(got.stdout)
-    assert plan["items"] > 500 and plan["by_kind"]["step"] == 3
+    assert plan["items"] > 500 and plan["by_kind"]["step"] == 7 and plan["by_kind"]["heldout_step"] == 2
     # cuDNN's benchmark-mode search per distinct conv shape (~350 at the papers' shapes), in the total
     assert 300 <= plan["conv_shapes_searched"] <= 400
     tiers = plan["tiers"]
-    assert list(tiers) == plan["order"] and plan["order"][0] == "predictions"
-    assert sum(t["items"] for t in tiers.values()) == plan["items"]
-    assert plan["estimated_search_s"] == pytest.approx(sum(t["search_s"] for t in tiers.values()), abs=0.5)
+    assert plan["order"] == list(gpucal_plan.TIERS)
+    assert [t for t in tiers if t in gpucal_plan.TIERS] == plan["order"]
+    assert sum(tiers[t]["items"] for t in plan["order"]) == plan["items"]
+    # the settings tier, setting by setting: each network's first and last GPU counts, then the others
+    assert plan["settings"] == ["setting cosmoflow 512", "setting cosmoflow 2048", "setting unet3d 256",
+                                "setting unet3d 512", "setting cosmoflow 1024"]
+    assert sum(tiers[t]["items"] for t in plan["settings"]) == tiers["settings"]["items"]
+    searched = sum(tiers[t]["search_s"] for t in plan["order"])
+    assert plan["estimated_search_s"] == pytest.approx(searched, abs=0.5)
     assert plan["estimated_total_s"] > plan["estimated_search_s"] > 0
     assert plan["estimated_total_s"] == tiers[plan["order"][-1]]["cumulative_s"]
     assert "estimate" in plan["estimate"] and 0 < plan["items_within_budget_estimate"] <= plan["items"]
@@ -351,7 +397,8 @@ def test_search_column_and_priority_order(tmp_path, test_config):
                          text=True, cwd=REPO, timeout=300, env=env)
     assert got.returncode == 0, got.stderr
     # stderr is not a terminal here: progress as plain lines, no redrawn bar
-    assert "\r" not in got.stderr and re.search(r"\] \d+/62 items \(tier predictions\)", got.stderr)
+    n = _n_toy(test_config)
+    assert "\r" not in got.stderr and re.search(rf"\] \d+/{n} items \(tier predictions\)", got.stderr)
     table = pd.read_csv(got.stdout.strip().splitlines()[-1])
     assert {"search_s", "ref_s", "session"} <= set(table)
     assert (table["search_s"] >= 0).all() and table["search_s"].notna().all() and (table["ref_s"] > 0).all()
@@ -359,10 +406,17 @@ def test_search_column_and_priority_order(tmp_path, test_config):
     assert list(table["id"]) == [it["id"] for _, it in order]
     tiers = [t for t, _ in order]
     assert tiers == sorted(tiers, key=gpucal_plan.TIERS.index) and tiers[0] == "predictions"
-    # the whole steps after every layer compute_check sums for them
+    # each whole step after every layer compute_check sums for it, the held-out ones after them all
     steps = [i for i, (_, it) in enumerate(order) if it["kind"] == "step"]
-    layers = gpucal_plan.check_ids([it for _, it in order])
-    assert max(i for i, (_, it) in enumerate(order) if it["id"] in layers) < min(steps)
+    held = [i for i, (_, it) in enumerate(order) if it["kind"] == "heldout_step"]
+    where = {it["id"]: i for i, (_, it) in enumerate(order)}
+    for i in steps:
+        it = order[i][1]
+        assert all(where[x["id"]] < i for x in slabs.step_layer_items(it["spec"], it["depth"], it["height"]))
+    assert max(steps) < min(held) and all(order[i][0] == "compute_term" for i in steps + held)
+    # then the settings one at a time, in setting order
+    ranks = [it["setting_rank"] for t, it in order if t == "settings"]
+    assert ranks == sorted(ranks)
 
 
 def _stand_in_sheet(block, cal):
@@ -378,9 +432,10 @@ def test_budget_stops_early_marked_partial_and_a_rerun_finishes_it(tmp_path, tes
     csv = Path(got.stdout.strip().splitlines()[-1])
     meta = json.loads(gpu_table.sidecar(csv).read_text())
     n = len(pd.read_csv(csv))
-    assert meta["partial"] is True and meta["items_measured"] == n and 1 <= n < meta["items"] == 62
+    total = _n_toy(test_config)
+    assert meta["partial"] is True and meta["items_measured"] == n and 1 <= n < meta["items"] == total
     assert meta["sessions"][-1]["stopped"] == "budget"
-    assert f"partial: {n} of 62 items measured" in got.stderr
+    assert f"partial: {n} of {total} items measured" in got.stderr
     assert "rerun `python -m hpcdl spatial calibrate" in got.stderr
     # the readers: what a partial table cannot bracket is refused naming the partial table; the predictions
     # then rest on the assumed efficiency and say why
@@ -388,11 +443,12 @@ def test_budget_stops_early_marked_partial_and_a_rerun_finishes_it(tmp_path, tes
     _stand_in_sheet(block, cal)
     items = slabs.calibration_items(block)
     missing = next(it for it in items if it["id"] not in cal.by_id and it["kind"] == "conv")
-    with pytest.raises(gpu_table.CalibrationGap, match=f"partial calibration: {n} of 62 items measured"):
+    with pytest.raises(gpu_table.CalibrationGap, match=f"partial calibration: {n} of {total} items measured"):
         cal.seconds({**missing, "d": 10**6, "id": "x"})
     rows = pd.DataFrame(papers.paper_predictions(block, cal))
     # either basis is labelled: on the partial table (interpolated), or assumed saying why not on it
-    label = rf"partial calibration: {n} of 62 items measured|not used: .*partial calibration: {n} of 62"
+    label = (rf"partial calibration: {n} of {total} items measured"
+             rf"|not used: .*partial calibration: {n} of {total}")
     assert rows["basis"].str.contains(label).all() and len(rows) == 3
     assert len(pd.DataFrame(papers.sensitivity(block, cal))) > 0
 
@@ -401,7 +457,7 @@ def test_budget_stops_early_marked_partial_and_a_rerun_finishes_it(tmp_path, tes
     table = pd.read_csv(csv)
     assert list(table["id"]) == _order(block)
     meta = json.loads(gpu_table.sidecar(csv).read_text())
-    assert meta["partial"] is False and meta["items_measured"] == 62
+    assert meta["partial"] is False and meta["items_measured"] == total
     assert [s["stopped"] for s in meta["sessions"]] == ["budget", "complete"]
 
 
@@ -423,15 +479,18 @@ def test_the_first_tier_alone_lets_every_paper_layout_be_predicted(tmp_path, tes
     rows = pd.DataFrame(papers.paper_predictions(block, cal, every_basis=True))
     assert set(rows["compute_basis"]) == {"mapped", "calibrated", "assumed"}
     measured = rows[rows["compute_basis"] != "assumed"]
-    assert (measured["interpolated_items"] > 0).any()
-    assert measured["basis"].str.contains(f"partial calibration: {len(first)} of 62 items measured").all()
+    assert (measured["interpolated_items_all_splits"] > 0).any()
+    total = _n_toy(test_config)
+    cut = f"partial calibration: {len(first)} of {total} items measured"
+    assert measured["basis"].str.contains(cut).all()
     assert papers.compute_check(cal) == []  # no step measured yet: nothing to check, no crash
     # cut to its first row: no split of any setting can be timed from it; the headline says why it is not used
     table[table["id"].isin(first)].head(1).to_csv(csv, index=False)
     cal = gpu_table.GpuCalibration.read(csv)
     rows = pd.DataFrame(papers.paper_predictions(block, cal))
     assert (rows["compute_basis"] == "assumed").all()
-    assert rows["basis"].str.contains("the GPU calibration is not used: .*partial calibration: 1 of 62").all()
+    unused = f"the GPU calibration is not used: .*partial calibration: 1 of {total}"
+    assert rows["basis"].str.contains(unused).all()
     assert len(pd.DataFrame(papers.sensitivity(block, cal))) > 0
 
 
@@ -443,8 +502,9 @@ def test_at_the_papers_shapes_the_first_tiers_cover_every_prediction_and_the_com
     order = gpucal_plan.ordered(slabs.calibration_items(block))
     meta = {"gpu_model": "NVIDIA H100 80GB HBM3", "partial": True, "items": len(order),
             "block": {k: block[k] for k in ("papers", "extrapolate", "machine", "gpu_calibration")}}
-    for tiers, steps in ((("predictions",), 0), (("predictions", "compute_term"), 3)):
-        rows = pd.DataFrame([{"id": it["id"], "kind": it["kind"], "key": it["key"], "network": it["network"],
+    for tiers, steps in ((("predictions",), 0), (("predictions", "compute_term"), 9)):
+        rows = pd.DataFrame([{"id": it["id"], "kind": it["kind"], "key": it["key"],
+                              "network": it.get("network", ""),
                               "axis": it.get("axis", ""), "d": it.get("d", it.get("depth", 0)),
                               "h": it.get("h", it.get("height", 0)), "batch": it["batch"],
                               "units": it.get("units", 0), "median_s": 1e-3, "p25_s": 1e-3, "p75_s": 1e-3}
@@ -452,7 +512,9 @@ def test_at_the_papers_shapes_the_first_tiers_cover_every_prediction_and_the_com
         cal = gpu_table.GpuCalibration(rows, meta)
         pred = pd.DataFrame(papers.paper_predictions(block, cal, every_basis=True))
         assert (pred["compute_basis"].value_counts() == 5).all() and len(pred) == 15
-        assert (pred.loc[pred["compute_basis"] != "assumed", "interpolated_items"] > 0).all()
+        assert (pred.loc[pred["compute_basis"] != "assumed", "interpolated_items_all_splits"] > 0).all()
+        # each row counts its own layout's items, measured and interpolated
+        assert (pred.loc[pred["compute_basis"] != "assumed", "measured_items"] > 0).all()
         assert len(papers.compute_check(cal)) == steps
     assert sum(t == "predictions" for t, _ in order) < len(order) / 3
 

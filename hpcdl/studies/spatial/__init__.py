@@ -36,13 +36,17 @@ def _largest_run(cfg: dict) -> int:
 
 def _committed_calibrations(cfg: dict) -> tuple[str, ...]:
     """The GPU calibrations the paper predictions may read (<data.resources_dir>/calibration/), so that
-    committing one reruns the stages."""
+    committing one reruns the stages, and the published results the breakdown sets beside them
+    (<data.resources_dir>/papers.yaml, where it exists)."""
     from pathlib import Path
 
+    papers = Path(cfg["data"]["resources_dir"]) / "papers.yaml"
+    published = (str(papers),) if papers.exists() else ()
     if cfg["spatial"]["gpu_calibration"]["use"] == "none":
-        return ()
+        return published
     found = Path(cfg["data"]["resources_dir"]) / "calibration"
-    return tuple(str(p) for p in sorted(found.glob("*.csv")) + sorted(found.glob("*.provenance.json")))
+    cals = sorted(found.glob("*.csv")) + sorted(found.glob("*.provenance.json"))
+    return published + tuple(str(p) for p in cals)
 
 
 def _setting(cfg: dict) -> str:
@@ -101,7 +105,8 @@ SPEC = StudySpec(
     short_title="Spatial scaling",
     raw_tables=("exactness", "calibration", "runs", "iterations", "ranks"),
     tables=("runs", "repeat_times", "oracle_repeats", "loss", "exactness", "calibration_fit", "extrapolation",
-            "strategy_choice", "paper_predictions", "paper_bases", "paper_sensitivity", "compute_check"),
+            "strategy_choice", "paper_predictions", "paper_bases", "paper_sensitivity", "paper_breakdown",
+            "compute_check"),
     figures=("strong_scaling", "weak_scaling", "efficiency", "oracle_parity", "extrapolation",
              "paper_predictions", "paper_sensitivity", "memory", "loss"),
     # the largest run's ranks x threads, so no two timed runs overlap

@@ -126,7 +126,8 @@ def draw(cfg: dict, study_dir: Path) -> None:
     save_figure(fig, study.figure("memory"))
 
     _plot_efficiency(plt, df, block, figs)
-    _plot_papers(plt, read_table(study.table("paper_predictions")), figs)
+    _plot_papers(plt, read_table(study.table("paper_predictions")),
+                 read_table(study.table("paper_breakdown")), figs)
     _plot_sensitivity(plt, read_table(study.table("paper_sensitivity")), figs)
 
     _plot_loss(plt, read_table(study.table("loss")), figs)
@@ -223,19 +224,73 @@ def _plot_efficiency(plt, df: pd.DataFrame, block: dict, figs: Path) -> None:
     save_figure(fig, figs / "efficiency.png")
 
 
-def _plot_papers(plt, pp: pd.DataFrame, figs: Path) -> None:
-    """Predicted time per iteration and speedup at the papers' exact settings (model only)."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+BREAKDOWN_TERMS = (("compute", "tab:blue"), ("optimizer", "tab:cyan"), ("halo", "tab:orange"),
+                   ("allreduce", "tab:red"), ("gather", "tab:purple"), ("input", "tab:green"))
+
+
+def _items_label(r) -> str:
+    """How much of a row's layout the calibration measured: "m measured / i interpolated" (none: assumed)."""
+    m, i = getattr(r, "measured_items", None), getattr(r, "interpolated_items", None)
+    if m is None or i is None or (pd.isna(m) or int(m) + int(i) == 0):
+        return "compute assumed"
+    return f"{int(m)} measured / {int(i)} interp."
+
+
+def _plot_breakdown(ax, bd: pd.DataFrame) -> None:
+    """The headline basis's terms per setting, stacked (ms), the published speedup's gap written above."""
+    if bd.empty or "compute_basis" not in bd:
+        mark_no_data(ax, "no paper_breakdown rows")
+        return
+    bd = bd[bd["compute_basis"] == bd["compute_basis"].iloc[0]].reset_index(drop=True)
+    x = np.arange(len(bd))
+    bottom = np.zeros(len(bd))
+    for term, color in BREAKDOWN_TERMS:
+        v = bd[f"{term}_ms"].fillna(0).to_numpy()
+        ax.bar(x, v, bottom=bottom, color=color, label=term)
+        bottom += v
+    for i, r in bd.iterrows():
+        note = ""
+        if isinstance(r.get("paper_speedup"), float) and np.isfinite(r["paper_speedup"]):
+            note = f"paper {r['paper_speedup']:g}x\nours {r['predicted_speedup']:.2f}x"
+        ax.annotate(note, (i, bottom[i]), ha="center", va="bottom", fontsize=6, xytext=(0, 2),
+                    textcoords="offset points")
+    ax.set_xticks(x, [f"{r.network}\n{int(r.gpus)}" for r in bd.itertuples()], fontsize=7)
+    ax.set(ylabel="predicted ms per iteration",
+           title=f"Terms per setting ({bd['compute_basis'].iloc[0]} basis)")
+    ax.set_ylim(0, 1.25 * max(bottom.max(), 1e-9))
+    ax.legend(fontsize=7)
+
+
+def _published(bd: pd.DataFrame, network: str, first: int) -> tuple[int, float] | None:
+    """(GPUs, speedup) of the published speedup of `network` over its `first` setting (paper_breakdown)."""
+    if bd.empty or "paper_gpus" not in bd:
+        return None
+    rows = bd[(bd["network"] == network) & bd["paper_gpus"].notna()]
+    for r in rows.itertuples():
+        lo, hi = (int(v) for v in str(r.paper_gpus).split("->"))
+        if lo == first:
+            return hi, float(r.paper_speedup)
+    return None
+
+
+def _plot_papers(plt, pp: pd.DataFrame, bd: pd.DataFrame, figs: Path) -> None:
+    """Predicted time per iteration and speedup at the papers' exact settings, and the terms of each
+    (model only); each point says how many of its layout's calibration items were measured and how many
+    interpolated."""
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.8))
     for j, (net, g) in enumerate(pp.groupby("network")):
         g = g.sort_values("gpus")
         label = f"{net} {int(g['grid'].iloc[0])}^3, batch {int(g['batch_size'].iloc[0])}"
         line, = ax1.plot(g["gpus"], g["time_per_iter_s"], "o-", label=label)
         for r in g.itertuples():
-            ax1.annotate(f"{r.data}x{r.depth}x{r.height}\npick: {r.chosen_family}",
+            ax1.annotate(f"{r.data}x{r.depth}x{r.height}\npick: {r.chosen_family}\n{_items_label(r)}",
                          (r.gpus, r.time_per_iter_s),
-                         fontsize=7, textcoords="offset points", xytext=(4, 4 if j % 2 == 0 else -22))
+                         fontsize=6, textcoords="offset points", xytext=(4, 4 if j % 2 == 0 else -28))
         ax2.plot(g["gpus"], g["speedup_vs_first"], "o-", color=line.get_color(), label=f"{net}: predicted")
         ax2.plot(g["gpus"], g["ideal_speedup_vs_first"], ":", color=line.get_color(), label=f"{net}: ideal")
+        pub = _published(bd, net, int(g["gpus"].min()))
+        if pub is not None:  # the paper's speedup over the same first setting, set beside (never fitted)
+            ax2.plot(*pub, "*", ms=12, color=line.get_color(), label=f"{net}: published")
     ax1.set(xscale="log", yscale="log", xlabel="GPUs (ABCI V100, model)",
             ylabel="predicted time per iteration (s)",
             title="Papers' settings: data x depth x height, oracle's pick")
@@ -244,9 +299,9 @@ def _plot_papers(plt, pp: pd.DataFrame, figs: Path) -> None:
             title="Predicted strong scaling at the papers' settings (simulated)")
     ax1.legend(fontsize=8)
     ax2.legend(fontsize=8)
+    _plot_breakdown(ax3, bd)
     fig.tight_layout()
     save_figure(fig, figs / "paper_predictions.png", model_only=True)
-
 
 
 def _plot_sensitivity(plt, sens: pd.DataFrame, figs: Path) -> None:

@@ -3,9 +3,11 @@
     python -m hpcdl spatial calibrate --config configs/paper.yaml --device cuda --out resources/calibration \\
         --budget-s 140
     python -m hpcdl spatial calibrate --config configs/paper.yaml --plan   # the items, the order, an estimate
+    python -m hpcdl spatial calibrate --config configs/paper.yaml --plan --budget-s 135 \\
+        --out resources/calibration   # ... and, from the table there, what is left, at its pace, in calls
 
 What each item runs is in gpucal_ops; the order in gpucal_plan (first what makes every paper layout's
-prediction computable, then the compute term's steps, then the remaining sizes and splits). Each
+prediction computable, then the compute term's steps, then the papers' settings one at a time). Each
 finished item's row is appended to <out>/<gpu slug>.csv at once (gpucal_journal): a rerun of the same
 command skips the items already there, so a run killed or stopped by --budget-s loses at most the item
 in flight, and a budget-stopped run exits 0 with its table and provenance marked partial.
@@ -40,7 +42,7 @@ from hpcdl.studies.spatial import gpucal_plan
 from hpcdl.studies.spatial.gpucal_journal import Journal
 from hpcdl.studies.spatial.gpucal_ops import Clock, Reference, time_item, warm_up
 from hpcdl.studies.spatial.perfmodel import slabs
-from hpcdl.studies.spatial.perfmodel.gpu_table import slug
+from hpcdl.studies.spatial.perfmodel.gpu_table import read_rows, sidecar, slug
 
 PACE_AFTER = 3  # items measured before the estimate's scale to this device is trusted for the budget
 
@@ -243,14 +245,34 @@ def _seconds(text: str) -> float:
     return v
 
 
-def _plan(items: list[dict], repeats: int, budget_s) -> int:
+CALL_BUDGET_S = 135.0  # make gpu's calibrate step: 150 s, less 15 s for the call's own start and records
+
+
+def _plan(items: list[dict], repeats: int, budget_s, table: Path | None = None) -> int:
     p = gpucal_plan.plan(items, repeats, budget_s)
     kinds = pd.Series([it["kind"] for it in items]).value_counts().to_dict()
-    print(json.dumps({"items": len(items), "by_kind": kinds, "repeats": repeats, **p}, indent=1))
+    out = {"items": len(items), "by_kind": kinds, "repeats": repeats, **p}
+    left = None
+    if table is not None and table.exists() and sidecar(table).exists():
+        meta = json.loads(sidecar(table).read_text())
+        rows = read_rows(table).to_dict("records")
+        left = gpucal_plan.remaining(items, rows, repeats, meta.get("sessions"), budget_s or CALL_BUDGET_S)
+        out["remaining"] = {"table": str(table), **left}
+    print(json.dumps(out, indent=1))
     print(f"plan: {len(items)} items, about {p['estimated_total_s']:g} s on an H100 SXM, of which "
           f"{p['estimated_search_s']:g} s cuDNN's algorithm search over {p['conv_shapes_searched']} conv "
           "shapes (an estimate: gpucal_plan)", file=sys.stderr)
+    if left is not None:
+        print(f"plan: {table} holds {left['items_measured']} of them; the {left['items_left']} left take "
+              f"about {left['estimated_s']:g} s at that table's pace, {left['calls']} call(s) of "
+              f"{left['call_budget_s']:g} s (an estimate: gpucal_plan.remaining)", file=sys.stderr)
     return 0
+
+
+def _table_in(out: Path) -> Path | None:
+    """The one calibration table in `out` (None where there is none, or several)."""
+    found = sorted(out.glob("*.csv")) if out.is_dir() else []
+    return found[0] if len(found) == 1 else None
 
 
 def main(argv: list[str]) -> int:
@@ -265,7 +287,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--config", default="configs/paper.yaml")
     ap.add_argument("--device", default="cuda", help="cuda (the calibration) or cpu (toy configs, tests)")
     ap.add_argument("--out", default=None, help="directory (default <data.resources_dir>/calibration)")
-    ap.add_argument("--plan", action="store_true", help="list the order and an estimated time only")
+    ap.add_argument("--plan", action="store_true", help="list the order and an estimated time only (with a "
+                    "table in --out: what is left, at its pace, in calls of --budget-s)")
     ap.add_argument("--budget-s", type=_seconds, default=None, metavar="S",
                     help="stop before S seconds with what is measured (marked partial; rerun to resume)")
     ap.add_argument("--fresh", action="store_true", help="measure every item again (drop the table there)")
@@ -277,12 +300,12 @@ def main(argv: list[str]) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    out = Path(args.out or Path(cfg["data"]["resources_dir"]) / "calibration")
     if args.plan:
-        return _plan(items, block["gpu_calibration"]["repeats"], args.budget_s)
+        return _plan(items, block["gpu_calibration"]["repeats"], args.budget_s, _table_in(out))
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("error: --device cuda: torch sees no CUDA GPU here", file=sys.stderr)
         return 2
-    out = Path(args.out or Path(cfg["data"]["resources_dir"]) / "calibration")
     command = shlex.join(["python", "-m", "hpcdl", "spatial", "calibrate", *argv])
     log = lambda m: print(f"[spatial-calibrate] {m}", file=sys.stderr, flush=True)  # noqa: E731
     res = calibrate(block, args.device, out, command, args.budget_s, args.fresh, log, t0)

@@ -13,7 +13,16 @@ The compute term rests on one of three bases (column compute_basis):
               (hpcdl.studies.spatial.perfmodel.gpu_table)
   calibrated  the same times on the calibrated GPU itself (the same cluster with that GPU), so a
               reader sees what the mapping contributes
-The headline (paper_predictions.csv) is `mapped` where a calibration exists, else `assumed`.
+The headline (paper_predictions.csv) is `mapped` where a calibration exists, else `assumed`. Each row
+counts the calibration items its layout read, measured and interpolated (`measured_items`,
+`interpolated_items`; `interpolated_items_all_splits` over every split it compared), so a partial
+table's rows say how much of them rests on interpolation.
+
+The breakdown (paper_breakdown.csv, `breakdown`): per measured basis and setting, the terms of the time
+per iteration (compute, optimizer, halo, all-reduce, gather to the head, input) and, beside a published
+speedup (resources/papers.yaml, read only to compare: nothing here is fitted to it), how far the
+prediction is from it and, where that is beyond spatial.paper_tolerance, what each term alone, at either
+end of the speedup, would have to take to meet it (`meet_<term>_ms`: the others as predicted).
 
 The input pipeline is modelled as the papers' code (LBANN) runs it, with both bounds shown, since
 what the 2020 runs enabled is not published (spatial.pipeline, sources there):
@@ -29,7 +38,9 @@ what the 2020 runs enabled is not published (spatial.pipeline, sources there):
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import replace
+from pathlib import Path
 
 from hpcdl.common.layers import numel
 from hpcdl.studies.spatial.perfmodel.gpu_table import CalibrationGap, Measured, datasheet
@@ -37,7 +48,8 @@ from hpcdl.studies.spatial.perfmodel.oracle import Machine, Strategy, predict
 from hpcdl.studies.spatial.perfmodel.slabs import network_spec, splits
 from hpcdl.studies.spatial.perfmodel.strategies import family, strategies
 
-__all__ = ["bases", "network_spec", "paper_predictions", "sensitivity", "splits"]
+__all__ = ["bases", "breakdown", "compute_check", "network_spec", "paper_predictions", "published_speedups",
+           "sensitivity", "splits"]
 
 BYTES = 4
 
@@ -47,6 +59,7 @@ def _target_sheet(machine: dict) -> dict:
         "peak_tflops": machine["peak_tflops"],
         "memory_gbs": machine["memory_gbs"],
         "memory_gb": machine["memory_gb"],
+        "host_link_gbs": machine.get("host_link_gbs"),
     }
 
 
@@ -58,8 +71,9 @@ def bases(block: dict, cal=None) -> dict[str, tuple[Machine, Measured | None, st
         return {"assumed": (assumed, None, f"{m['peak_tflops']:g} TFLOP/s x {m['efficiency']:g} (assumed)")}
     g = block["gpu_calibration"]
     src = datasheet(g["datasheets"], cal.gpu_model)
-    mapped = Measured(cal, src, _target_sheet(m), g["mapping"])
-    itself = Measured(cal, src, None)
+    fixed = g.get("fixed_cost", "measured")
+    mapped = Measured(cal, src, _target_sheet(m), g["mapping"], fixed)
+    itself = Measured(cal, src, None, fixed=fixed)
     return {
         "mapped": (replace(assumed, measured=mapped), mapped, f"{cal.gpu_model} mapped ({g['mapping']})"),
         "calibrated": (
@@ -128,9 +142,15 @@ def _rows(block: dict, basis: str, machine: Machine, measured, gpu: str, free: b
         for gpus in setting["gpus"]:
             split = gpus // batch
             if measured is not None:
-                measured.interpolated.clear()
+                measured.reset()
             paper, by_file = _hybrid(spec, batch, split, machine, d0, h0, block)
-            interpolated = len(measured.interpolated) if measured is not None else 0
+            counts = {"measured_items": 0, "interpolated_items": 0}
+            every_split = 0
+            if measured is not None:
+                every_split = len(measured.interpolated)
+                measured.reset()  # the items of the paper's own split alone
+                predict(spec, batch, Strategy(batch, paper["depth"], paper["height"]), machine)
+                counts = measured.counts()
             io = paper
             total = paper["total_s"] + paper["io_cached_s"]
             total_file = by_file["total_s"] + by_file["io_file_s"]
@@ -164,7 +184,10 @@ def _rows(block: dict, basis: str, machine: Machine, measured, gpu: str, free: b
                 "ideal_speedup_vs_first": gpus / setting["gpus"][0],
                 "compute_basis": basis,
                 "compute_gpu": gpu,
-                "interpolated_items": interpolated,
+                **counts,
+                "interpolated_items_all_splits": every_split,
+                "fixed_cost": _fixed_label(measured),
+                "halo_staging": _staging_label(block, measured),
                 "basis": (
                     "model (oracle), not measured" + note
                     if measured is None
@@ -195,6 +218,28 @@ def _rows(block: dict, basis: str, machine: Machine, measured, gpu: str, free: b
                 )
             rows.append(row)
     return rows
+
+
+def _fixed_label(measured) -> str:
+    """How the row's compute prices each layer's fixed cost (gpu_table.Measured)."""
+    if measured is None:
+        return "assumed (machine.kernel_overhead_s)"
+    if measured.fixed == "none":
+        return "in every item (fixed_cost: none)"
+    if measured.fixed_missing:
+        return "in every item: not measured for " + ", ".join(sorted(measured.fixed_missing))
+    return "measured (alone out, chained in)"
+
+
+def _staging_label(block: dict, measured) -> str:
+    """Whether the row's halos between nodes include the measured copies to and from the host."""
+    if block["machine"].get("halo_staging", "direct") != "host":
+        return "direct (no host copy)"
+    if measured is None:
+        return "host: not priced (no calibration)"
+    if measured.face_missing:
+        return f"host: face copies of {len(measured.face_missing)} layer(s) not measured yet, left out"
+    return "host (measured face copies)"
 
 
 def _usable(block: dict, cal, free: bool):
@@ -268,48 +313,182 @@ def _configured(block: dict, path: str):
     return block[section][key]
 
 
-def compute_check(cal) -> list[dict]:
-    """Per whole-step row of a calibration: the measured one-GPU step against the oracle's compute sum
-    for the same slab (every layer's forward + backward and the optimizer, from the same table, on the
-    calibrated GPU: no mapping, no communication)."""
+def _split_of(step: dict) -> tuple[int, int]:
+    """A step row's depth x height split: its d and h columns, else the `<d>x<h>` part of its id."""
+    try:
+        pd_, ph = int(step["d"]), int(step["h"])
+        if pd_ > 0 and ph > 0:
+            return pd_, ph
+    except (KeyError, TypeError, ValueError):
+        pass
+    part = next(x for x in str(step["id"]).split("|") if re.fullmatch(r"\d+x\d+", x))
+    return tuple(int(v) for v in part.split("x"))
+
+
+def compute_check(cal, fixed: str = "measured") -> list[dict]:
+    """Per whole-step row of a calibration (in sample: a paper layout's slab; held out: a split no setting
+    has, its layers priced by interpolation): the measured one-GPU step against the oracle's compute sum
+    for the same slab, every layer's forward + backward and the optimizer from the same table, on the
+    calibrated GPU (no mapping, no communication), each layer's fixed cost as `fixed` says (gpu_table:
+    measured, the alone cost out and the chained one in); `oracle_items_s` is the plain sum of the items
+    as timed alone, beside it."""
     from hpcdl.common.layers import n_params
     from hpcdl.studies.spatial.perfmodel import slabs
 
     if cal is None:
         return []
     rows = []
-    for step in cal.rows[cal.rows["kind"] == "step"].to_dict("records"):
-        net, split = step["network"], str(step["id"]).split("|")[2]
-        pd_, ph = (int(v) for v in split.split("x"))
-        spec = _spec_of(cal, net)
+    kinds = cal.rows["kind"].astype(str)
+    for step in cal.rows[kinds.isin(["step", "heldout_step"])].to_dict("records"):
+        net = step.get("network")
+        spec = _spec_of(cal, net) if isinstance(net, str) else None
         if spec is None:
             continue
-        measured = Measured(cal, {}, None)
-        layers = [
-            it
-            for it in slabs.layout_items(spec, pd_, ph, 1, overlap=False)
-            if it["kind"] in ("conv", "pool", "deconv", "dense")
-        ]
+        pd_, ph = _split_of(step)
+        layers = slabs.step_layer_items(spec, pd_, ph)
+        n = sum(n_params(L) for L in spec)
+        priced, plain = Measured(cal, {}, None, fixed=fixed), Measured(cal, {}, None, fixed="none")
         try:
-            total = sum(measured._t(it) for it in layers) + measured.optimizer(sum(n_params(L) for L in spec))
+            total = sum(priced.in_step(it) for it in layers) + priced.optimizer(n)
+            items = sum(plain.in_step(it) for it in layers) + plain.optimizer(n)
         except CalibrationGap:  # a partial calibration without this step's layers yet: not checked
             continue
+        t = float(step["median_s"])
         rows.append(
             {
                 "network": net,
                 "depth": pd_,
                 "height": ph,
+                "gpus": int(float(step.get("units", 0) or 0)),
+                "sample": "held_out" if step["kind"] == "heldout_step" else "in_sample",
                 "gpu": cal.gpu_model,
-                "measured_step_s": float(step["median_s"]),
-                "measured_step_p25_s": float(step["p25_s"]),
-                "measured_step_p75_s": float(step["p75_s"]),
+                "measured_step_s": t,
+                "measured_step_p25_s": float(step.get("p25_s", t)),
+                "measured_step_p75_s": float(step.get("p75_s", t)),
                 "oracle_compute_s": total,
-                "error": (total - float(step["median_s"])) / float(step["median_s"]),
+                "error": (total - t) / t,
+                "oracle_items_s": items,
+                "error_items": (items - t) / t,
+                "fixed_cost": _fixed_label(priced),
                 "layers": len(layers),
-                "interpolated_items": len(measured.interpolated),
+                **priced.counts(),
             }
         )
     return rows
+
+
+CHECK_COLUMNS = ["network", "depth", "height", "gpus", "sample", "gpu", "measured_step_s",
+                 "measured_step_p25_s", "measured_step_p75_s", "oracle_compute_s", "error", "oracle_items_s",
+                 "error_items", "fixed_cost", "layers", "measured_items", "interpolated_items"]
+
+
+# --- the published speedups beside the predictions (paper_breakdown.csv) --------------------------------
+
+# resources/papers.yaml's network names (lower case, letters and digits) -> spatial.papers' keys
+NETWORKS = {"cosmoflow": "cosmoflow", "3dunet": "unet3d"}
+TERMS = (("compute", "compute_s"), ("optimizer", "optimizer_s"), ("halo", "halo_s"),
+         ("allreduce", "allreduce_s"), ("gather", "gather_s"), ("input", "io_s"))
+
+
+def published_speedups(path) -> dict[str, dict]:
+    """network -> the published strong-scaling speedup of spatial.papers' network (resources/papers.yaml's
+    spatial entries with unit speedup: id, value, gpus_from, gpus_to, mini_batch, source); {} without the
+    file. Read to compare only."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+    out = {}
+    for e in doc.get("spatial", []) or []:
+        st = e.get("setting") or {}
+        net = NETWORKS.get(re.sub(r"[^a-z0-9]", "", str(st.get("network", "")).lower()))
+        if e.get("unit") == "speedup" and net and "value" in e:
+            out[net] = {"id": e["id"], "value": float(e["value"]), "gpus_from": int(st["gpus_from"]),
+                        "gpus_to": int(st["gpus_to"]), "mini_batch": st.get("mini_batch"),
+                        "source": e.get("source", "")}
+    return out
+
+
+def _meet(rows: dict[int, dict], pub: dict, tol: float) -> dict[int, dict]:
+    """gpus -> the comparison columns of the published speedup's two settings: the predicted speedup, how
+    far from the paper's, and beyond the tolerance what each term of that row alone would have to take."""
+    a, b = rows[pub["gpus_from"]], rows[pub["gpus_to"]]
+    t_a, t_b = a["time_per_iter_s"], b["time_per_iter_s"]
+    pred, want = t_a / t_b, pub["value"]
+    off = pred / want - 1
+    beyond = abs(off) > tol
+    out = {}
+    for row, gpus in ((a, pub["gpus_from"]), (b, pub["gpus_to"])):
+        cols = {"paper_id": pub["id"], "paper_speedup": want,
+                "paper_gpus": f"{pub['gpus_from']}->{pub['gpus_to']}", "predicted_speedup": pred,
+                "speedup_off": off, "beyond_tolerance": beyond}
+        parts = []
+        for term, col in TERMS:
+            now = row[col]
+            # the term alone moved, the other setting's time as predicted
+            need = (t_a / want - (t_b - now)) if row is b else (want * t_b - (t_a - now))
+            ok = beyond and need >= 0
+            cols[f"meet_{term}_ms"] = need * 1e3 if ok else float("nan")
+            if ok:
+                parts.append(f"{term} {now * 1e3:.1f} -> {need * 1e3:.1f} ms")
+        if beyond:
+            cols["to_meet"] = (f"to meet {want:g}x (predicted {pred:.2f}x, {off:+.0%}) with one term at "
+                               f"{gpus} GPUs: " + ("; or ".join(parts) if parts
+                                           else "no single term can (each would need < 0 ms)"))
+        else:
+            cols["to_meet"] = f"within {tol:.0%} of {want:g}x (predicted {pred:.2f}x, {off:+.0%})"
+        out[gpus] = cols
+    return out
+
+
+def breakdown(block: dict, cal=None, published: dict | None = None,
+              rows: list[dict] | None = None) -> list[dict]:
+    """Per measured basis (mapped, calibrated; assumed where no calibration serves) and setting: the terms
+    of the predicted time per iteration in ms, the items measured and interpolated, and beside a published
+    speedup (published_speedups) the comparison and, beyond spatial.paper_tolerance, `_meet`'s columns.
+    `rows`: paper_predictions(block, cal, every_basis=True) where the caller has them (else computed)."""
+    tol = float(block.get("paper_tolerance", 0.10))
+    if rows is None:
+        usable = list(_usable(block, cal, free=False))
+    else:
+        usable = [(b, [r for r in rows if r["compute_basis"] == b]) for b in dict.fromkeys(
+            r["compute_basis"] for r in rows)]
+    chosen = [(b, r) for b, r in usable if b != "assumed"] or usable[-1:]
+    out = []
+    for basis, rows in chosen:
+        for name, setting in block["papers"].items():
+            mine = {r["gpus"]: r for r in rows if r["network"] == name}
+            pub = (published or {}).get(name)
+            extra: dict[int, dict] = {}
+            note = ""
+            if pub and not {pub["gpus_from"], pub["gpus_to"]} <= set(mine):
+                note = (f"{pub['id']}: {pub['gpus_from']} or {pub['gpus_to']} GPUs is not a setting of "
+                        "spatial.papers")
+            elif pub and pub.get("mini_batch") not in (None, setting["batch_size"]):
+                note = (f"{pub['id']}: published at mini-batch {pub['mini_batch']}, spatial.papers.{name} "
+                        f"has {setting['batch_size']}")
+            elif pub:
+                extra = _meet(mine, pub, tol)
+            for gpus, r in mine.items():
+                out.append({
+                    "compute_basis": basis, "network": name, "gpus": gpus, "depth": r["depth"],
+                    "height": r["height"], **{f"{t}_ms": r[c] * 1e3 for t, c in TERMS},
+                    "time_per_iter_ms": r["time_per_iter_s"] * 1e3,
+                    "terms_sum_ms": sum(r[c] for _, c in TERMS) * 1e3,
+                    "speedup_vs_first": r["speedup_vs_first"], "measured_items": r["measured_items"],
+                    "interpolated_items": r["interpolated_items"], "fixed_cost": r["fixed_cost"],
+                    "compute_gpu": r["compute_gpu"], **extra.get(gpus, {"to_meet": note} if note else {}),
+                })
+    return out
+
+
+BREAKDOWN_COLUMNS = (["compute_basis", "network", "gpus", "depth", "height"] + [f"{t}_ms" for t, _ in TERMS]
+                     + ["time_per_iter_ms", "terms_sum_ms", "speedup_vs_first", "measured_items",
+                        "interpolated_items", "fixed_cost", "compute_gpu", "paper_id", "paper_gpus",
+                        "paper_speedup", "predicted_speedup", "speedup_off", "beyond_tolerance", "to_meet"]
+                     + [f"meet_{t}_ms" for t, _ in TERMS])
 
 
 def _spec_of(cal, network: str):

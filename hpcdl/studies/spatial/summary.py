@@ -4,8 +4,10 @@
 
 One block: pass/fail of each claim, the efficiency against the ceiling with the raw speedup and the
 ceiling, the oracle's mean, worst and per-run error (held out; in sample beside it), and the phases left
-out as disturbed with the load measured from /proc during them. Reads only claims.json and tables/
-(nothing is recomputed).
+out as disturbed with the load measured from /proc during them, and the papers' settings as
+tables/paper_breakdown.csv has them (terms, items measured and interpolated, the published speedup's gap
+and what one term would have to take to meet it). Reads only claims.json and tables/ (nothing is
+recomputed).
 """
 
 from __future__ import annotations
@@ -55,4 +57,14 @@ def summary(study_dir: Path) -> str:
     cal = {c.removeprefix("calibration_"): getattr(v := fit[c].iloc[0], "item", lambda: v)() for c in fit
            if c.startswith("calibration_")}  # numbers, and the held-out shapes (a string)
     lines.append(f"  calibration: {cal}")
+    bd_path = study.table("paper_breakdown")
+    bd = pd.read_csv(bd_path) if bd_path.exists() else pd.DataFrame()
+    for r in bd.itertuples():  # the papers' settings: terms, items measured / interpolated, the paper's gap
+        names = ("compute", "optimizer", "halo", "allreduce", "gather", "input")
+        terms = ", ".join(f"{t} {getattr(r, f'{t}_ms'):.1f}" for t in names)
+        lines.append(f"  paper setting {r.compute_basis} {r.network} {int(r.gpus)} GPUs ({int(r.depth)}x"
+                     f"{int(r.height)}): {r.time_per_iter_ms:.1f} ms ({terms}); items "
+                     f"{int(r.measured_items)} measured, {int(r.interpolated_items)} interpolated")
+        if isinstance(r.to_meet, str) and r.to_meet:
+            lines.append(f"    {r.to_meet}")
     return "\n".join(lines)

@@ -17,7 +17,17 @@ over the bytes it must move at least, slabs.layer_item) is at or above the calib
 (peak FLOP/s / memory bandwidth) uses a larger share of that GPU's peak FLOP/s than of its bandwidth
 (the same comparison made on the measured time's achieved rates), so its time scales with the ratio of
 the two GPUs' FP32 peaks; every other item (pools, halo copies, the optimizer) with the ratio of their
-memory bandwidths.
+memory bandwidths; a face copy (device <-> pinned host) with the ratio of their host links
+(`host_link_gbs`, one direction; memory bandwidth where a datasheet lacks it).
+
+The fixed costs (slabs.fixed_items, spatial.gpu_calibration.fixed_cost: measured): every item's time
+holds its kind's fixed cost as timed alone (launches, the autograd engine's start, the allocator, the
+wait for a synchronised GPU), which a whole step pays differently, its layers issued back to back while
+the GPU works. So a layer inside a step is priced as its own work, the item's time less its kind's
+`alone` fixed cost (mapped like the item), and at least its kind's `chained` fixed cost, a minimal layer's
+share of a chain of them issued as a step issues its layers: max(item - alone, chained). The host's part
+is not mapped to another GPU (ASSUMPTION: the target's hosts issue layers as fast as the calibrating one).
+A table without the fixed-cost rows prices every layer as its item (and says so).
 """
 
 from __future__ import annotations
@@ -136,7 +146,7 @@ class GpuCalibration:
                 if r["kind"] == kind
                 and r["key"] == item["key"]
                 and int(r["batch"]) == item["batch"]
-                and (kind != "halo" or r["axis"] == item["axis"])
+                and (kind not in ("halo", "face") or r["axis"] == item["axis"])
             ]
             x = float(item["d"] * item["h"])
             pts = sorted((float(r["d"] * r["h"]), float(r["median_s"])) for r in same)
@@ -178,53 +188,116 @@ MAPPINGS = ("roofline", "flops", "memory")
 
 def scale(item: dict, source: dict, target: dict, mode: str = "roofline") -> float:
     """Factor from a time on the `source` GPU to the `target` GPU: the module's rule ("roofline"), or every
-    item by the FP32 peaks ("flops") or by the memory bandwidths ("memory"), the rule's two bounds."""
+    item by the FP32 peaks ("flops") or by the memory bandwidths ("memory"), the rule's two bounds; a face
+    copy by the host links in every mode."""
     if mode not in MAPPINGS:
         raise ValueError(f"spatial.gpu_calibration.mapping must be one of {MAPPINGS}, got {mode!r}")
+    if item.get("kind") == "face" and source.get("host_link_gbs") and target.get("host_link_gbs"):
+        return source["host_link_gbs"] / target["host_link_gbs"]
     if mode == "flops" or (mode == "roofline" and bound(item, source) == "flops"):
         return source["peak_tflops"] / target["peak_tflops"]
     return source["memory_gbs"] / target["memory_gbs"]
 
 
+FIXED_COSTS = ("measured", "none")
+
+
 class Measured:
     """Compute times for the oracle (Machine.measured) from a calibration, on the calibrated GPU or mapped
-    to `target` (a datasheet dict; None: the calibrated GPU itself). Counts what it interpolated."""
+    to `target` (a datasheet dict; None: the calibrated GPU itself), with the fixed costs as `fixed` says
+    (module docstring). Counts the items it read and what it interpolated."""
 
-    def __init__(self, cal: GpuCalibration, source: dict, target: dict | None = None, mode: str = "roofline"):
-        self.cal, self.source, self.target, self.mode = cal, source, target, mode
+    def __init__(self, cal: GpuCalibration, source: dict, target: dict | None = None, mode: str = "roofline",
+                 fixed: str = "measured"):
+        if fixed not in FIXED_COSTS:
+            raise ValueError(f"spatial.gpu_calibration.fixed_cost must be one of {FIXED_COSTS}, "
+                             f"got {fixed!r}")
+        self.cal, self.source, self.target, self.mode, self.fixed = cal, source, target, mode, fixed
         self.interpolated: set[str] = set()
         self.used: set[str] = set()
+        self.fixed_missing: set[str] = set()  # kinds whose fixed-cost rows the table lacks
+        self.face_missing: set[str] = set()  # layers whose face copies a partial table cannot price yet
 
-    def _t(self, item: dict) -> float:
+    def reset(self) -> None:
+        self.interpolated.clear()
+        self.used.clear()
+
+    def counts(self) -> dict:
+        """Items read since the last reset: measured, interpolated."""
+        return {"measured_items": len(self.used - self.interpolated),
+                "interpolated_items": len(self.interpolated)}
+
+    def _scale(self, item: dict) -> float:
+        return scale(item, self.source, self.target, self.mode) if self.target else 1.0
+
+    def _raw(self, item: dict) -> float:
         t, how = self.cal.seconds(item)
         self.used.add(item["id"])
         if how == "interpolated":
             self.interpolated.add(item["id"])
-        return t * (scale(item, self.source, self.target, self.mode) if self.target else 1.0)
+        return t
+
+    def _t(self, item: dict) -> float:
+        """The item's time as measured (mapped), its fixed cost included."""
+        return self._raw(item) * self._scale(item)
+
+    def fixed_cost(self, kind: str) -> tuple[float, float] | None:
+        """(alone, chained) seconds of a kind's fixed cost ("conv", ..., "optimizer:<network>"), or None
+        where they are not used (fixed_cost: none) or not measured."""
+        if self.fixed == "none":
+            return None
+        rows = [self.cal.by_id.get(slabs.fixed_id(kind, m)) for m in ("alone", "chained")]
+        if any(r is None for r in rows):
+            self.fixed_missing.add(kind)
+            return None
+        for m in ("alone", "chained"):
+            self.used.add(slabs.fixed_id(kind, m))
+        return float(rows[0]["median_s"]), float(rows[1]["median_s"])
+
+    def in_step(self, item: dict, kind: str | None = None) -> float:
+        """A compute item's seconds inside a step: max(item - its kind's alone fixed cost (mapped like the
+        item), the kind's chained fixed cost); the item as measured where the fixed costs are not used."""
+        raw = self._raw(item)
+        fc = self.fixed_cost(kind or item["kind"])
+        if fc is None:
+            return raw * self._scale(item)
+        alone, chained = fc
+        return max((raw - alone) * self._scale(item), chained)
 
     def layer(self, L: dict, pd: int, ph: int, batch: int) -> float:
-        return self._t(slabs.layer_item(L, pd, ph, batch))
+        return self.in_step(slabs.layer_item(L, pd, ph, batch))
 
     def halo(self, L: dict, pd: int, ph: int, batch: int) -> dict:
         """Seconds of one side's pack + unpack per split axis ({"d": s, "h": s})."""
         return {it["axis"]: self._t(it) for it in slabs.halo_items(L, pd, ph, batch)}
 
+    def face(self, L: dict, pd: int, ph: int, batch: int) -> dict:
+        """Seconds of one side's send buffer to pinned host memory and a received one back, per split axis.
+        A partial table that cannot price a layer's face copies yet leaves them out (face_missing says so)
+        rather than the whole layout; a complete one must have them."""
+        out = {}
+        for it in slabs.face_items(L, pd, ph, batch):
+            try:
+                out[it["axis"]] = self._t(it)
+            except CalibrationGap:
+                if not self.cal.partial:
+                    raise
+                self.face_missing.add(it["key"])
+        return out
+
     def correction(self, L: dict, batch: int) -> float:
-        return self._t(slabs.correction_item(L, batch))
+        return self.in_step(slabs.correction_item(L, batch), "conv")
 
     def optimizer(self, n_params: float) -> float:
         n = int(n_params)
-        return self._t(
-            {
-                "id": f"optimizer|?|n{n}",
-                "kind": "optimizer",
-                "key": "",
-                "units": n,
-                "batch": 1,
-                "flops": 0.0,
-                "bytes": 16 * 4 * n,
-            }
-        )
+        item = {"id": f"optimizer|?|n{n}", "kind": "optimizer", "key": "", "units": n, "batch": 1,
+                "flops": 0.0, "bytes": 16 * 4 * n}
+        nets = [r.get("network") for r in self.cal.by_id.values()
+                if r["kind"] == "optimizer" and int(float(r.get("units", -1))) == n]
+        net = next((x for x in nets if isinstance(x, str) and x), None)
+        if net is None:  # no network's own parameter count: its time as interpolated, no fixed cost
+            return self._t(item)
+        return self.in_step(item, f"optimizer:{net}")
 
 
 def find(directory: str | Path, use: str) -> GpuCalibration | None:
@@ -251,6 +324,7 @@ def find(directory: str | Path, use: str) -> GpuCalibration | None:
 
 __all__ = [
     "COLUMNS",
+    "FIXED_COSTS",
     "MAPPINGS",
     "CalibrationGap",
     "GpuCalibration",

@@ -156,6 +156,12 @@ class Machine:
     # (hpcdl.studies.spatial.perfmodel.gpu_table.Measured): replaces the fits above for conv, pool,
     # deconv, dense and the optimizer, and adds the halo pack/unpack and the overlap's edge corrections
     measured: object | None = None
+    # halos between nodes staged through pinned host memory: each exchange of a group spanning nodes adds
+    # the measured copies of its planes to and from the host (Measured.face), as part of the transfer
+    halo_staging: bool = False
+    # NCCL's ring all-reduce between nodes: (alpha s per ring step, s per byte at the node's bus bandwidth),
+    # shared and tapered as the point-to-point link is (link); None: the link's own bandwidth
+    allreduce_nccl: tuple[float, float] | None = None
 
     def fault_time(self, nbytes: float, busy: bool = False) -> float:
         c0, k = (self.busy.get("fault") if busy and self.busy else None) or self.fault
@@ -186,7 +192,10 @@ class Machine:
                    io=(0.0, 1.0 / (m["io_gbs"] * 1e9)),
                    alpha_intra=m["alpha_intra_s"], beta_intra=1.0 / (m["intra_gbs"] * 1e9),
                    alpha_inter=m["alpha_inter_s"], beta_inter=1.0 / (m["inter_gbs"] * 1e9),
-                   ranks_per_node=int(m["gpus_per_node"]), memory_bytes=m["memory_gb"] * 1e9)
+                   ranks_per_node=int(m["gpus_per_node"]), memory_bytes=m["memory_gb"] * 1e9,
+                   halo_staging=m.get("halo_staging", "direct") == "host",
+                   allreduce_nccl=((m["alpha_inter_s"], 1.0 / (m["allreduce_busbw_gbs"] * 1e9))
+                                   if m.get("allreduce_busbw_gbs") else None))
 
     def link(self, group: int, stride: int = 1) -> tuple[float, float]:
         """(alpha, beta) of a group of `group` ranks `stride` apart; groups leaving a node share its NIC."""
@@ -196,6 +205,18 @@ class Machine:
         nodes = group * stride / self.ranks_per_node
         taper = self.rack_oversubscription if self.rack_nodes and nodes > self.rack_nodes else 1.0
         return self.alpha_inter, self.beta_inter * sharing * taper
+
+
+def allreduce_link(machine: Machine, group: int, stride: int = 1) -> tuple[float, float]:
+    """(alpha, beta) of a ring all-reduce over `group` ranks `stride` apart: within a node the link's; between
+    nodes NCCL's bus bandwidth of the node (Machine.allreduce_nccl) in place of the link's, shared by a
+    node's ranks and tapered beyond a rack exactly as the link is; the link's own where no NCCL figure is
+    configured."""
+    if machine.allreduce_nccl is None or group <= 1 or group * stride <= machine.ranks_per_node:
+        return machine.link(group, stride)
+    alpha, beta = machine.allreduce_nccl
+    _, shared = machine.link(group, stride)  # beta_inter x the node's sharing x the rack taper
+    return alpha, beta * shared / machine.beta_inter
 
 
 def fresh_bytes(spec: list[dict], batch: int, frac: float = 1.0, f: int = 1, c: int = 1) -> float:
@@ -233,7 +254,6 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
     s = strat.spatial
     a_s, b_s = machine.link(s)                       # spatial groups: contiguous ranks
     a_m, b_m = machine.link(f * c)                   # model-parallel (filter/channel) groups
-    a_d, b_d = machine.link(strat.data, stride=s * f * c)
     # CPU ranks that compute at once contend for cores, caches and memory bandwidth and wait for
     # each other at every exchange: their compute follows the fits timed with all ranks busy
     busy = bool(machine.cores) and strat.ranks * machine.threads_per_rank > 1
@@ -277,6 +297,11 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
                 # backward, per neighbour of a middle rank: GPU work, never hidden behind the compute
                 for axis, one in m.halo(L, pd, ph, b).items():
                     t_copy += 2 * (2 if (pd if axis == "d" else ph) > 2 else 1) * one
+                if machine.halo_staging and s > machine.ranks_per_node:
+                    # between nodes through pinned host memory: the packed planes to the host and the
+                    # neighbour's back, per neighbour, forward and backward: part of the transfer
+                    for axis, one in m.face(L, pd, ph, b).items():
+                        t_halo += 2 * (2 if (pd if axis == "d" else ph) > 2 else 1) * one
             t["halo"] += t_halo + t_copy
             if m and machine.overlap and kind == "conv" and pd > 1 and ph == 1 and _local(d, pd) < d \
                     and L["stride"] == 1 and 2 * L["pad"] == L["kernel"] - 1 and L["pad"] > 0:
@@ -321,8 +346,8 @@ def predict(spec: list[dict], batch: int, strat: Strategy, machine: Machine) -> 
     in_elems = numel(c_in) / (pd * ph) if pd * ph > 1 else numel(c_in)
     in_bytes = in_elems * b * BYTES
     t["io"] = machine.io[0] * b + in_bytes * machine.io[1]
-    ar_s = machine.allreduce_ab or (a_s, b_s)
-    ar_d = machine.allreduce_ab or (a_d, b_d)
+    ar_s = machine.allreduce_ab or allreduce_link(machine, s)
+    ar_d = machine.allreduce_ab or allreduce_link(machine, strat.data, stride=s * f * c)
     t["allreduce"] = (t_allreduce(conv_params * BYTES / (f * c), s, *ar_s)
                       + t_allreduce(total_params * BYTES / (f * c), strat.data, *ar_d))
     if machine.overlap and t["allreduce"] > 0:

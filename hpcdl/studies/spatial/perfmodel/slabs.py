@@ -9,9 +9,20 @@ of its output planes (the oracle's `_local`), batch 1 per GPU. This module lists
   layer       conv / pool / deconv / dense forward + backward at a local output shape
   halo        packing one side's halo planes of a layer's input into a send buffer and unpacking a
               received one into the halo'd input (per split axis)
+  face        the same side's packed planes copied to pinned host memory and a received buffer copied
+              back (device to host, host to device: a halo staged through the host between nodes)
   correction  the thin edge conv a depth-only split adds to a stride-1 'same' conv (overlap.py)
   optimizer   zero_grad + Adam step over one network's parameter tensors
-  step        a whole one-GPU training step on a slab (the compute-term check), and its layers
+  fixed       the per-layer fixed cost of each layer kind (conv, pool, deconv, dense, and the optimizer
+              per network): a minimal layer (8 channels, 4^3 voxels; the optimizer over as many
+              one-element tensors as the network has) timed `alone`, exactly as a layer item is timed,
+              and `chained`, CHAIN of them issued back to back in one timed call as a step issues its
+              layers (per layer); the oracle takes the first out of every item and adds the second
+              per layer (gpu_table.Measured)
+  step        a whole one-GPU training step on a slab of a paper layout (the compute-term check,
+              spatial.gpu_calibration.steps), every layer at the local shape the oracle charges
+  heldout_step  the same at a split no paper setting has (spatial.gpu_calibration.held_out_steps),
+              whose layer shapes the calibration leaves out: the oracle prices them by interpolation
 
 Every item has an `id` the calibration table is keyed by.
 """
@@ -66,6 +77,23 @@ def correction_id(key: str, batch: int) -> str:
 
 def optimizer_id(network: str, params: int) -> str:
     return f"optimizer|{network}|n{params}"
+
+
+def face_id(key: str, axis: str, d: int, h: int, batch: int) -> str:
+    return f"face|{key}|{axis}|d{d}|h{h}|b{batch}"
+
+
+def fixed_id(kind: str, mode: str) -> str:
+    """The fixed-cost item of a layer kind ("conv", ..., "optimizer:<network>"), `alone` or `chained`."""
+    return f"fixed|{kind}|{mode}"
+
+
+def step_id(network: str, gpus: int, pd: int, ph: int) -> str:
+    return f"step|{network}|{gpus}|{pd}x{ph}|b1"
+
+
+def held_out_step_id(network: str, pd: int, ph: int) -> str:
+    return f"heldout_step|{network}|{pd}x{ph}|b1"
 
 
 def halo_planes(L: dict) -> int:
@@ -157,6 +185,62 @@ def halo_items(L: dict, pd: int, ph: int, batch: int) -> list[dict]:
     return out
 
 
+def face_items(L: dict, pd: int, ph: int, batch: int) -> list[dict]:
+    """The halo_items' send buffer copied to pinned host memory and a received one copied back, per split
+    axis: what a halo staged through the host adds to each exchange (fwd: device to host, bwd: host to
+    device)."""
+    out = []
+    for it in halo_items(L, pd, ph, batch):
+        one_side = it["bytes"] / 4  # halo_items counts pack + unpack of both sides
+        out.append({**it, "id": face_id(it["key"], it["axis"], it["d"], it["h"], batch), "kind": "face",
+                    "bytes": 2 * one_side})
+    return out
+
+
+CHAIN = 16  # minimal layers a `chained` fixed-cost item issues in one timed call
+FIXED_KINDS = ("conv", "pool", "deconv", "dense")
+_MIN_C, _MIN_N = 8, 4  # the minimal layer: 8 channels, 4 output planes per axis
+
+
+def minimal_layer(kind: str) -> dict:
+    """A layer of `kind` with negligible work that runs the kernels a real one of its kind runs (bias,
+    LeakyReLU, the input gradient): its time is the kind's fixed cost."""
+    c, n = _MIN_C, _MIN_N
+    if kind == "conv":
+        return {"kind": "conv", "name": "fixed", "cin": c, "cout": c, "kernel": 3, "stride": 1, "pad": 1,
+                "in": (c, n, n, n), "out": (c, n, n, n)}
+    if kind == "pool":
+        return {"kind": "pool", "name": "fixed", "kernel": 2, "stride": 2, "pad": 0,
+                "in": (c, 2 * n, 2 * n, 2 * n), "out": (c, n, n, n)}
+    if kind == "deconv":
+        return {"kind": "deconv", "name": "fixed", "cin": c, "cout": c, "kernel": 2, "stride": 2, "pad": 0,
+                "in": (c, n // 2, n // 2, n // 2), "out": (c, n, n, n)}
+    if kind == "dense":
+        return {"kind": "dense", "name": "fixed", "fin": 64, "fout": 64, "act": True, "in": (64,),
+                "out": (64,)}
+    raise ValueError(f"no minimal layer of kind {kind!r}")
+
+
+def fixed_items(block: dict) -> list[dict]:
+    """The fixed-cost items: per layer kind and per network's optimizer, `alone` and `chained`."""
+    out = []
+    for kind in FIXED_KINDS:
+        L = minimal_layer(kind)
+        base = layer_item(L, 1, 1, 1)
+        for mode in ("alone", "chained"):
+            out.append({**base, "id": fixed_id(kind, mode), "kind": "fixed", "key": kind, "axis": mode,
+                        "layer_kind": kind, "mode": mode, "units": CHAIN if mode == "chained" else 1})
+    for name, setting in block["papers"].items():
+        tensors = len(param_shapes(network_spec(name, setting, block["extrapolate"])))
+        for mode in ("alone", "chained"):
+            out.append({"id": fixed_id(f"optimizer:{name}", mode), "kind": "fixed",
+                        "key": f"optimizer:{name}", "axis": mode, "network": name, "layer_kind": "optimizer",
+                        "mode": mode,
+                        "shapes": [(1,)] * tensors, "units": CHAIN if mode == "chained" else 1, "batch": 1,
+                        "d": 0, "h": 0, "w": 0, "flops": 0.0, "bytes": 16 * BYTES * tensors})
+    return out
+
+
 def correction_item(L: dict, batch: int) -> dict:
     c, d, h, w = L["out"]
     fl = 2.0 * L["cin"] * L["cout"] * L["pad"] * L["kernel"] ** 2 * L["pad"] * h * w * batch
@@ -197,6 +281,7 @@ def layout_items(spec: list[dict], pd: int, ph: int, batch: int, overlap: bool) 
         if it:
             items.append(it)
         items += halo_items(L, pd, ph, batch)
+        items += face_items(L, pd, ph, batch)
         if overlap and pd > 1 and ph == 1 and corrects(L) and local(L["out"][1], pd) < L["out"][1]:
             items.append(correction_item(L, batch))
     return items
@@ -229,53 +314,128 @@ def paper_layouts(block: dict) -> list[dict]:
     return out
 
 
-def consistent(spec: list[dict], pd: int, ph: int) -> bool:
-    """Whether one network pass on the local slab produces every layer's local shape the oracle charges
-    (ceil of the global planes per rank): only then is a whole one-GPU step on that slab the sum of the
-    layers the oracle adds up. A layer's local input is the previous layer's local output (both are the
-    ceil of the same global size), so each op must map its local input onto its local output."""
-    for L in spec:
-        if L["kind"] not in ("conv", "pool", "deconv"):
-            continue
-        li = (local(L["in"][1], pd), local(L["in"][2], ph))
-        lo = (local(L["out"][1], pd), local(L["out"][2], ph))
-        s = L["stride"]
-        got = {"conv": li, "pool": (li[0] // s, li[1] // s), "deconv": (li[0] * s, li[1] * s)}[L["kind"]]
-        if got != lo:
-            return False
-    return True
-
-
 def step_layouts(block: dict) -> list[dict]:
-    """The slabs of the whole-step check (spatial.gpu_calibration.steps: [network, gpus, depth, height])."""
+    """The slabs of the whole-step check (spatial.gpu_calibration.steps: [network, gpus, depth, height]),
+    each a layout of spatial.papers. The step runs every layer at the local shape the oracle charges
+    (ceil of the global planes per rank; gpucal_ops), so any layout can be checked, the papers' largest
+    splits included, where one plain pass would thin a layer to nothing."""
     layouts = {
         (lay["network"], lay["gpus"], lay["depth"], lay["height"]): lay for lay in paper_layouts(block)
     }
     out = []
     for i, (net, gpus, pd, ph) in enumerate(block["gpu_calibration"]["steps"]):
-        key = f"spatial.gpu_calibration.steps[{i}]"
         lay = layouts.get((net, gpus, pd, ph))
         if lay is None:
             raise ValueError(
-                f"{key}: {[net, gpus, pd, ph]} is not a layout of spatial.papers (network, GPUs, "
-                "depth x height = GPUs / mini-batch)"
-            )
-        if not consistent(lay["spec"], pd, ph):
-            raise ValueError(
-                f"{key}: on a {pd} x {ph} split some layer's local shape is not the previous "
-                "layer's (a plane count below the split): no single-GPU step runs those shapes"
+                f"spatial.gpu_calibration.steps[{i}]: {[net, gpus, pd, ph]} is not a layout of "
+                "spatial.papers (network, GPUs, depth x height = GPUs / mini-batch)"
             )
         out.append(lay)
     return out
 
 
+def held_out_layouts(block: dict) -> list[dict]:
+    """The slabs of the held-out steps (spatial.gpu_calibration.held_out_steps: [network, depth, height]):
+    a depth x height split of one sample that no setting of spatial.papers has, so the calibration times
+    none of its layouts and the oracle prices its layers from the papers' neighbouring sizes."""
+    ours = {(lay["network"], lay["depth"], lay["height"]) for lay in paper_layouts(block)}
+    out = []
+    for i, (net, pd, ph) in enumerate(block["gpu_calibration"].get("held_out_steps", [])):
+        key = f"spatial.gpu_calibration.held_out_steps[{i}]"
+        if net not in block["papers"]:
+            raise ValueError(f"{key}: {net!r} is not a network of spatial.papers")
+        if (net, pd, ph) in ours:
+            raise ValueError(f"{key}: {[net, pd, ph]} is a layout of spatial.papers, which the calibration "
+                             "times: not held out")
+        setting = block["papers"][net]
+        spec = network_spec(net, setting, block["extrapolate"])
+        _, d0, h0, _ = spec[0]["in"]
+        if pd > d0 or ph > h0:
+            raise ValueError(f"{key}: more ranks than planes ({d0} x {h0})")
+        out.append({"network": net, "gpus": 0, "batch": setting["batch_size"], "depth": pd, "height": ph,
+                    "spec": spec})
+    return out
+
+
+def step_layer_items(spec: list[dict], pd: int, ph: int) -> list[dict]:
+    """The layer items (conv, pool, deconv, dense) a whole one-GPU step on a pd x ph slab runs."""
+    kinds = ("conv", "pool", "deconv", "dense")
+    return [it for it in layout_items(spec, pd, ph, 1, False) if it["kind"] in kinds]
+
+
+def _group(it: dict) -> tuple:
+    return (it["kind"], it["key"], it["batch"], it.get("axis", ""))
+
+
+def check_held_out(held: list[dict], items: list[dict]) -> None:
+    """Every layer of a held-out step is an item the calibration times or lies between two of its sizes
+    (the oracle interpolates, never extrapolates), and at least one is not timed (else nothing is held
+    out)."""
+    ids = {it["id"] for it in items}
+    sizes: dict[tuple, list[int]] = {}
+    for it in items:
+        sizes.setdefault(_group(it), []).append(it.get("d", 1) * it.get("h", 1))
+    for i, lay in enumerate(held):
+        key = f"spatial.gpu_calibration.held_out_steps[{i}]"
+        layers = step_layer_items(lay["spec"], lay["depth"], lay["height"])
+        for x in layers:
+            have = sizes.get(_group(x), [])
+            if x["id"] not in ids and not (have and min(have) <= x["d"] * x["h"] <= max(have)):
+                span = f"{min(have)}..{max(have)}" if have else "none"
+                raise ValueError(
+                    f"{key}: {[lay['network'], lay['depth'], lay['height']]}: layer {x['id']} has "
+                    f"{x['d'] * x['h']} local planes, outside the sizes the calibration times for it "
+                    f"({span}): the oracle would extrapolate; choose a split between the papers' spatial "
+                    "splits")
+        if all(x["id"] in ids for x in layers):
+            raise ValueError(f"{key}: every layer of {[lay['network'], lay['depth'], lay['height']]} is "
+                             "timed by the calibration: nothing is held out")
+
+
+def _step_item(lay: dict, held_out: bool) -> dict:
+    net, pd, ph = lay["network"], lay["depth"], lay["height"]
+    return {
+        "id": held_out_step_id(net, pd, ph) if held_out else step_id(net, lay["gpus"], pd, ph),
+        "kind": "heldout_step" if held_out else "step",
+        "key": net,
+        "network": net,
+        "gpus": lay["gpus"],
+        "units": lay["gpus"],
+        "depth": pd,
+        "height": ph,
+        "batch": 1,
+        "spec": lay["spec"],
+        "flops": 0.0,
+        "bytes": 0.0,
+    }
+
+
+SETTING_PREFIX = "setting "
+
+
+def setting_order(block: dict) -> list[tuple[str, int]]:
+    """The papers' settings in the order the calibration completes them: each network's first and last
+    GPU counts (the published speedups compare them), network by network, then the counts between."""
+    ends, middle = [], []
+    for name, setting in block["papers"].items():
+        gpus = list(setting["gpus"])
+        ends += [(name, g) for g in dict.fromkeys([gpus[0], gpus[-1]])]
+        middle += [(name, g) for g in gpus[1:-1]]
+    return ends + middle
+
+
 def calibration_items(block: dict) -> list[dict]:
-    """Every distinct item of every paper layout and of the step checks, once; the optimizer per network."""
+    """Every distinct item of every paper layout and of the step checks, once; the optimizer per network;
+    the fixed costs. Each item of a layout names the first setting (setting_order) whose layouts use it
+    (`setting`, `setting_rank`): gpucal_plan completes the settings one at a time."""
     overlap = bool(block["machine"].get("overlap", False))
+    rank = {s: i for i, s in enumerate(setting_order(block))}
     seen: dict[str, dict] = {}
-    for lay in paper_layouts(block):
+    for lay in sorted(paper_layouts(block), key=lambda x: rank[(x["network"], x["gpus"])]):
+        where = {"setting": f"{lay['network']} {lay['gpus']}",
+                 "setting_rank": rank[(lay["network"], lay["gpus"])]}
         for it in layout_items(lay["spec"], lay["depth"], lay["height"], 1, overlap):
-            seen.setdefault(it["id"], {**it, "network": lay["network"]})
+            seen.setdefault(it["id"], {**it, "network": lay["network"], **where})
     for name, setting in block["papers"].items():
         spec = network_spec(name, setting, block["extrapolate"])
         n = sum(n_params(L) for L in spec)
@@ -293,42 +453,14 @@ def calibration_items(block: dict) -> list[dict]:
                 "bytes": 16 * BYTES * n,
             },
         )
+    for it in fixed_items(block):
+        seen.setdefault(it["id"], it)
     for lay in step_layouts(block):
-        sid = f"step|{lay['network']}|{lay['depth']}x{lay['height']}|b1"
-        seen.setdefault(
-            sid,
-            {
-                "id": sid,
-                "kind": "step",
-                "key": lay["network"],
-                "network": lay["network"],
-                "gpus": lay["gpus"],
-                "depth": lay["depth"],
-                "height": lay["height"],
-                "batch": 1,
-                "spec": lay["spec"],
-                "flops": 0.0,
-                "bytes": 0.0,
-            },
-        )
+        it = _step_item(lay, False)
+        seen.setdefault(it["id"], it)
+    held = held_out_layouts(block)
+    check_held_out(held, list(seen.values()))
+    for lay in held:
+        it = _step_item(lay, True)
+        seen.setdefault(it["id"], it)
     return list(seen.values())
-
-
-def estimate_seconds(
-    items: list[dict], tflops: float, gbs: float, repeats: int, overhead_s: float = 2e-4
-) -> float:
-    """A budget of the calibration's device time: each item's roofline time (at the GPU's datasheet peak
-    FLOP/s and bandwidth, no better than 30 % of peak for 3D convs, a rough cuDNN figure) plus a fixed
-    cost per call, over (repeats + 1 warm-up) calls, and a whole step as the sum of its layers."""
-    per = {}
-    for it in items:
-        if it["kind"] == "step":
-            continue
-        per[it["id"]] = max(it["flops"] / (0.3 * tflops * 1e12), it["bytes"] / (gbs * 1e9)) + overhead_s
-    steps = 0.0
-    for it in items:
-        if it["kind"] == "step":
-            steps += sum(
-                per.get(x["id"], 0.0) for x in layout_items(it["spec"], it["depth"], it["height"], 1, False)
-            )
-    return (sum(per.values()) + steps) * (repeats + 1)
