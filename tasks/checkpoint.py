@@ -96,7 +96,7 @@ def main(argv=None) -> None:
     ovh_pts = sweep.overhead_points(cfg, device)
     print(f"[checkpoint] {len(io_pts)} I/O points, {len(res_pts)} resume checks, "
           f"{len(ovh_pts)} overhead runs on {device}; scratch {scratch}", file=sys.stderr, flush=True)
-    if shutil.which("fio") is None:  # the points still run; their ceiling columns say why they are empty
+    if fio.executable() is None:  # the points still run; their ceiling columns say why they are empty
         print(f"[checkpoint] {fio.FIO_MISSING}: no storage ceiling, the bandwidth claim will be not "
               "measured", file=sys.stderr, flush=True)
     # A point's key covers its whole dict: sweep.py puts in it everything the measurement reads.

@@ -356,14 +356,6 @@ def label(entry: dict) -> str:
     return text
 
 
-def current_count(root: str | Path | None, studies) -> tuple[int, int]:
-    """How many of `studies` have a GPU record (on any GPU) of today's code, and how many studies."""
-    studies = list(studies)
-    current = {name for r in (read_records(root) if root is not None else [])
-               for name, s in r["studies"].items() if s["code_state"] == "current"}
-    return len(current & set(studies)), len(studies)
-
-
 def measured_text(claim: dict, limit: int = MEASURED_CHARS) -> str:
     """A recorded claim's measured values (its reason first where it was not measured), cut to `limit`."""
     text = json.dumps(claim.get("measured", {}), separators=(", ", ": "), sort_keys=True)

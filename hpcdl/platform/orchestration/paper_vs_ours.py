@@ -230,10 +230,12 @@ def _norm(value) -> str:
     return str(value).strip().lower().replace(" ", "")
 
 
-CAPS = {"failed": ("not_reproduced", ("within", "reproduced", "undecided")),
-        "straddles": ("undecided", GREEN),
-        "not_measured": ("not_measured", ("within", "reproduced", "undecided")),
-        "absent": ("not_measured", ("within", "reproduced", "undecided"))}
+# A claim status, most severe first: (the kind it caps a row at, the kinds it caps, the verdict's words
+# for the cap and for the claim)
+CAPS = (("failed", "not_reproduced", (*GREEN, "undecided"), "not reproduced", "failed"),
+        ("not_measured", "not_measured", (*GREEN, "undecided"), "not yet measured", "not measured"),
+        ("absent", "not_measured", (*GREEN, "undecided"), "not yet measured", "is not in this run"),
+        ("straddles", "undecided", GREEN, "undecided", "straddles"))
 
 
 def cap_by_claims(kind: str, verdict: str, names: tuple[str, ...], run: RunFiles) -> tuple[str, str, str]:
@@ -241,21 +243,15 @@ def cap_by_claims(kind: str, verdict: str, names: tuple[str, ...], run: RunFiles
     statuses as a text to show beside the number."""
     if not names:
         return kind, verdict, ""
-    found = {name: run.claims_named(name) for name in names}
-    statuses = {name: [c["status"] for c in cs] or ["absent"] for name, cs in found.items()}
-    shown = "; ".join(f"{name} {'/'.join(SHOWN[s][1] if s in SHOWN else 'not in this run' for s in ss)}"
-                      for name, ss in statuses.items())
-    for status in ("failed", "not_measured", "absent", "straddles"):
-        capped, over = CAPS[status]
+    statuses = {name: [c["status"] for c in run.claims_named(name)] or ["absent"] for name in names}
+    shown = " (claim: " + "; ".join(
+        f"{name} {'/'.join(SHOWN[s][1] if s in SHOWN else 'not in this run' for s in ss)}"
+        for name, ss in statuses.items()) + ")"
+    for status, capped, over, label, why in CAPS:
         hit = [name for name, ss in statuses.items() if status in ss]
         if hit and kind in over:
-            why = {"failed": "failed", "straddles": "straddles", "not_measured": "not measured",
-                   "absent": "is not in this run"}[status]
-            label = {"not_reproduced": "not reproduced", "undecided": "undecided",
-                     "not_measured": "not yet measured"}[capped]
-            return capped, f"{label} (claim {', '.join(hit)} {why}; the number alone: {verdict})", \
-                f" (claim: {shown})"
-    return kind, verdict, f" (claim: {shown})"
+            return capped, f"{label} (claim {', '.join(hit)} {why}; the number alone: {verdict})", shown
+    return kind, verdict, shown
 
 
 def _oracle(published: dict, ours: Ours | None, run: RunFiles | None) -> dict | None:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from hpcdl.platform.kit.atomic import atomic_write_json  # standard library only
 
 GPU_CONFIG = "configs/gpu.yaml"
 KIT = "hpcdl/platform/kit"
@@ -235,7 +236,4 @@ def newest_slug(records_root: Path) -> str | None:
 
 def write_fingerprint(root: Path, study: str, out: Path) -> None:
     """The fingerprint of the tree a study is about to run from, written beside its records."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(tree_fingerprint(root, study), indent=1) + "\n")
-    os.replace(tmp, out)
+    atomic_write_json(out, tree_fingerprint(root, study))

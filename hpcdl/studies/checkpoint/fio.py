@@ -97,9 +97,14 @@ def command(exe: str, directory: Path, name: str, nbytes: int, direct: bool) -> 
             "--clocksource=clock_gettime", "--output-format=json"]
 
 
+def executable() -> str | None:
+    """fio's path, None where it is not installed."""
+    return shutil.which("fio")
+
+
 def run(directory: Path, nbytes: int, direct: bool = False, timeout_s: float | None = None) -> FioRun:
     """One fio job of `nbytes` in `directory` (module docstring); FioError says why it has no number."""
-    exe = shutil.which("fio")
+    exe = executable()
     if exe is None:
         raise FioError(FIO_MISSING)
     name = f".fio-ceiling-{os.getpid()}-{uuid.uuid4().hex[:8]}"
