@@ -26,7 +26,6 @@ the calibration at tiny shapes under a budget, killed once and resumed; the engi
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import lzma
 import os
@@ -35,7 +34,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +42,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "envs"), str(ROOT)]
 import gpu_carry  # noqa: E402  (envs/ is not a package)
 import gpu_smoke_env  # noqa: E402
+from gpu_files import archive_records, code_version, copy_matching, fresh_results  # noqa: E402
 
 from hpcdl.platform.kit.device import gpu_slug  # noqa: E402  (standard library at import)
 from hpcdl.platform.kit.procenv import child_env  # noqa: E402  (standard library only)
 from hpcdl.platform.orchestration import record_state  # noqa: E402  (standard library only)
 
-ARCHIVE_MAX_BYTES = 16 * 2**20
 CALL_BUDGET_S = 540  # 9 minutes: a device call's 10 less start-up and the archive
 FASHION_FILES = gpu_carry.FASHION_FILES
 # What a study never recorded on a GPU is expected to take (one Snakemake call, seconds on one H200);
@@ -59,12 +57,13 @@ FASHION_FILES = gpu_carry.FASHION_FILES
 # Shuffle was killed at 361 s in the 15th of its 15 tasks (2026-11-27: KAKURENBO's 26 single-rank runs
 # need 130-180 s), checkpoint at 455 s after 43 of its 51 tasks (2026-11-28: 8 overhead runs of about
 # 10 s left, then its tables): neither fits a 540-s call beside set-up, so neither starts until a call
-# is given their seconds (GPU_CALL_BUDGET=590) or their gpu.yaml blocks are trimmed. Malleable's is its
-# laptop time, doubled. Offload's 180: its 104 s before zero_offload and bf16 (#58), whose capacity search
-# of `both` now reaches the 96-layer cap (estimated 150-180 s). Microbatch's 420: its 67 s at mini-batch 64
-# became AlexNet, ResNet-18 and DeepBench at 256 (#58; estimated 270-420 s).
+# is given their seconds (GPU_CALL_BUDGET=590). Checkpoint's 520: those 560 s less 4 of its 10 overhead
+# runs (gpu.yaml's intervals 5 -> 3, #56). Malleable's is its laptop time, doubled (its 16-core block
+# keeps the laptop's iteration times, #56). Offload's 180: its 104 s before zero_offload and bf16 (#58),
+# whose capacity search of `both` now reaches the 96-layer cap (estimated 150-180 s). Microbatch's 420:
+# its 67 s at mini-batch 64 became AlexNet, ResNet-18 and DeepBench at 256 (#58; estimated 270-420 s).
 ESTIMATE_S = {"microbatch": 420, "hetmem": 85, "offload": 180, "spatial": 340, "malleable": 300, "hpo": 360,
-              "shuffle": 430, "checkpoint": 560}
+              "shuffle": 430, "checkpoint": 520}
 RECORDS_ROOT = ROOT / "resources" / "gpu-records"
 
 
@@ -224,7 +223,7 @@ class Runner:
                                   config, "--out", ROOT / "tests" / "data" / "microbatch_cudnn_{gpu}.csv",
                                   "--budget-s", int(limit_s - 10)], limit_s)
         # this call's table only: a committed one (tests/data/microbatch_cudnn_h200.csv) is not its output
-        _copy_matching(ROOT / "tests" / "data", out, ("microbatch_cudnn_*.csv", "microbatch_cudnn_*.json"),
+        copy_matching(ROOT / "tests" / "data", out, ("microbatch_cudnn_*.csv", "microbatch_cudnn_*.json"),
                        since=started)
         return rc
 
@@ -235,7 +234,7 @@ class Runner:
         rc = self.run("calibrate", [self.wrapper, "-m", "hpcdl", "spatial", "calibrate", "--config",
                                     "configs/paper.yaml", "--device", "cuda", "--out", out,
                                     "--budget-s", int(limit_s - 15)], limit_s, "spatial-calibrate")
-        _copy_matching(out, self.records / "calibration", ("*.csv", "*.provenance.json"))
+        copy_matching(out, self.records / "calibration", ("*.csv", "*.provenance.json"))
         return rc
 
     def studies(self, limit_s: float) -> int:
@@ -273,8 +272,8 @@ class Runner:
             self.study_seconds[study] = {"seconds": round(time.time() - started, 1), "exit": got}
             # this call's outputs only: a claims.json left by an earlier run must not pass as this one's
             dest = self.records / study
-            _copy_matching(results / study, dest, ("claims.json",), since=started)
-            _copy_matching(results / study / "tables", dest, ("*.csv", "*.provenance.json"), since=started)
+            copy_matching(results / study, dest, ("claims.json",), since=started)
+            copy_matching(results / study / "tables", dest, ("*.csv", "*.provenance.json"), since=started)
             if got == 124:
                 left.append(study)
         if left:
@@ -320,53 +319,6 @@ class Runner:
         return 0 if all(s["exit"] == 0 for s in self.summary) else 1
 
 
-def archive_records(records: Path) -> Path:
-    """records/ as records.tgz, at most 16 MiB: the largest logs are cut to their tails first."""
-    archive = records.with_suffix(".tgz")
-    for _ in range(8):
-        tmp = archive.with_suffix(".tmp")
-        with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(records, arcname=records.name)
-        os.replace(tmp, archive)
-        if archive.stat().st_size <= ARCHIVE_MAX_BYTES:
-            return archive
-        biggest = max(records.rglob("*.log"), key=lambda p: p.stat().st_size)
-        data = biggest.read_bytes()
-        biggest.write_bytes(b"[cut to its last 1 MiB for the archive]\n" + data[-2**20:])
-    raise SystemExit(f"{archive} is over {ARCHIVE_MAX_BYTES >> 20} MiB after cutting the logs")
-
-
-RESULTS_MARK = ".gpu_run-code"
-
-
-def code_version() -> str:
-    """HEAD, and a digest of the uncommitted changes where there are any ("unknown" outside git).
-    Not hpcdl.platform.kit.results.git_commit: its "-dirty" cannot tell two edited trees apart (and
-    it imports pandas, which this script never does)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        diff = subprocess.run(["git", "diff", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return f"{head}-dirty-{hashlib.sha256(diff).hexdigest()[:12]}" if diff else head
-
-
-def fresh_results(results: Path, version: str) -> None:
-    """Keep a results folder only where this code made it: a device machine may keep ignored folders
-    between sessions, and a study reuses its stored points by their inputs, not by the code that
-    computed them (hpcdl.platform.kit.points), so another commit's points would pass as this one's.
-    Within one session (same code) a second call still resumes what the first left."""
-    mark = results / RESULTS_MARK
-    made_by = mark.read_text().strip() if mark.exists() else None
-    if results.is_dir() and made_by != version:
-        print(f"[gpu_run] {results.name}: made by {made_by or 'unrecorded code'}, not {version}: removed",
-              flush=True)
-        shutil.rmtree(results)
-    results.mkdir(parents=True, exist_ok=True)
-    mark.write_text(version + "\n")
-
-
 def _kill_group(proc: subprocess.Popen) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -392,19 +344,6 @@ def _which(name: str) -> str:
 def _has_fashion(d: Path) -> bool:
     return all((d / n).exists() or (d / f"{n}.gz").exists() for n in FASHION_FILES)
 
-
-def _copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".tmp")
-    tmp.write_bytes(src.read_bytes())
-    os.replace(tmp, dst)
-
-
-def _copy_matching(src: Path, dst: Path, patterns, since: float = 0.0) -> None:
-    for pattern in patterns:
-        for f in sorted(src.glob(pattern)) if src.is_dir() else []:
-            if f.stat().st_mtime >= since:
-                _copy(f, dst / f.name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,7 @@ from hpcdl.platform.orchestration.verdict import render_html, verdict
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "envs"))
-import gpu_run  # noqa: E402  (envs/ is not a package: the archive is made as `make gpu` makes it)
+import gpu_files  # noqa: E402  (envs/ is not a package: the archive is made as `make gpu` makes it)
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 # What hpcdl.platform.kit.device.cuda_record() plus gpu_run's additions say on an H200 (hand-made).
@@ -132,7 +132,7 @@ def test_import_from_a_folder_writes_the_record_and_the_study_folders(tmp_path):
 
 
 def test_import_from_the_archive_make_gpu_leaves(tmp_path):
-    archive = gpu_run.archive_records(hand_made_run(tmp_path))
+    archive = gpu_files.archive_records(hand_made_run(tmp_path))
     assert archive.name == "gpu-records.tgz"
     root = tmp_path / "committed"
     folder = import_records(archive, root)
@@ -272,7 +272,7 @@ def test_a_bad_committed_record_is_an_error_naming_it(tmp_path):
 
 def test_the_cli_imports_and_lists(tmp_path, capsys):
     root = tmp_path / "records"
-    archive = gpu_run.archive_records(hand_made_run(tmp_path))
+    archive = gpu_files.archive_records(hand_made_run(tmp_path))
     assert cli.main(["gpu-records", "import", str(archive), "--root", str(root)]) == 0
     out = capsys.readouterr().out
     assert f"{root / 'h200'}: NVIDIA H200, studies hetmem, microbatch imported" in out

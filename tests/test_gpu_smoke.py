@@ -21,6 +21,7 @@ from hpcdl.platform.kit.procenv import child_env
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "envs"))
 import gpu_carry  # noqa: E402
+import gpu_files  # noqa: E402
 import gpu_run  # noqa: E402
 
 
@@ -92,17 +93,17 @@ def test_results_made_by_other_code_are_removed_and_this_codes_are_resumed(tmp_p
     results = tmp_path / "results-gpu"
     (results / "shuffle" / "points").mkdir(parents=True)
     (results / "shuffle" / "points" / "abc.json").write_text("{}")
-    gpu_run.fresh_results(results, "a" * 40)          # unrecorded code: removed
+    gpu_files.fresh_results(results, "a" * 40)          # unrecorded code: removed
     assert "made by unrecorded code" in capsys.readouterr().out
     assert not (results / "shuffle").exists()
     (results / "shuffle" / "points").mkdir(parents=True)
     (results / "shuffle" / "points" / "abc.json").write_text("{}")
-    gpu_run.fresh_results(results, "a" * 40)          # the same code (a second call): resumed
+    gpu_files.fresh_results(results, "a" * 40)          # the same code (a second call): resumed
     assert (results / "shuffle" / "points" / "abc.json").exists()
-    gpu_run.fresh_results(results, "b" * 40)          # another commit: removed
+    gpu_files.fresh_results(results, "b" * 40)          # another commit: removed
     assert not (results / "shuffle").exists()
-    assert (results / gpu_run.RESULTS_MARK).read_text() == "b" * 40 + "\n"
-    version = gpu_run.code_version()
+    assert (results / gpu_files.RESULTS_MARK).read_text() == "b" * 40 + "\n"
+    version = gpu_files.code_version()
     assert re.fullmatch(r"[0-9a-f]{40}(-dirty-[0-9a-f]{12})?", version), version
 
 
