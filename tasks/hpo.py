@@ -89,7 +89,8 @@ def _run_studies(plans, hpo: dict, store, data, units: int, out, n_test: int) ->
             # Start the workers (torch import, data read) before the clock of the next study starts.
             compss_wait_on([warm_up(data) for _ in range(plan.workers)])
         study = driver.run_study(plan, hpo, store, data, submit=train_chunk, wait=compss_wait_on,
-                                 reason=failure_reason, study_dir=out)
+                                 reason=failure_reason, study_dir=out,
+                                 host_load=BACKEND != "compss")
         if plan.repeat == 0:  # a grid's later repeats only time it again: their best trial is not tested
             _test_best(study, storage.best_state_path(out, plan.name), data, n_test)
         studies.append(study)

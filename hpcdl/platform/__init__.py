@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from hpcdl.platform.kit.confirmation import confirmed_on, deterministic, measured_afresh, unseeded
     from hpcdl.platform.kit.device import Placement, cuda_record, gpu_slug
     from hpcdl.platform.kit.device import resolve as resolved_device
+    from hpcdl.platform.kit.host_load import HostLoad
     from hpcdl.platform.kit.intervals import (
         CONFIDENCE,
         above,
@@ -65,46 +66,42 @@ if TYPE_CHECKING:
     from hpcdl.platform.kit.study import Ours, RunFiles, StudySpec, computing_units_of
     from hpcdl.platform.kit.study_dir import StudyDir
 
-# kit module -> the names exported from it
-_MODULES = {
-    "atomic": ("atomic_write_bytes", "atomic_write_json", "atomic_write_text"),
-    "claims": ("claim", "every", "not_measured"),
-    "config": ("ConfigError", "check_inside", "load_config"),
-    "confirmation": ("confirmed_on", "deterministic", "measured_afresh", "unseeded"),
-    "device": ("Placement", "cuda_record", "gpu_slug", "resolved_device"),
-    "intervals": ("CONFIDENCE", "above", "all_of", "any_of", "below", "interval_for", "mean_interval",
-                  "paired", "proportion_interval"),
-    "procenv": ("PACKAGE_ROOT", "child_env"),
-    "rank_runtime.launch": ("run_ranks",),
-    "rank_runtime.placement": ("current_placement",),
-    "results": ("config_hash", "cpu_model", "git_commit", "mark_no_data", "read_table", "save_figure",
-                "write_table"),
-    "sidecars": ("provenance_path",),
-    "stages": ("FAILURE_COLUMNS", "failed_because", "failures_table", "last_error_line", "ok_rows", "pyplot",
-               "read_or_empty", "read_tables", "started_at", "why_point_missing"),
-    "study": ("Ours", "RunFiles", "StudySpec", "computing_units_of"),
-    "study_dir": ("StudyDir",),
+# The face, written once: per group, kit module -> the names exported from it. EXPORTS and __all__
+# follow from it; tests/test_layering.py checks the TYPE_CHECKING imports above against it.
+FACE: dict[str, dict[str, tuple[str, ...]]] = {
+    "what a study declares": {
+        "study": ("Ours", "RunFiles", "StudySpec", "computing_units_of"),
+        "confirmation": ("confirmed_on", "deterministic", "measured_afresh", "unseeded"),
+        "config": ("ConfigError", "check_inside", "load_config"),
+    },
+    "what a stage writes": {
+        "study_dir": ("StudyDir",),
+        "results": ("config_hash", "cpu_model", "git_commit", "mark_no_data", "read_table", "save_figure",
+                    "write_table"),
+        "sidecars": ("provenance_path",),
+        "stages": ("FAILURE_COLUMNS", "failed_because", "failures_table", "last_error_line", "ok_rows",
+                   "pyplot", "read_or_empty", "read_tables", "started_at", "why_point_missing"),
+        "claims": ("claim", "every", "not_measured"),
+        "intervals": ("CONFIDENCE", "above", "all_of", "any_of", "below", "interval_for", "mean_interval",
+                      "paired", "proportion_interval"),
+        "atomic": ("atomic_write_bytes", "atomic_write_json", "atomic_write_text"),
+    },
+    "what a run uses": {
+        "device": ("Placement", "cuda_record", "gpu_slug", "resolved_device"),
+        "procenv": ("PACKAGE_ROOT", "child_env"),
+        "rank_runtime.launch": ("run_ranks",),
+        "rank_runtime.placement": ("current_placement",),
+        "host_load": ("HostLoad",),
+    },
 }
 # names the face gives apart from their module's (a bare `current` or `resolve` says nothing here)
 _RENAMED = {"current_placement": "current", "resolved_device": "resolve"}
 # face name -> (module, attribute)
 EXPORTS: dict[str, tuple[str, str]] = {
     name: (f"hpcdl.platform.kit.{module}", _RENAMED.get(name, name))
-    for module, names in _MODULES.items() for name in names
+    for modules in FACE.values() for module, names in modules.items() for name in names
 }
-
-__all__ = [
-    "CONFIDENCE", "ConfigError", "FAILURE_COLUMNS", "Ours", "PACKAGE_ROOT", "Placement", "RunFiles",
-    "StudyDir", "StudySpec", "above", "all_of", "any_of", "atomic_write_bytes", "atomic_write_json",
-    "atomic_write_text", "below", "check_inside", "child_env", "claim", "computing_units_of", "config_hash",
-    "confirmed_on", "cpu_model", "cuda_record", "current_placement", "deterministic", "every",
-    "failed_because", "failures_table", "git_commit", "gpu_slug", "interval_for", "last_error_line",
-    "load_config",
-    "mark_no_data", "mean_interval", "measured_afresh", "not_measured", "ok_rows", "paired",
-    "proportion_interval", "provenance_path", "pyplot", "read_or_empty", "read_table", "read_tables",
-    "resolved_device", "run_ranks", "save_figure", "started_at", "unseeded",
-    "why_point_missing", "write_table",
-]
+__all__ = sorted(EXPORTS)
 
 
 def __getattr__(name: str):

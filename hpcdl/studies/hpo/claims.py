@@ -110,21 +110,48 @@ def _claim_speedup(hpo: dict, scaling: pd.DataFrame) -> dict:
     statement += (f": the 95 % interval of the speedups of {repeats} round-robin repeats, paired by repeat, "
                   f"above {need:.2f}" if repeats > 1 else " (one repeat: a point comparison, no interval)")
     elapsed, missing = _elapsed(scaling, (lo, hi), repeats, n_grid)
-    pairs = [r for r in range(repeats) if r in elapsed[lo] and r in elapsed[hi]]
+    disturbed = _disturbed(scaling, (lo, hi))
+    pairs = [r for r in range(repeats) if r in elapsed[lo] and r in elapsed[hi] and r not in disturbed]
     speedups = [elapsed[lo][r] / elapsed[hi][r] for r in pairs]
     keys = [f"repeat {r}" for r in pairs]
+    limit = hpo["grid"].get("disturbed_load_cores")
     evidence = dict(required=round(need, 3), lo_workers=lo, hi_workers=hi, repeats=repeats, **on,
                     **{col: _by_workers(scaling, col, repeats) for col in ("elapsed_s", "busy_workers",
-                                                                           "mean_trial_train_s")
+                                                                           "mean_trial_train_s",
+                                                                           "other_load_cores")
                        if col in scaling})
+    if disturbed:
+        evidence.update(disturbed_load_cores=limit,
+                        disturbed_repeats_left_out={f"repeat {r}": d for r, d in sorted(disturbed.items())})
     if missing:  # every configured repeat is wanted: an interval over the survivors would hide the loss
         return not_measured(cid, statement, missing, **evidence,
+                            speedup={k: round(s, 3) for k, s in zip(keys, speedups, strict=True)})
+    if disturbed and len(pairs) < min(2, repeats):
+        why = (f"{len(disturbed)} of {repeats} repeats were disturbed by other load above {limit} cores "
+               f"(hpo.grid.disturbed_load_cores), leaving {len(pairs)}: an interval needs 2 undisturbed "
+               "repeats")
+        return not_measured(cid, statement, why, **evidence,
                             speedup={k: round(s, 3) for k, s in zip(keys, speedups, strict=True)})
     if repeats == 1:
         return claim(cid, statement, speedups[0] >= need, speedup=round(speedups[0], 3),
                      interval="none: one repeat (hpo.grid.repeats: 1)", **evidence)
     iv = mean_interval(speedups)
     return claim(cid, statement, above(iv, need), speedup=iv.evidence(3, keys=keys), **evidence)
+
+
+def _disturbed(scaling: pd.DataFrame, workers: tuple[int, int]) -> dict[int, dict[str, float]]:
+    """{repeat: {"<w> workers": other load in cores}} of the repeats whose grid at either worker count
+    ran under other load above hpo.grid.disturbed_load_cores (grid_scaling's `disturbed`)."""
+    if "disturbed" not in scaling:  # raw tables from before the load was recorded
+        return {}
+    rep = repeat_of(scaling)
+    flagged = scaling["disturbed"].astype(str).str.lower().eq("true") & scaling["workers"].isin(workers)
+    out: dict[int, dict[str, float]] = {}
+    for r in sorted(set(rep[flagged])):
+        rows = scaling[(rep == r) & scaling["workers"].isin(workers)]
+        out[int(r)] = {f"{int(w)} workers": round(float(x), 3)
+                       for w, x in zip(rows["workers"], rows["other_load_cores"], strict=True)}
+    return out
 
 
 def _claim_test_acc(hpo: dict, best: pd.DataFrame) -> dict:

@@ -25,6 +25,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from hpcdl.platform import HostLoad
 from hpcdl.studies.hpo.space import (
     grid_distributions,
     grid_params,
@@ -78,8 +79,13 @@ def create_study(plan: StudyPlan, hpo: dict, storage) -> optuna.Study:
 
 
 def run_study(plan: StudyPlan, hpo: dict, storage, data, submit: Submit, wait: Wait, reason: Reason,
-              study_dir: Path) -> optuna.Study:
-    """Run (or continue) one study until `plan.n_trials` trials have finished; return it."""
+              study_dir: Path, host_load: bool = True) -> optuna.Study:
+    """Run (or continue) one study until `plan.n_trials` trials have finished; return it.
+
+    With `host_load` (the workers are this process's descendants: the local backend, or tasks run
+    inline) the session records the host's other load while it ran (hpcdl.platform's HostLoad), which
+    the grid's timing claim leaves a disturbed repeat out by; under COMPSs the workers are the runtime's
+    processes, not ours, so the load cannot be told from the run's and is not recorded."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = create_study(plan, hpo, storage)
     marked = recover_interrupted(study)
@@ -89,56 +95,65 @@ def run_study(plan: StudyPlan, hpo: dict, storage, data, submit: Submit, wait: W
     sessions = list(study.user_attrs.get("sessions", []))
     session = {"pid": os.getpid(), "start": time.time()}
     study.set_user_attr("sessions", [*sessions, session])
+    load = HostLoad().start() if host_load else None
+    _AskAndTell(plan, hpo, study, data, submit, study_dir).run(wait, reason, session["pid"])
+    session["end"] = time.time()
+    if load is not None:
+        session["host_load"] = load.stop()
+    study.set_user_attr("sessions", [*sessions, session])
+    return study
 
-    dists = _distributions(plan, hpo)
-    done = sum(counted(t) for t in study.get_trials(deepcopy=False))
-    to_ask = max(0, plan.n_trials - done)
-    if to_ask == 0:
-        _log(f"{plan.name}: already has {done} finished trials, nothing to run")
-    best_path = best_state_path(study_dir, plan.name)
-    best = load_best(best_path)
-    best_value = best["value"] if best else float("-inf")
-    fail_trials = set(hpo.get("fail_trials", []))
-    seed = int(hpo["seed"])
-    inflight: deque[_Flight] = deque()
-    finished = done
 
-    def submit_chunk(fl: _Flight, state) -> None:
-        trained = len(fl.epochs)
-        epochs = min(plan.chunk_epochs, fl.params["epochs"] - trained)
-        fail = state is None and fl.trial.number in fail_trials
-        fl.future = submit(fl.params, state, data, epochs, seed, fail)
-        inflight.append(fl)
+class _AskAndTell:
+    """One driver session's loop: a FIFO of in-flight trial chunks, handled in submission order."""
 
-    def finish(fl: _Flight, state: TrialState, value: float | None = None, why: str | None = None) -> None:
-        nonlocal finished
-        if why:
-            fl.trial.set_user_attr("fail_reason", why)
-        study.tell(fl.trial, value if state == TrialState.COMPLETE else None, state=state)
-        finished += 1
-        shown = f" val_acc={value:.4f}" if value is not None else (f" ({why})" if why else "")
-        _log(f"{plan.name}: trial {fl.trial.number} {state.name}{shown} after {len(fl.epochs)} epochs "
-             f"[{finished}/{plan.n_trials}]")
+    def __init__(self, plan: StudyPlan, hpo: dict, study: optuna.Study, data, submit: Submit,
+                 study_dir: Path):
+        self.plan, self.hpo, self.study, self.data, self.submit = plan, hpo, study, data, submit
+        self.dists = _distributions(plan, hpo)
+        self.finished = sum(counted(t) for t in study.get_trials(deepcopy=False))
+        self.to_ask = max(0, plan.n_trials - self.finished)
+        if self.to_ask == 0:
+            _log(f"{plan.name}: already has {self.finished} finished trials, nothing to run")
+        self.best_path = best_state_path(study_dir, plan.name)
+        best = load_best(self.best_path)
+        self.best_value = best["value"] if best else float("-inf")
+        self.fail_trials = set(hpo.get("fail_trials", []))
+        self.seed = int(hpo["seed"])
+        self.inflight: deque[_Flight] = deque()
 
-    while to_ask > 0 or inflight:
-        while to_ask > 0 and len(inflight) < plan.max_in_flight:
-            trial = study.ask(dists)
-            trial.set_user_attr("n_params", len(trial.params))
-            trial.set_user_attr("session_pid", session["pid"])
-            params = _full_params(plan, hpo, trial.params)
-            if plan.sampler == "grid":
-                fixed = {k: v for k, v in params.items() if k not in trial.params}
-                trial.set_user_attr("fixed_params", fixed)
-            submit_chunk(_Flight(trial, params, None), None)
-            to_ask -= 1
-        fl = inflight.popleft()
-        res = wait(fl.future)
-        if res is None:
-            finish(fl, TrialState.FAIL, why=reason(fl.future) or "task failed without a reason")
-            continue
-        if "error" in res:
-            finish(fl, TrialState.FAIL, why=res["error"])
-            continue
+    def run(self, wait: Wait, reason: Reason, pid: int) -> None:
+        while self.to_ask > 0 or self.inflight:
+            while self.to_ask > 0 and len(self.inflight) < self.plan.max_in_flight:
+                self._ask(pid)
+            fl = self.inflight.popleft()
+            res = wait(fl.future)
+            if res is None:
+                self._finish(fl, TrialState.FAIL, why=reason(fl.future) or "task failed without a reason")
+            elif "error" in res:
+                self._finish(fl, TrialState.FAIL, why=res["error"])
+            else:
+                self._tell(fl, res)
+
+    def _ask(self, pid: int) -> None:
+        trial = self.study.ask(self.dists)
+        trial.set_user_attr("n_params", len(trial.params))
+        trial.set_user_attr("session_pid", pid)
+        params = _full_params(self.plan, self.hpo, trial.params)
+        if self.plan.sampler == "grid":
+            fixed = {k: v for k, v in params.items() if k not in trial.params}
+            trial.set_user_attr("fixed_params", fixed)
+        self._submit_chunk(_Flight(trial, params, None), None)
+        self.to_ask -= 1
+
+    def _submit_chunk(self, fl: _Flight, state) -> None:
+        epochs = min(self.plan.chunk_epochs, fl.params["epochs"] - len(fl.epochs))
+        fail = state is None and fl.trial.number in self.fail_trials
+        fl.future = self.submit(fl.params, state, self.data, epochs, self.seed, fail)
+        self.inflight.append(fl)
+
+    def _tell(self, fl: _Flight, res: dict) -> None:
+        """A chunk's epochs reported to Optuna; then the trial completes, is pruned, or goes on."""
         for rec in res["records"]:
             rec = {**rec, "worker": res["worker"], "chunk_start": res["start_time"],
                    "chunk_end": res["end_time"], "device": res.get("device", "cpu")}
@@ -147,14 +162,20 @@ def run_study(plan: StudyPlan, hpo: dict, storage, data, submit: Submit, wait: W
         fl.trial.set_user_attr("epochs", fl.epochs)
         if res["epochs_done"] >= fl.params["epochs"]:
             value = fl.epochs[-1]["val_acc"]
-            if value > best_value:
-                best_value = value
-                save_best(best_path, fl.trial.number, fl.params, value, res["state"])
-            finish(fl, TrialState.COMPLETE, value)
+            if value > self.best_value:
+                self.best_value = value
+                save_best(self.best_path, fl.trial.number, fl.params, value, res["state"])
+            self._finish(fl, TrialState.COMPLETE, value)
         elif fl.trial.should_prune():
-            finish(fl, TrialState.PRUNED)
+            self._finish(fl, TrialState.PRUNED)
         else:
-            submit_chunk(fl, res["state"])
-    session["end"] = time.time()
-    study.set_user_attr("sessions", [*sessions, session])
-    return study
+            self._submit_chunk(fl, res["state"])
+
+    def _finish(self, fl: _Flight, state: TrialState, value: float | None = None, why: str | None = None):
+        if why:
+            fl.trial.set_user_attr("fail_reason", why)
+        self.study.tell(fl.trial, value if state == TrialState.COMPLETE else None, state=state)
+        self.finished += 1
+        shown = f" val_acc={value:.4f}" if value is not None else (f" ({why})" if why else "")
+        _log(f"{self.plan.name}: trial {fl.trial.number} {state.name}{shown} after {len(fl.epochs)} epochs "
+             f"[{self.finished}/{self.plan.n_trials}]")

@@ -67,6 +67,17 @@ def intermediate_rows(study: optuna.Study) -> list[dict]:
     return rows
 
 
+def other_load(sessions: list[dict]) -> float | None:
+    """Cores other processes took while the study's driver sessions ran (driver.run_study's HostLoad),
+    over all of them; None where a session did not record it (under COMPSs, or an older journal)."""
+    loads = [s.get("host_load") for s in sessions]
+    if not loads or any(not load for load in loads):
+        return None
+    wall = sum(load["wall_s"] for load in loads)
+    other = sum(max(0.0, load["machine_busy_s"] + load["steal_s"] - load["run_cpu_s"]) for load in loads)
+    return other / wall if wall > 0 else None
+
+
 def study_row(study: optuna.Study) -> dict:
     plan = study.user_attrs.get("plan", {})
     trials = study.get_trials(deepcopy=False)
@@ -89,6 +100,7 @@ def study_row(study: optuna.Study) -> dict:
         "n_fail": sum(t.state == TrialState.FAIL and counted(t) for t in trials),
         "n_interrupted": sum(bool(t.user_attrs.get("interrupted")) for t in trials),
         "sessions": len(study.user_attrs.get("sessions", [])),
+        "other_load_cores": other_load(study.user_attrs.get("sessions", [])),
         "elapsed_s": (max(ends) - min(starts)) if starts and ends else None,
         "trial_epochs": sum(len(t.user_attrs.get("epochs", [])) for t in done),
         "best_trial": best.number if best else None, "best_val_acc": best.value if best else None,

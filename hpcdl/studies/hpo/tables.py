@@ -34,7 +34,8 @@ def best_so_far(trials: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["study", "sampler", "pruner", "trial", "time_s", "best_val_acc"])
 
 
-def grid_scaling(studies: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+def grid_scaling(studies: pd.DataFrame, trials: pd.DataFrame,
+                 disturbed_load_cores: float | None = None) -> pd.DataFrame:
     """Elapsed time of the grid per worker count and timing repeat (one row each; `speedup` and
     `efficiency` over the fewest workers of the same repeat, NaN where that one is missing), and the
     speedup split into its two factors: busy_workers (sum of the trials' training time / wall time:
@@ -43,12 +44,16 @@ def grid_scaling(studies: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     train-time ratio.
 
     `device` says what a worker is: on cuda one GPU per concurrent trial, on the CPU
-    `cores_per_worker` cores (raw tables from before the column default to the CPU)."""
+    `cores_per_worker` cores (raw tables from before the column default to the CPU).
+
+    `other_load_cores` is what other processes took while that grid ran (NaN where not recorded:
+    under COMPSs, or older raw tables); `disturbed` marks a grid above `disturbed_load_cores`
+    (hpo.grid.disturbed_load_cores), whose repeat the speedup claim leaves out."""
     g = studies[studies["kind"].eq("grid") & studies["pruner"].eq("none")]
     g = g.assign(repeat=repeat_of(g)).sort_values(["workers", "repeat"])
     cols = ["study", "device", "workers", "repeat", "cores_per_worker", "n_trials", "elapsed_s",
             "trials_per_min", "speedup", "efficiency", "train_time_s", "mean_trial_train_s", "busy_workers",
-            "sessions"]
+            "sessions", "other_load_cores", "disturbed"]
     if g.empty:
         return pd.DataFrame(columns=cols)
     train = trials.groupby("study")["train_time_s"].sum(min_count=1)
@@ -64,7 +69,10 @@ def grid_scaling(studies: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
         "trials_per_min": g["n_finished"] / g["elapsed_s"] * 60.0,
         "speedup": base / g["elapsed_s"],
         "train_time_s": g["study"].map(train),
-        "sessions": g["sessions"]})
+        "sessions": g["sessions"],
+        "other_load_cores": g["other_load_cores"] if "other_load_cores" in g else np.nan})
+    limit = np.inf if disturbed_load_cores is None else disturbed_load_cores
+    out["disturbed"] = pd.to_numeric(out["other_load_cores"], errors="coerce").gt(limit)
     out["efficiency"] = out["speedup"] / (out["workers"] / base_workers)
     out["mean_trial_train_s"] = out["train_time_s"] / out["n_trials"]
     out["busy_workers"] = out["train_time_s"] / out["elapsed_s"]
@@ -130,6 +138,7 @@ def write(cfg: dict, study_dir: Path) -> None:
     write_table(trials, run.table("trials"), cfg, started)
     write_table(read_table(run.raw_table("intermediate")), run.table("intermediate"), cfg, started)
     write_table(best_so_far(trials), run.table("best_so_far"), cfg, started)
-    write_table(grid_scaling(studies, trials), run.table("grid_scaling"), cfg, started)
+    limit = cfg["hpo"]["grid"].get("disturbed_load_cores")
+    write_table(grid_scaling(studies, trials, limit), run.table("grid_scaling"), cfg, started)
     write_table(best_config(studies), run.table("best_config"), cfg, started)
     write_table(pruning_table(cfg["hpo"], studies), run.table("pruning"), cfg, started)

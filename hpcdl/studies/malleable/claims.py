@@ -171,7 +171,7 @@ def _claim_policies(cfg, pol, points) -> dict:
             statement,
             "malleable.cosched.policies must hold rigid and at least one malleable policy",
         )
-    holds, missing, ratios = {}, {}, {}
+    holds, missing, ratios, disturbed = {}, {}, {}, {}
 
     def usable(policy):
         status, why = _status(points, "cosched", policy, repeats)
@@ -192,9 +192,15 @@ def _claim_policies(cfg, pol, points) -> dict:
         if rigid is None or r is None:
             missing[p] = why if rigid is None else why_p
             continue
-        reps = [k for k in r.index if k in rigid.index]
+        left_out = _disturbed(rigid, r, p)
+        if left_out:
+            disturbed[p] = left_out
+        reps = [k for k in r.index if k in rigid.index and f"repeat {k}" not in left_out]
         if len(reps) < MIN_PAIRS:
-            missing[p] = _too_few(f"{p} against rigid", len(reps))
+            limit = block.get("disturbed_load_cores")
+            missing[p] = _too_few(f"{p} against rigid", len(reps)) + (
+                f" ({len(left_out)} repeat(s) disturbed by other load above {limit} cores, "
+                "malleable.disturbed_load_cores)" if left_out else "")
             continue
         ms = mean_interval(float(r.loc[k, "makespan_s"]) / float(rigid.loc[k, "makespan_s"]) for k in reps)
         ta = mean_interval(
@@ -213,7 +219,21 @@ def _claim_policies(cfg, pol, points) -> dict:
         threshold=f"95 % intervals of both ratios below {line:g}",
         threshold_line=line,
         enforcement=_enforcement(points),
+        **({"disturbed_repeats_left_out": disturbed,
+            "disturbed_load_cores": block.get("disturbed_load_cores")} if disturbed else {}),
     )
+
+
+def _disturbed(rigid: pd.DataFrame, other: pd.DataFrame, policy: str) -> dict[str, dict[str, float]]:
+    """{"repeat k": {policy: other load in cores}} of the repeats whose rigid or `policy` wave ran under
+    other load above malleable.disturbed_load_cores (policies.csv's `disturbed`)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, rows in (("rigid", rigid), (policy, other)):
+        if "disturbed" not in rows:  # tables from before the load was recorded
+            continue
+        for k, row in rows[rows["disturbed"].astype(str).str.lower().eq("true")].iterrows():
+            out.setdefault(f"repeat {k}", {})[name] = round(float(row["other_load_cores"]), 3)
+    return out
 
 
 def _enforcement(points: pd.DataFrame) -> str:

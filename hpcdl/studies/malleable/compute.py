@@ -135,7 +135,7 @@ def run(point: dict, period_us: int) -> dict:
         }
         jobs = [{**lab, **j} for j in one.get("jobs", [])]
         if jobs:
-            row.update(_cosched_summary(one["jobs"]))
+            row.update(_cosched_summary(one["jobs"]), other_load_cores=one.get("other_load_cores"))
         out["points"].append(row)
         out["series"] += _series_rows(lab, one["series"])
         out["changes"] += change_rows(lab, one)
@@ -160,6 +160,7 @@ COLUMNS = {
         "mean_wait_s",
         "jobs_ok",
         "jobs_failed",
+        "other_load_cores",
     ],
     "series": [
         "experiment",

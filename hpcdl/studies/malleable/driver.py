@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcdl.platform import PACKAGE_ROOT, child_env
+from hpcdl.platform import PACKAGE_ROOT, HostLoad, child_env
 from hpcdl.studies.malleable import cgroups
 
 QUOTA_KINDS = ("oversub",)
@@ -50,7 +50,10 @@ def _execute(point: dict, workdir: Path, run) -> dict:
             # its own folder: every policy's jobs have the same names (their cgroups are re-quota'd)
             sched = CoScheduler(point["jobs"], policy, point["cores"], defaults, workdir / policy, run,
                                 timeout_s=point["timeout_s"])
-            runs.append({"variant": policy, **sched.run()})
+            # the host's other load over the wave: this driver, its forkserver and the jobs are the run
+            load = HostLoad().start()
+            got = sched.run()
+            runs.append({"variant": policy, **got, "other_load_cores": load.stop()["other_load_cores"]})
     else:
         raise ValueError(f"unknown experiment {kind!r}")
     return {"runs": runs}

@@ -82,8 +82,12 @@ def oversub_table(series: pd.DataFrame, cfg: dict) -> pd.DataFrame:
     return out
 
 
-def policies_table(points: pd.DataFrame, series: pd.DataFrame, cores: int) -> pd.DataFrame:
-    """One row per policy and repeat; the ratios are to the rigid run of the same repeat."""
+def policies_table(points: pd.DataFrame, series: pd.DataFrame, cores: int,
+                   disturbed_load_cores: float | None = None) -> pd.DataFrame:
+    """One row per policy and repeat; the ratios are to the rigid run of the same repeat.
+    `other_load_cores`: what other processes took while that policy's wave ran (NaN in raw tables from
+    before it was recorded); `disturbed`: above malleable.disturbed_load_cores, whose repeat the policy
+    claim leaves out."""
     cols = [
         "policy",
         "repeat",
@@ -97,6 +101,8 @@ def policies_table(points: pd.DataFrame, series: pd.DataFrame, cores: int) -> pd
         "jobs_failed",
         "makespan_over_rigid",
         "turnaround_over_rigid",
+        "other_load_cores",
+        "disturbed",
     ]
     if points.empty:
         return pd.DataFrame(columns=cols)
@@ -117,6 +123,7 @@ def policies_table(points: pd.DataFrame, series: pd.DataFrame, cores: int) -> pd
                 utilisation_frac=cpu / (cores * r.makespan_s) if r.makespan_s else np.nan,
                 jobs_ok=r.jobs_ok,
                 jobs_failed=r.jobs_failed,
+                other_load_cores=getattr(r, "other_load_cores", np.nan),
             )
         rows.append(row)
     out = pd.DataFrame(rows, columns=cols)
@@ -124,6 +131,8 @@ def policies_table(points: pd.DataFrame, series: pd.DataFrame, cores: int) -> pd
     for col, ratio in (("makespan_s", "makespan_over_rigid"), ("mean_turnaround_s", "turnaround_over_rigid")):
         base = out["repeat"].map(rigid[col].astype(float)) if not rigid.empty else np.nan
         out[ratio] = out[col].astype(float) / base
+    limit = np.inf if disturbed_load_cores is None else disturbed_load_cores
+    out["disturbed"] = pd.to_numeric(out["other_load_cores"], errors="coerce").gt(limit)
     return out
 
 
@@ -202,7 +211,7 @@ def write(cfg: dict, study_dir: Path) -> None:
     out = {
         "response": response_table(changes, series),
         "oversub": oversub_table(series, cfg),
-        "policies": policies_table(points, series, cores),
+        "policies": policies_table(points, series, cores, cfg["malleable"].get("disturbed_load_cores")),
         "jobs": jobs,
         "utilisation": utilisation_table(series, decisions, jobs, cores),
         "change_cost": change_cost_table(changes),
