@@ -20,8 +20,9 @@ from test_claims import BUILDERS, _write
 
 from hpcdl.platform.kit.config import validate_config
 from hpcdl.studies.spatial import claims as spatial_claims
-from hpcdl.studies.spatial import gpucal_ops, gpucal_plan, papers
-from hpcdl.studies.spatial.perfmodel import gpu_table, slabs
+from hpcdl.studies.spatial import papers
+from hpcdl.studies.spatial.calibration import gpu_ops, gpu_plan
+from hpcdl.studies.spatial.perfmodel import gpu_table, layouts, slabs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,7 +60,7 @@ def _stand_in(items, median=1e-3, **by_id) -> pd.DataFrame:
 
 
 def _cal(block, rows, partial=True, gpu="NVIDIA H100 80GB HBM3"):
-    meta = {"gpu_model": gpu, "partial": partial, "items": len(slabs.calibration_items(block)),
+    meta = {"gpu_model": gpu, "partial": partial, "items": len(layouts.calibration_items(block)),
             "block": {k: block[k] for k in ("papers", "extrapolate", "machine", "gpu_calibration")}}
     return gpu_table.GpuCalibration(rows, meta)
 
@@ -72,12 +73,12 @@ def test_each_setting_is_complete_before_the_next_and_its_row_then_reads_nothing
     predicts that setting on measured items only; the next setting still interpolates; every row counts its
     own."""
     block = _paper_block()
-    order = gpucal_plan.ordered(slabs.calibration_items(block))
-    labels = [gpucal_plan.label(t, it) for t, it in order]
-    first = f"{slabs.SETTING_PREFIX}cosmoflow 512"
+    order = gpu_plan.ordered(layouts.calibration_items(block))
+    labels = [gpu_plan.label(t, it) for t, it in order]
+    first = f"{layouts.SETTING_PREFIX}cosmoflow 512"
     assert labels.index(first) > max(i for i, t in enumerate(labels) if t in ("predictions", "compute_term"))
-    assert [x for x in dict.fromkeys(labels) if x.startswith(slabs.SETTING_PREFIX)] == [
-        f"{slabs.SETTING_PREFIX}{n} {g}" for n, g in slabs.setting_order(block)]
+    assert [x for x in dict.fromkeys(labels) if x.startswith(layouts.SETTING_PREFIX)] == [
+        f"{layouts.SETTING_PREFIX}{n} {g}" for n, g in layouts.setting_order(block)]
     cut = max(i for i, x in enumerate(labels) if x == first) + 1
     cal = _cal(block, _stand_in([it for _, it in order[:cut]]))
     rows = pd.DataFrame(papers.paper_predictions(block, cal, every_basis=True))
@@ -91,7 +92,7 @@ def test_each_setting_is_complete_before_the_next_and_its_row_then_reads_nothing
 
 def test_settings_follow_the_published_speedups_ends_first():
     block = _paper_block()
-    assert slabs.setting_order(block) == [("cosmoflow", 512), ("cosmoflow", 2048), ("unet3d", 256),
+    assert layouts.setting_order(block) == [("cosmoflow", 512), ("cosmoflow", 2048), ("unet3d", 256),
                                           ("unet3d", 512), ("cosmoflow", 1024)]
 
 
@@ -124,7 +125,7 @@ def test_a_table_from_before_the_new_items_resumes_keeping_its_rows(tmp_path, te
     assert again.returncode == 0, again.stderr
     after = pd.read_csv(csv).set_index("id")
     block = validate_config(cfg)["spatial"]
-    assert set(after.index) == {it["id"] for it in slabs.calibration_items(block)}
+    assert set(after.index) == {it["id"] for it in layouts.calibration_items(block)}
     assert "step|cosmoflow|2x1|b1" not in after.index
     kept = old[old["id"] != "step|cosmoflow|2x1|b1"].set_index("id")
     assert (after.loc[kept.index, "session"] == 0).all()
@@ -137,31 +138,31 @@ def test_time_left_at_a_tables_own_pace():
     """HAND-MADE rows: search took 2x and the timed calls 0.5x the estimate, 10 ms per item besides; what is
     left is the estimate at those ratios, packed into calls whose search cache starts cold."""
     block = validate_config({"spatial": TOY})["spatial"]
-    items = slabs.calibration_items(block)
-    order = gpucal_plan.ordered(items)
-    est = gpucal_plan.Estimator(2)
+    items = layouts.calibration_items(block)
+    order = gpu_plan.ordered(items)
+    est = gpu_plan.Estimator(2)
     done = order[: len(order) // 2]
     rows, spent = [], 0.0
     for _, it in done:
         timed, search = est(it)
-        rows.append({"id": it["id"], "median_s": 0.5 * (timed - gpucal_plan.ITEM_OVERHEAD_S) / 2,
+        rows.append({"id": it["id"], "median_s": 0.5 * (timed - gpu_plan.ITEM_OVERHEAD_S) / 2,
                      "search_s": 2 * search, "session": 0})
-        spent += 2 * search + 0.5 * (timed - gpucal_plan.ITEM_OVERHEAD_S) + 0.01
+        spent += 2 * search + 0.5 * (timed - gpu_plan.ITEM_OVERHEAD_S) + 0.01
     sessions = [{"measured": len(rows), "wall_s": spent}]
-    p = gpucal_plan.pace(items, rows, 2, sessions)
+    p = gpu_plan.pace(items, rows, 2, sessions)
     assert p["timed_ratio"] == pytest.approx(0.5) and p["per_item_s"] == pytest.approx(0.01)
     assert p["search_ratio"] == pytest.approx(2.0)
-    left = gpucal_plan.remaining(items, rows, 2, sessions, call_budget_s=1e6, start_s=0)
-    again = gpucal_plan.Estimator(2)
+    left = gpu_plan.remaining(items, rows, 2, sessions, call_budget_s=1e6, start_s=0)
+    again = gpu_plan.Estimator(2)
     want = 0.0
     for _, it in order[len(done):]:
         timed, search = again(it)
-        want += 0.5 * (timed - gpucal_plan.ITEM_OVERHEAD_S) + p["search_ratio"] * search + 0.01
+        want += 0.5 * (timed - gpu_plan.ITEM_OVERHEAD_S) + p["search_ratio"] * search + 0.01
     assert left["items_left"] == len(order) - len(done)
     assert left["estimated_s"] == pytest.approx(want, abs=0.05)
     assert left["calls"] == 1
     # a budget that fits about a third of it: more calls
-    assert gpucal_plan.remaining(items, rows, 2, sessions, call_budget_s=want / 3, start_s=0)["calls"] >= 3
+    assert gpu_plan.remaining(items, rows, 2, sessions, call_budget_s=want / 3, start_s=0)["calls"] >= 3
 
 
 def test_the_committed_h200_table_leaves_a_few_calls():
@@ -169,9 +170,9 @@ def test_the_committed_h200_table_leaves_a_few_calls():
     what is left, at its own pace, in calls of make gpu's 135 s."""
     csv = REPO / "resources" / "calibration" / "nvidia-h200.csv"
     meta = json.loads(gpu_table.sidecar(csv).read_text())
-    items = slabs.calibration_items(_paper_block())
+    items = layouts.calibration_items(_paper_block())
     rows = gpu_table.read_rows(csv).to_dict("records")
-    left = gpucal_plan.remaining(items, rows, 5, meta["sessions"], 135.0)
+    left = gpu_plan.remaining(items, rows, 5, meta["sessions"], 135.0)
     assert 0 < left["items_measured"] < len(items)
     assert left["items_left"] == len(items) - left["items_measured"]
     assert left["pace"]["search_ratio"] > 1 and 2 <= left["calls"] <= 8
@@ -182,19 +183,19 @@ def test_the_committed_h200_table_leaves_a_few_calls():
 
 @pytest.mark.parametrize("kind", ["conv", "pool", "deconv", "dense", "optimizer:cosmoflow"])
 def test_fixed_cost_items_run_the_same_item_code_on_the_cpu(kind, test_config):
-    """The fixed-cost items at their minimal shapes through gpucal_ops, as on a GPU: alone one layer, chained
+    """The fixed-cost items at their minimal shapes through gpu_ops, as on a GPU: alone one layer, chained
     CHAIN of them in one call (their forwards, one backward over all), times per layer."""
     block = validate_config(_toy(test_config))["spatial"]
-    items = {it["id"]: it for it in slabs.calibration_items(block) if it["kind"] == "fixed"}
+    items = {it["id"]: it for it in layouts.calibration_items(block) if it["kind"] == "fixed"}
     dev = torch.device("cpu")
-    clock = gpucal_ops.Clock(dev)
+    clock = gpu_ops.Clock(dev)
     alone, chained = items[slabs.fixed_id(kind, "alone")], items[slabs.fixed_id(kind, "chained")]
-    one, many = gpucal_ops.build(alone, dev), gpucal_ops.build(chained, dev)
+    one, many = gpu_ops.build(alone, dev), gpu_ops.build(chained, dev)
     assert one.per == 1 and many.per == slabs.CHAIN
     if kind != "optimizer:cosmoflow":
         assert len(many.leaves) == slabs.CHAIN * len(one.leaves) > 0
     for it in (alone, chained):
-        search, times = gpucal_ops.time_item(it, dev, clock, 2)
+        search, times = gpu_ops.time_item(it, dev, clock, 2)
         assert search >= 0 and len(times) == 2 and all(f > 0 and b >= 0 for f, b in times)
 
 
@@ -203,7 +204,7 @@ def test_a_layer_in_a_step_is_its_item_less_the_alone_cost_and_at_least_the_chai
     0.5 ms one is 0.3 ms (what issuing it costs); mapped, the item's work scales, the chained cost does not;
     fixed_cost none prices the items as timed; a table without the rows says so."""
     block = validate_config(_toy(test_config))["spatial"]
-    conv = next(it for it in slabs.calibration_items(block) if it["kind"] == "conv")
+    conv = next(it for it in layouts.calibration_items(block) if it["kind"] == "conv")
     small = {**conv, "id": "conv|small"}
     rows = _stand_in([conv], median=10e-3)
     rows = pd.concat([rows, _stand_in([small], median=0.5e-3),
@@ -228,7 +229,7 @@ def test_compute_check_adds_the_fixed_cost_per_layer_and_labels_held_out_steps(t
     each layer of a step is 0.6 ms inside it, the plain sum of items 1 ms a layer; the held-out step is
     labelled and its layers the calibration lacks are interpolated."""
     block = validate_config(_toy(test_config))["spatial"]
-    items = slabs.calibration_items(block)
+    items = layouts.calibration_items(block)
     fixed = {it["id"]: (0.4e-3 if it["axis"] == "alone" else 0.2e-3) for it in items if it["kind"] == "fixed"}
     steps = {it["id"]: 5e-3 for it in items if it["kind"] in ("step", "heldout_step")}
     cal = _cal(block, _stand_in(items, **fixed, **steps), partial=False)

@@ -20,7 +20,7 @@ from hpcdl.studies.spatial.papers import (
     published_speedups,
     sensitivity,
 )
-from hpcdl.studies.spatial.perfmodel.calibrate import fit_machine
+from hpcdl.studies.spatial.perfmodel.fit import fit_machine
 from hpcdl.studies.spatial.perfmodel.gpu_table import find as find_calibration
 from hpcdl.studies.spatial.perfmodel.oracle import Machine, Strategy, predict
 from hpcdl.studies.spatial.perfmodel.strategies import extrapolate

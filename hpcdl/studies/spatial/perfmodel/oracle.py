@@ -30,7 +30,7 @@ _FIT_KIND = {"deconv": "conv"}  # a transposed conv runs at the rate of a conv (
 
 
 def fitted_time(fit: tuple, units: float) -> float:
-    """Seconds of a fit (hpcdl.studies.spatial.perfmodel.calibrate) at `units`: (c0, k) a line;
+    """Seconds of a fit (hpcdl.studies.spatial.perfmodel.fit) at `units`: (c0, k) a line;
     (c0 < 0, k, floor) superlinear in size, max(c0 + k u, floor u); (c0, k, rate, x_min) the line
     from x_min up and rate per unit below it (proportional_below)."""
     if len(fit) == 4:
@@ -143,7 +143,7 @@ class Machine:
     busy: dict | None = None
     # (c0 s, s per byte) of first-touching freshly mapped memory (page fault + zeroing), charged on
     # fresh_bytes(); zero on GPUs (a caching allocator reuses device memory) and, for now, in the
-    # laptop fit too (see hpcdl.studies.spatial.perfmodel.calibrate.fit_machine)
+    # laptop fit too (see hpcdl.studies.spatial.perfmodel.fit.fit_machine)
     fault: tuple[float, float] = (0.0, 0.0)
     # communication hidden as production codes do (hpcdl.studies.spatial.overlap / buckets): a halo
     # exchange overlaps its layer's interior compute, the gradient all-reduce the backward
