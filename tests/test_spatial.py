@@ -11,13 +11,8 @@ from hpcdl.studies.spatial.calibration.compute_timings import compute_timings
 from hpcdl.studies.spatial.data import SlabReader, ensure_dataset, grf
 from hpcdl.studies.spatial.partition import plan_axis, split_sizes
 from hpcdl.studies.spatial.perfmodel.fit import fit_layer, fit_line, fit_machine
-from hpcdl.studies.spatial.perfmodel.oracle import (
-    Machine,
-    Strategy,
-    fresh_bytes,
-    predict,
-    t_allreduce,
-)
+from hpcdl.studies.spatial.perfmodel.machine import Machine
+from hpcdl.studies.spatial.perfmodel.oracle import Strategy, fresh_bytes, predict, t_allreduce
 
 # ---- partition plans ------------------------------------------------------------------------
 

@@ -22,7 +22,8 @@ from hpcdl.studies.spatial.papers import (
 )
 from hpcdl.studies.spatial.perfmodel.fit import fit_machine
 from hpcdl.studies.spatial.perfmodel.gpu_table import find as find_calibration
-from hpcdl.studies.spatial.perfmodel.oracle import Machine, Strategy, predict
+from hpcdl.studies.spatial.perfmodel.machine import Machine
+from hpcdl.studies.spatial.perfmodel.oracle import Strategy, predict
 from hpcdl.studies.spatial.perfmodel.strategies import extrapolate
 from hpcdl.studies.spatial.sweep import held_out_shapes
 
