@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from hpcdl.platform.kit.config import ConfigError, validate_config
-from hpcdl.studies.spatial import papers
 from hpcdl.studies.spatial.calibration import gpu_plan
 from hpcdl.studies.spatial.claims import claim_compute_term
+from hpcdl.studies.spatial.paper_scale import compute_check, predictions
 from hpcdl.studies.spatial.perfmodel import gpu_table, layouts, slabs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -161,7 +161,7 @@ def test_mapping_rule_scales_by_peak_or_bandwidth():
 
 def test_without_a_calibration_the_predictions_say_they_rest_on_the_assumed_efficiency(test_config):
     block = validate_config(test_config)["spatial"]
-    rows = pd.DataFrame(papers.paper_predictions(block, None))
+    rows = pd.DataFrame(predictions.paper_predictions(block, None))
     assert (rows["compute_basis"] == "assumed").all() and (rows["interpolated_items"] == 0).all()
     # the input pipeline, both bounds: a rank reads 1 / depth ranks of a sample (LBANN's depth hyperslab)
     grid, ch = block["papers"]["cosmoflow"]["grid"], block["extrapolate"]["in_channels"]
@@ -173,7 +173,7 @@ def test_without_a_calibration_the_predictions_say_they_rest_on_the_assumed_effi
 
 def test_sensitivity_covers_every_assumption_and_moves_with_it(test_config):
     block = validate_config(test_config)["spatial"]
-    sens = pd.DataFrame(papers.sensitivity(block, None))
+    sens = pd.DataFrame(predictions.sensitivity(block, None))
     assert set(sens["assumption"]) == set(block["assumptions"])
     eff = sens[(sens["assumption"] == "machine.efficiency") & (sens["network"] == "cosmoflow")]
     assert eff["speedup"].nunique() > 1  # with assumed compute, the efficiency decides
@@ -230,7 +230,7 @@ def test_cpu_calibration_at_toy_size_feeds_the_oracle_and_the_compute_check(tmp_
         "memory_gb": 8.0,
         "source": "test: a stand-in CPU datasheet",
     }
-    rows = pd.DataFrame(papers.paper_predictions(block, cal, every_basis=True))
+    rows = pd.DataFrame(predictions.paper_predictions(block, cal, every_basis=True))
     assert set(rows["compute_basis"]) == {"mapped", "calibrated", "assumed"}
     # every paper layout's shapes were measured: nothing interpolated
     assert (rows.loc[rows["compute_basis"] != "assumed", "interpolated_items"] == 0).all()
@@ -239,10 +239,10 @@ def test_cpu_calibration_at_toy_size_feeds_the_oracle_and_the_compute_check(tmp_
     # the mapping moves the compute term: every item as timed (fixed_cost none; with the fixed costs, a toy
     # layer's work may be below its kind's chained cost, the host's, which is not mapped)
     plain = {**block, "gpu_calibration": {**block["gpu_calibration"], "fixed_cost": "none"}}
-    rows = pd.DataFrame(papers.paper_predictions(plain, cal, every_basis=True))
+    rows = pd.DataFrame(predictions.paper_predictions(plain, cal, every_basis=True))
     mapped, itself = (rows[rows["compute_basis"] == b].reset_index() for b in ("mapped", "calibrated"))
     assert (mapped["compute_s"] != itself["compute_s"]).all()
-    check = pd.DataFrame(papers.compute_check(cal))
+    check = pd.DataFrame(compute_check.compute_check(cal))
     assert len(check) == 3 and (check["measured_step_s"] > 0).all() and (check["oracle_compute_s"] > 0).all()
     assert list(check["sample"]) == ["in_sample", "in_sample", "held_out"]
     # the held-out step's layers are not all timed: some are interpolated
@@ -446,12 +446,12 @@ def test_budget_stops_early_marked_partial_and_a_rerun_finishes_it(tmp_path, tes
     missing = next(it for it in items if it["id"] not in cal.by_id and it["kind"] == "conv")
     with pytest.raises(gpu_table.CalibrationGap, match=f"partial calibration: {n} of {total} items measured"):
         cal.seconds({**missing, "d": 10**6, "id": "x"})
-    rows = pd.DataFrame(papers.paper_predictions(block, cal))
+    rows = pd.DataFrame(predictions.paper_predictions(block, cal))
     # either basis is labelled: on the partial table (interpolated), or assumed saying why not on it
     label = (rf"partial calibration: {n} of {total} items measured"
              rf"|not used: .*partial calibration: {n} of {total}")
     assert rows["basis"].str.contains(label).all() and len(rows) == 3
-    assert len(pd.DataFrame(papers.sensitivity(block, cal))) > 0
+    assert len(pd.DataFrame(predictions.sensitivity(block, cal))) > 0
 
     again = _calibrate(*args)
     assert again.returncode == 0, again.stderr
@@ -477,22 +477,22 @@ def test_the_first_tier_alone_lets_every_paper_layout_be_predicted(tmp_path, tes
     cal = gpu_table.GpuCalibration.read(csv)
     assert cal.partial and cal.measured_items == len(first) < cal.total_items
     _stand_in_sheet(block, cal)
-    rows = pd.DataFrame(papers.paper_predictions(block, cal, every_basis=True))
+    rows = pd.DataFrame(predictions.paper_predictions(block, cal, every_basis=True))
     assert set(rows["compute_basis"]) == {"mapped", "calibrated", "assumed"}
     measured = rows[rows["compute_basis"] != "assumed"]
     assert (measured["interpolated_items_all_splits"] > 0).any()
     total = _n_toy(test_config)
     cut = f"partial calibration: {len(first)} of {total} items measured"
     assert measured["basis"].str.contains(cut).all()
-    assert papers.compute_check(cal) == []  # no step measured yet: nothing to check, no crash
+    assert compute_check.compute_check(cal) == []  # no step measured yet: nothing to check, no crash
     # cut to its first row: no split of any setting can be timed from it; the headline says why it is not used
     table[table["id"].isin(first)].head(1).to_csv(csv, index=False)
     cal = gpu_table.GpuCalibration.read(csv)
-    rows = pd.DataFrame(papers.paper_predictions(block, cal))
+    rows = pd.DataFrame(predictions.paper_predictions(block, cal))
     assert (rows["compute_basis"] == "assumed").all()
     unused = f"the GPU calibration is not used: .*partial calibration: 1 of {total}"
     assert rows["basis"].str.contains(unused).all()
-    assert len(pd.DataFrame(papers.sensitivity(block, cal))) > 0
+    assert len(pd.DataFrame(predictions.sensitivity(block, cal))) > 0
 
 
 def test_at_the_papers_shapes_the_first_tiers_cover_every_prediction_and_the_compute_check():
@@ -511,12 +511,12 @@ def test_at_the_papers_shapes_the_first_tiers_cover_every_prediction_and_the_com
                               "units": it.get("units", 0), "median_s": 1e-3, "p25_s": 1e-3, "p75_s": 1e-3}
                              for t, it in order if t in tiers])
         cal = gpu_table.GpuCalibration(rows, meta)
-        pred = pd.DataFrame(papers.paper_predictions(block, cal, every_basis=True))
+        pred = pd.DataFrame(predictions.paper_predictions(block, cal, every_basis=True))
         assert (pred["compute_basis"].value_counts() == 5).all() and len(pred) == 15
         assert (pred.loc[pred["compute_basis"] != "assumed", "interpolated_items_all_splits"] > 0).all()
         # each row counts its own layout's items, measured and interpolated
         assert (pred.loc[pred["compute_basis"] != "assumed", "measured_items"] > 0).all()
-        assert len(papers.compute_check(cal)) == steps
+        assert len(compute_check.compute_check(cal)) == steps
     assert sum(t == "predictions" for t, _ in order) < len(order) / 3
 
 

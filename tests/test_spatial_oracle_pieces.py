@@ -20,8 +20,8 @@ from test_claims import BUILDERS, _write
 
 from hpcdl.platform.kit.config import validate_config
 from hpcdl.studies.spatial import claims as spatial_claims
-from hpcdl.studies.spatial import papers
 from hpcdl.studies.spatial.calibration import gpu_ops, gpu_plan
+from hpcdl.studies.spatial.paper_scale import breakdown, compute_check, predictions
 from hpcdl.studies.spatial.perfmodel import gpu_table, layouts, slabs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_each_setting_is_complete_before_the_next_and_its_row_then_reads_nothing
         f"{layouts.SETTING_PREFIX}{n} {g}" for n, g in layouts.setting_order(block)]
     cut = max(i for i, x in enumerate(labels) if x == first) + 1
     cal = _cal(block, _stand_in([it for _, it in order[:cut]]))
-    rows = pd.DataFrame(papers.paper_predictions(block, cal, every_basis=True))
+    rows = pd.DataFrame(predictions.paper_predictions(block, cal, every_basis=True))
     mapped = rows[rows["compute_basis"] == "mapped"].set_index(["network", "gpus"])
     assert mapped.loc[("cosmoflow", 512), "interpolated_items_all_splits"] == 0
     assert mapped.loc[("cosmoflow", 512), "interpolated_items"] == 0
@@ -233,7 +233,7 @@ def test_compute_check_adds_the_fixed_cost_per_layer_and_labels_held_out_steps(t
     fixed = {it["id"]: (0.4e-3 if it["axis"] == "alone" else 0.2e-3) for it in items if it["kind"] == "fixed"}
     steps = {it["id"]: 5e-3 for it in items if it["kind"] in ("step", "heldout_step")}
     cal = _cal(block, _stand_in(items, **fixed, **steps), partial=False)
-    check = pd.DataFrame(papers.compute_check(cal)).set_index(["network", "depth", "height"])
+    check = pd.DataFrame(compute_check.compute_check(cal)).set_index(["network", "depth", "height"])
     assert list(check["sample"]) == ["in_sample", "in_sample", "held_out"]
     for (net, pd_, ph), r in check.iterrows():
         spec = slabs.network_spec(net, block["papers"][net], block["extrapolate"])
@@ -254,7 +254,7 @@ def test_compute_check_adds_the_fixed_cost_per_layer_and_labels_held_out_steps(t
 
 def _rows(t_from: dict, t_to: dict) -> dict:
     def row(terms):
-        r = {c: terms.get(t, 0.0) for t, c in papers.TERMS}
+        r = {c: terms.get(t, 0.0) for t, c in breakdown.TERMS}
         r["time_per_iter_s"] = sum(r.values())
         return r
     return {512: row(t_from), 2048: row(t_to)}
@@ -270,7 +270,7 @@ def test_which_term_would_have_to_take_how_many_ms():
     halo 5 -> 15, ...; at 512 GPUs 80 ms: compute 80 -> 60, halo and all-reduce 10 -> -10 (impossible)."""
     rows = _rows({"compute": 0.080, "halo": 0.010, "allreduce": 0.010}, {"compute": 0.030, "halo": 0.005,
                                                                            "allreduce": 0.005})
-    got = papers._meet(rows, PUB, 0.10)
+    got = breakdown._meet(rows, PUB, 0.10)
     hi, lo = got[2048], got[512]
     assert hi["predicted_speedup"] == pytest.approx(2.5) and hi["speedup_off"] == pytest.approx(0.25)
     assert hi["beyond_tolerance"] and hi["paper_gpus"] == "512->2048"
@@ -281,22 +281,22 @@ def test_which_term_would_have_to_take_how_many_ms():
     assert "compute 30.0 -> 40.0 ms" in hi["to_meet"] and "at 2048 GPUs" in hi["to_meet"]
     assert "halo" not in lo["to_meet"] and "compute 80.0 -> 60.0 ms" in lo["to_meet"]
     # moving any one term to its value meets the paper's speedup exactly
-    for t, c in papers.TERMS:
+    for t, c in breakdown.TERMS:
         if not math.isnan(hi[f"meet_{t}_ms"]):
             moved = rows[2048]["time_per_iter_s"] - rows[2048][c] + hi[f"meet_{t}_ms"] / 1e3
             assert rows[512]["time_per_iter_s"] / moved == pytest.approx(2.0)
 
 
 def test_within_the_tolerance_nothing_is_asked_and_a_gap_no_term_closes_says_so():
-    near = papers._meet(_rows({"compute": 0.1}, {"compute": 0.048}), PUB, 0.10)
+    near = breakdown._meet(_rows({"compute": 0.1}, {"compute": 0.048}), PUB, 0.10)
     assert not near[2048]["beyond_tolerance"] and near[2048]["to_meet"].startswith("within 10% of 2x")
-    assert all(math.isnan(near[2048][f"meet_{t}_ms"]) for t, _ in papers.TERMS)
+    assert all(math.isnan(near[2048][f"meet_{t}_ms"]) for t, _ in breakdown.TERMS)
     # 1.0x predicted against 2.0x: 2048 GPUs would need 50 ms, more than any one of its terms (40, 30, 30)
     # can give up; at 512 GPUs one term growing by 100 ms meets it
-    flat = papers._meet(_rows({"compute": 0.05, "halo": 0.05},
+    flat = breakdown._meet(_rows({"compute": 0.05, "halo": 0.05},
                               {"compute": 0.04, "halo": 0.03, "allreduce": 0.03}), PUB, 0.10)
     assert "no single term can" in flat[2048]["to_meet"]
-    assert all(math.isnan(flat[2048][f"meet_{t}_ms"]) for t, _ in papers.TERMS)
+    assert all(math.isnan(flat[2048][f"meet_{t}_ms"]) for t, _ in breakdown.TERMS)
     assert flat[512]["meet_compute_ms"] == pytest.approx(150.0)
 
 
@@ -304,17 +304,17 @@ def test_breakdown_sets_each_published_speedup_beside_its_settings(test_config):
     """test.yaml's papers on the assumed basis (no calibration), the published speedups of papers.yaml: a row
     per setting with its terms, the endpoints compared, every moved term meeting the paper's speedup."""
     block = validate_config(test_config)["spatial"]
-    pub = papers.published_speedups(REPO / "resources" / "papers.yaml")
+    pub = breakdown.published_speedups(REPO / "resources" / "papers.yaml")
     assert {n: (p["gpus_from"], p["gpus_to"], p["value"]) for n, p in pub.items()} == {
         "cosmoflow": (512, 2048, 1.77), "unet3d": (256, 512, 1.42)}
-    bd = pd.DataFrame(papers.breakdown(block, None, pub), columns=papers.BREAKDOWN_COLUMNS)
+    bd = pd.DataFrame(breakdown.breakdown(block, None, pub), columns=breakdown.BREAKDOWN_COLUMNS)
     assert set(bd["compute_basis"]) == {"assumed"} and len(bd) == 5
     assert bd["terms_sum_ms"].to_numpy() == pytest.approx(bd["time_per_iter_ms"].to_numpy())
     ends = bd[bd["paper_id"].notna()]
     assert sorted(zip(ends["network"], ends["gpus"], strict=True)) == [
         ("cosmoflow", 512), ("cosmoflow", 2048), ("unet3d", 256), ("unet3d", 512)]
     assert bd.loc[bd["gpus"] == 1024, "paper_id"].isna().all()
-    assert papers.published_speedups(REPO / "no-such-papers.yaml") == {}
+    assert breakdown.published_speedups(REPO / "no-such-papers.yaml") == {}
 
 
 # -- one GPU judges what one GPU can --------------------------------------------------------------------

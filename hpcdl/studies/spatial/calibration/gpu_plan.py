@@ -1,6 +1,6 @@
 """The GPU calibration's order and time budget (pure): which items first, and what each is expected to cost.
 
-Every item of layouts.calibration_items is read by the paper predictions (papers.py: each paper layout's
+Every item of layouts.calibration_items is read by the paper predictions (paper_scale: each paper layout's
 layers, halo copies and their host staging, edge corrections, optimizer and fixed costs, at every
 depth x height split) or by the compute term's check (the whole steps, their slabs' layers, the
 optimizer, the fixed costs). A partial table still serves them through gpu_table's interpolation (linear
@@ -62,8 +62,8 @@ def _group(it: dict) -> tuple:
 
 
 def check_ids(items: list[dict]) -> dict[str, int]:
-    """The layer items papers.compute_check sums for each whole (in-sample) step of the calibration: id ->
-    the position of the first step (in the items' order) that sums it."""
+    """The layer items paper_scale.compute_check sums for each whole (in-sample) step of the calibration:
+    id -> the position of the first step (in the items' order) that sums it."""
     out: dict[str, int] = {}
     steps = [it for it in items if it["kind"] == "step"]
     for i, it in enumerate(steps):
