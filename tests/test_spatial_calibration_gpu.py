@@ -19,7 +19,7 @@ import yaml
 
 from hpcdl.platform.kit.config import ConfigError, validate_config
 from hpcdl.studies.spatial.calibration import gpu_plan
-from hpcdl.studies.spatial.claims import claim_compute_term
+from hpcdl.studies.spatial.claim_families.gpu_compute import claim_compute_term
 from hpcdl.studies.spatial.paper_scale import compute_check, predictions
 from hpcdl.studies.spatial.perfmodel import gpu_table, layouts, slabs
 

@@ -21,6 +21,7 @@ from test_claims import BUILDERS, _write
 from hpcdl.platform.kit.config import validate_config
 from hpcdl.studies.spatial import claims as spatial_claims
 from hpcdl.studies.spatial.calibration import gpu_ops, gpu_plan
+from hpcdl.studies.spatial.claim_families.gpu_compute import claim_compute_term
 from hpcdl.studies.spatial.paper_scale import breakdown, compute_check, predictions
 from hpcdl.studies.spatial.perfmodel import gpu_table, layouts, slabs
 
@@ -244,7 +245,7 @@ def test_compute_check_adds_the_fixed_cost_per_layer_and_labels_held_out_steps(t
         assert r["error"] == pytest.approx(((n + 1) * 0.6e-3 - 5e-3) / 5e-3)
     assert check.loc[("cosmoflow", 3, 1), "interpolated_items"] > 0
     assert (check.loc[[("cosmoflow", 2, 1), ("unet3d", 2, 1)], "interpolated_items"] == 0).all()
-    c = spatial_claims.claim_compute_term(block, check.reset_index())
+    c = claim_compute_term(block, check.reset_index())
     assert set(c["measured"]["error"]) == {"cosmoflow 2x1", "unet3d 2x1", "held out cosmoflow 3x1"}
     assert c["measured"]["held_out_bound"] == block["claims"]["max_oracle_error"]
 
