@@ -32,7 +32,7 @@ from hpcdl.platform.kit.procenv import pythonpath  # noqa: E402
 from hpcdl.platform.kit.rank_runtime.launch import run_ranks  # noqa: E402
 from hpcdl.platform.kit.results import available_cores  # noqa: E402
 from hpcdl.studies.spatial.data import ensure_dataset  # noqa: E402
-from hpcdl.studies.spatial.perfmodel.calibrate import fit_machine  # noqa: E402
+from hpcdl.studies.spatial.perfmodel.fit import fit_machine  # noqa: E402
 from hpcdl.studies.spatial.perfmodel.oracle import Strategy, predict  # noqa: E402
 
 
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = ensure_dataset(tmp, (g, g, g), 16, 0, (0.5, 2.0), (-3.0, -1.0))
         spec = build_spec((g, g, g), model)
-        cal = run_ranks("hpcdl.studies.spatial.calibration:calibrate_rank", 2, {
+        cal = run_ranks("hpcdl.studies.spatial.calibration.microbench:calibrate_rank", 2, {
             "specs": [(spec, args.batch)], "data_dir": str(data),
             "sizes_bytes": [1024, 65536, 1048576, 4194304],
             "fractions": [1.0, 0.5, 0.25], "repeats": 5, "comm_gap_s": args.comm_gap_ms / 1e3},

@@ -7,17 +7,12 @@ import pytest
 
 from hpcdl.common.layers import build_spec, layer_key, n_params, padding_for
 from hpcdl.platform.kit.config import ConfigError, validate_config
-from hpcdl.studies.spatial.calibration_compute import compute_timings
+from hpcdl.studies.spatial.calibration.compute_timings import compute_timings
 from hpcdl.studies.spatial.data import SlabReader, ensure_dataset, grf
 from hpcdl.studies.spatial.partition import plan_axis, split_sizes
-from hpcdl.studies.spatial.perfmodel.calibrate import fit_layer, fit_line, fit_machine
-from hpcdl.studies.spatial.perfmodel.oracle import (
-    Machine,
-    Strategy,
-    fresh_bytes,
-    predict,
-    t_allreduce,
-)
+from hpcdl.studies.spatial.perfmodel.fit import fit_layer, fit_line, fit_machine
+from hpcdl.studies.spatial.perfmodel.machine import Machine
+from hpcdl.studies.spatial.perfmodel.oracle import Strategy, fresh_bytes, predict, t_allreduce
 
 # ---- partition plans ------------------------------------------------------------------------
 
@@ -327,7 +322,7 @@ def test_fresh_bytes_are_the_largest_feature_maps_and_their_gradients():
 
 
 def test_interquartile_mean_drops_both_tails():
-    from hpcdl.studies.spatial.calibration_timing import interquartile_mean
+    from hpcdl.studies.spatial.calibration.timing import interquartile_mean
 
     assert interquartile_mean([100, 1, 2, 200, 3, 4, 5, 6]) == pytest.approx(4.5)
     assert interquartile_mean([7.0]) == 7.0

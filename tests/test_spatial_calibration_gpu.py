@@ -18,9 +18,10 @@ import pytest
 import yaml
 
 from hpcdl.platform.kit.config import ConfigError, validate_config
-from hpcdl.studies.spatial import gpucal_plan, papers
-from hpcdl.studies.spatial.claims import claim_compute_term
-from hpcdl.studies.spatial.perfmodel import gpu_table, slabs
+from hpcdl.studies.spatial.calibration import gpu_plan
+from hpcdl.studies.spatial.claim_families.gpu_compute import claim_compute_term
+from hpcdl.studies.spatial.paper_scale import compute_check, predictions
+from hpcdl.studies.spatial.perfmodel import gpu_table, layouts, slabs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,7 +49,7 @@ def _n_toy(test_config) -> int:
     """Items of the TOY calibration."""
     cfg = dict(test_config)
     cfg["spatial"] = {**cfg["spatial"], **TOY}
-    return len(slabs.calibration_items(validate_config(cfg)["spatial"]))
+    return len(layouts.calibration_items(validate_config(cfg)["spatial"]))
 
 
 def _block(test_config, **over):
@@ -59,14 +60,14 @@ def _block(test_config, **over):
 
 def test_paper_slab_shapes_are_every_split_of_the_papers_gpu_counts():
     cfg = validate_config(yaml.safe_load((REPO / "configs" / "paper.yaml").read_text()))
-    lays = slabs.paper_layouts(cfg["spatial"])
+    lays = layouts.paper_layouts(cfg["spatial"])
     got: dict = {}
     for x in lays:
         got.setdefault((x["network"], x["gpus"]), []).append((x["depth"], x["height"]))
     got = {k: sorted(v) for k, v in got.items()}
     assert got[("cosmoflow", 512)] == [(1, 8), (2, 4), (4, 2), (8, 1)]
     assert len(got[("cosmoflow", 2048)]) == 6 and len(got[("unet3d", 512)]) == 6
-    items = slabs.calibration_items(cfg["spatial"])
+    items = layouts.calibration_items(cfg["spatial"])
     ids = [it["id"] for it in items]
     assert len(ids) == len(set(ids))
     # conv0 of CosmoFlow on a 2 x 4 split: 256 x 128 local output planes, batch 1 per GPU
@@ -90,18 +91,18 @@ def test_paper_slab_shapes_are_every_split_of_the_papers_gpu_counts():
 def test_step_layouts_must_be_paper_layouts_and_held_out_steps_must_not():
     test_config = yaml.safe_load((REPO / "configs" / "paper.yaml").read_text())
     with pytest.raises(ValueError, match=r"steps\[0\].*not a layout"):
-        slabs.step_layouts(_block(test_config, gpu_calibration={"steps": [["cosmoflow", 512, 3, 1]]}))
+        layouts.step_layouts(_block(test_config, gpu_calibration={"steps": [["cosmoflow", 512, 3, 1]]}))
     # CosmoFlow on 8 and 32 depth ranks: conv6 has 1 local plane, which a plain pass pools to 0; the step
     # runs every layer at the oracle's local shape (pools round up), so those slabs are checked too
-    lays = slabs.step_layouts(_block(test_config, gpu_calibration={"steps": [["cosmoflow", 512, 8, 1],
+    lays = layouts.step_layouts(_block(test_config, gpu_calibration={"steps": [["cosmoflow", 512, 8, 1],
                                                                              ["cosmoflow", 2048, 32, 1]]}))
     assert [(x["depth"], x["gpus"]) for x in lays] == [(8, 512), (32, 2048)]
     with pytest.raises(ValueError, match=r"held_out_steps\[0\].*a layout of spatial.papers"):
-        slabs.calibration_items(_block(test_config,
+        layouts.calibration_items(_block(test_config,
                                        gpu_calibration={"held_out_steps": [["cosmoflow", 4, 2]]}))
     # 2 ranks per sample: conv0 has 256 x 512 planes, more than any paper layout's (<= 64 x 512): refused
     with pytest.raises(ValueError, match=r"held_out_steps\[0\].*outside the sizes.*would extrapolate"):
-        slabs.calibration_items(_block(test_config,
+        layouts.calibration_items(_block(test_config,
                                        gpu_calibration={"held_out_steps": [["cosmoflow", 2, 1]]}))
 
 
@@ -160,7 +161,7 @@ def test_mapping_rule_scales_by_peak_or_bandwidth():
 
 def test_without_a_calibration_the_predictions_say_they_rest_on_the_assumed_efficiency(test_config):
     block = validate_config(test_config)["spatial"]
-    rows = pd.DataFrame(papers.paper_predictions(block, None))
+    rows = pd.DataFrame(predictions.paper_predictions(block, None))
     assert (rows["compute_basis"] == "assumed").all() and (rows["interpolated_items"] == 0).all()
     # the input pipeline, both bounds: a rank reads 1 / depth ranks of a sample (LBANN's depth hyperslab)
     grid, ch = block["papers"]["cosmoflow"]["grid"], block["extrapolate"]["in_channels"]
@@ -172,7 +173,7 @@ def test_without_a_calibration_the_predictions_say_they_rest_on_the_assumed_effi
 
 def test_sensitivity_covers_every_assumption_and_moves_with_it(test_config):
     block = validate_config(test_config)["spatial"]
-    sens = pd.DataFrame(papers.sensitivity(block, None))
+    sens = pd.DataFrame(predictions.sensitivity(block, None))
     assert set(sens["assumption"]) == set(block["assumptions"])
     eff = sens[(sens["assumption"] == "machine.efficiency") & (sens["network"] == "cosmoflow")]
     assert eff["speedup"].nunique() > 1  # with assumed compute, the efficiency decides
@@ -219,7 +220,7 @@ def test_cpu_calibration_at_toy_size_feeds_the_oracle_and_the_compute_check(tmp_
     assert "spatial calibrate" in meta["command"] and meta["device"] == "cpu"
     block = validate_config(cfg)["spatial"]
     table = pd.read_csv(csv)
-    assert set(table["id"]) == {it["id"] for it in slabs.calibration_items(block)}
+    assert set(table["id"]) == {it["id"] for it in layouts.calibration_items(block)}
     assert (table["median_s"] > 0).all() and (table["p25_s"] <= table["p75_s"]).all()
     assert (table["repeats"] == 2).all()
     cal = gpu_table.GpuCalibration.read(csv)
@@ -229,7 +230,7 @@ def test_cpu_calibration_at_toy_size_feeds_the_oracle_and_the_compute_check(tmp_
         "memory_gb": 8.0,
         "source": "test: a stand-in CPU datasheet",
     }
-    rows = pd.DataFrame(papers.paper_predictions(block, cal, every_basis=True))
+    rows = pd.DataFrame(predictions.paper_predictions(block, cal, every_basis=True))
     assert set(rows["compute_basis"]) == {"mapped", "calibrated", "assumed"}
     # every paper layout's shapes were measured: nothing interpolated
     assert (rows.loc[rows["compute_basis"] != "assumed", "interpolated_items"] == 0).all()
@@ -238,10 +239,10 @@ def test_cpu_calibration_at_toy_size_feeds_the_oracle_and_the_compute_check(tmp_
     # the mapping moves the compute term: every item as timed (fixed_cost none; with the fixed costs, a toy
     # layer's work may be below its kind's chained cost, the host's, which is not mapped)
     plain = {**block, "gpu_calibration": {**block["gpu_calibration"], "fixed_cost": "none"}}
-    rows = pd.DataFrame(papers.paper_predictions(plain, cal, every_basis=True))
+    rows = pd.DataFrame(predictions.paper_predictions(plain, cal, every_basis=True))
     mapped, itself = (rows[rows["compute_basis"] == b].reset_index() for b in ("mapped", "calibrated"))
     assert (mapped["compute_s"] != itself["compute_s"]).all()
-    check = pd.DataFrame(papers.compute_check(cal))
+    check = pd.DataFrame(compute_check.compute_check(cal))
     assert len(check) == 3 and (check["measured_step_s"] > 0).all() and (check["oracle_compute_s"] > 0).all()
     assert list(check["sample"]) == ["in_sample", "in_sample", "held_out"]
     # the held-out step's layers are not all timed: some are interpolated
@@ -269,8 +270,8 @@ def test_plan_counts_items_and_a_budget_with_cudnn_search(tmp_path):
     # cuDNN's benchmark-mode search per distinct conv shape (~350 at the papers' shapes), in the total
     assert 300 <= plan["conv_shapes_searched"] <= 400
     tiers = plan["tiers"]
-    assert plan["order"] == list(gpucal_plan.TIERS)
-    assert [t for t in tiers if t in gpucal_plan.TIERS] == plan["order"]
+    assert plan["order"] == list(gpu_plan.TIERS)
+    assert [t for t in tiers if t in gpu_plan.TIERS] == plan["order"]
     assert sum(tiers[t]["items"] for t in plan["order"]) == plan["items"]
     # the settings tier, setting by setting: each network's first and last GPU counts, then the others
     assert plan["settings"] == ["setting cosmoflow 512", "setting cosmoflow 2048", "setting unet3d 256",
@@ -286,14 +287,14 @@ def test_plan_counts_items_and_a_budget_with_cudnn_search(tmp_path):
 
 
 def test_a_missing_config_or_a_bad_budget_is_a_clear_error(tmp_path, capsys):
-    from hpcdl.studies.spatial import gpucal
+    from hpcdl.studies.spatial.calibration import gpu
 
     nope = ["--config", str(tmp_path / "nope.yaml"), "--device", "cpu", "--out", str(tmp_path)]
-    assert gpucal.main(nope) == 2
+    assert gpu.main(nope) == 2
     assert f"config file {tmp_path / 'nope.yaml'} does not exist" in capsys.readouterr().err
     for bad in ("0", "-3", "soon", "nan"):
         with pytest.raises(SystemExit) as exc:
-            gpucal.main(["--config", str(REPO / "configs" / "paper.yaml"), "--plan", "--budget-s", bad])
+            gpu.main(["--config", str(REPO / "configs" / "paper.yaml"), "--plan", "--budget-s", bad])
         assert exc.value.code == 2, bad
         err = capsys.readouterr().err
         assert f"argument --budget-s: must be a positive number of seconds, got '{bad}'" in err
@@ -320,7 +321,7 @@ def _data_rows(csv: Path) -> int:
 
 
 def _order(block) -> list[str]:
-    return [it["id"] for _, it in gpucal_plan.ordered(slabs.calibration_items(block))]
+    return [it["id"] for _, it in gpu_plan.ordered(layouts.calibration_items(block))]
 
 
 def test_rows_are_appended_as_items_finish_and_a_sigkilled_run_resumes_to_the_uninterrupted_table(
@@ -402,10 +403,10 @@ def test_search_column_and_priority_order(tmp_path, test_config):
     table = pd.read_csv(got.stdout.strip().splitlines()[-1])
     assert {"search_s", "ref_s", "session"} <= set(table)
     assert (table["search_s"] >= 0).all() and table["search_s"].notna().all() and (table["ref_s"] > 0).all()
-    order = gpucal_plan.ordered(slabs.calibration_items(block))
+    order = gpu_plan.ordered(layouts.calibration_items(block))
     assert list(table["id"]) == [it["id"] for _, it in order]
     tiers = [t for t, _ in order]
-    assert tiers == sorted(tiers, key=gpucal_plan.TIERS.index) and tiers[0] == "predictions"
+    assert tiers == sorted(tiers, key=gpu_plan.TIERS.index) and tiers[0] == "predictions"
     # each whole step after every layer compute_check sums for it, the held-out ones after them all
     steps = [i for i, (_, it) in enumerate(order) if it["kind"] == "step"]
     held = [i for i, (_, it) in enumerate(order) if it["kind"] == "heldout_step"]
@@ -441,16 +442,16 @@ def test_budget_stops_early_marked_partial_and_a_rerun_finishes_it(tmp_path, tes
     # then rest on the assumed efficiency and say why
     cal = gpu_table.GpuCalibration.read(csv)
     _stand_in_sheet(block, cal)
-    items = slabs.calibration_items(block)
+    items = layouts.calibration_items(block)
     missing = next(it for it in items if it["id"] not in cal.by_id and it["kind"] == "conv")
     with pytest.raises(gpu_table.CalibrationGap, match=f"partial calibration: {n} of {total} items measured"):
         cal.seconds({**missing, "d": 10**6, "id": "x"})
-    rows = pd.DataFrame(papers.paper_predictions(block, cal))
+    rows = pd.DataFrame(predictions.paper_predictions(block, cal))
     # either basis is labelled: on the partial table (interpolated), or assumed saying why not on it
     label = (rf"partial calibration: {n} of {total} items measured"
              rf"|not used: .*partial calibration: {n} of {total}")
     assert rows["basis"].str.contains(label).all() and len(rows) == 3
-    assert len(pd.DataFrame(papers.sensitivity(block, cal))) > 0
+    assert len(pd.DataFrame(predictions.sensitivity(block, cal))) > 0
 
     again = _calibrate(*args)
     assert again.returncode == 0, again.stderr
@@ -468,7 +469,7 @@ def test_the_first_tier_alone_lets_every_paper_layout_be_predicted(tmp_path, tes
     got = _calibrate("--config", str(config), "--device", "cpu", "--out", str(tmp_path / "cal"))
     assert got.returncode == 0, got.stderr
     csv = Path(got.stdout.strip().splitlines()[-1])
-    first = {it["id"] for t, it in gpucal_plan.ordered(slabs.calibration_items(block)) if t == "predictions"}
+    first = {it["id"] for t, it in gpu_plan.ordered(layouts.calibration_items(block)) if t == "predictions"}
     table = pd.read_csv(csv)
     table[table["id"].isin(first)].to_csv(csv, index=False)
     meta = json.loads(gpu_table.sidecar(csv).read_text())
@@ -476,22 +477,22 @@ def test_the_first_tier_alone_lets_every_paper_layout_be_predicted(tmp_path, tes
     cal = gpu_table.GpuCalibration.read(csv)
     assert cal.partial and cal.measured_items == len(first) < cal.total_items
     _stand_in_sheet(block, cal)
-    rows = pd.DataFrame(papers.paper_predictions(block, cal, every_basis=True))
+    rows = pd.DataFrame(predictions.paper_predictions(block, cal, every_basis=True))
     assert set(rows["compute_basis"]) == {"mapped", "calibrated", "assumed"}
     measured = rows[rows["compute_basis"] != "assumed"]
     assert (measured["interpolated_items_all_splits"] > 0).any()
     total = _n_toy(test_config)
     cut = f"partial calibration: {len(first)} of {total} items measured"
     assert measured["basis"].str.contains(cut).all()
-    assert papers.compute_check(cal) == []  # no step measured yet: nothing to check, no crash
+    assert compute_check.compute_check(cal) == []  # no step measured yet: nothing to check, no crash
     # cut to its first row: no split of any setting can be timed from it; the headline says why it is not used
     table[table["id"].isin(first)].head(1).to_csv(csv, index=False)
     cal = gpu_table.GpuCalibration.read(csv)
-    rows = pd.DataFrame(papers.paper_predictions(block, cal))
+    rows = pd.DataFrame(predictions.paper_predictions(block, cal))
     assert (rows["compute_basis"] == "assumed").all()
     unused = f"the GPU calibration is not used: .*partial calibration: 1 of {total}"
     assert rows["basis"].str.contains(unused).all()
-    assert len(pd.DataFrame(papers.sensitivity(block, cal))) > 0
+    assert len(pd.DataFrame(predictions.sensitivity(block, cal))) > 0
 
 
 def test_at_the_papers_shapes_the_first_tiers_cover_every_prediction_and_the_compute_check():
@@ -499,7 +500,7 @@ def test_at_the_papers_shapes_the_first_tiers_cover_every_prediction_and_the_com
     not values) predicts every setting on the measured bases; with the `compute_term` tier every step is
     checked."""
     block = validate_config(yaml.safe_load((REPO / "configs" / "paper.yaml").read_text()))["spatial"]
-    order = gpucal_plan.ordered(slabs.calibration_items(block))
+    order = gpu_plan.ordered(layouts.calibration_items(block))
     meta = {"gpu_model": "NVIDIA H100 80GB HBM3", "partial": True, "items": len(order),
             "block": {k: block[k] for k in ("papers", "extrapolate", "machine", "gpu_calibration")}}
     for tiers, steps in ((("predictions",), 0), (("predictions", "compute_term"), 9)):
@@ -510,26 +511,26 @@ def test_at_the_papers_shapes_the_first_tiers_cover_every_prediction_and_the_com
                               "units": it.get("units", 0), "median_s": 1e-3, "p25_s": 1e-3, "p75_s": 1e-3}
                              for t, it in order if t in tiers])
         cal = gpu_table.GpuCalibration(rows, meta)
-        pred = pd.DataFrame(papers.paper_predictions(block, cal, every_basis=True))
+        pred = pd.DataFrame(predictions.paper_predictions(block, cal, every_basis=True))
         assert (pred["compute_basis"].value_counts() == 5).all() and len(pred) == 15
         assert (pred.loc[pred["compute_basis"] != "assumed", "interpolated_items_all_splits"] > 0).all()
         # each row counts its own layout's items, measured and interpolated
         assert (pred.loc[pred["compute_basis"] != "assumed", "measured_items"] > 0).all()
-        assert len(papers.compute_check(cal)) == steps
+        assert len(compute_check.compute_check(cal)) == steps
     assert sum(t == "predictions" for t, _ in order) < len(order) / 3
 
 
 @pytest.mark.cuda
 def test_gpu_calibration_of_the_papers_layouts_on_cuda(tmp_path, test_config):
-    from hpcdl.studies.spatial import gpucal
+    from hpcdl.studies.spatial.calibration import gpu
 
     cfg = dict(test_config)
     cfg["spatial"] = {**cfg["spatial"], **TOY}
     block = validate_config(cfg)["spatial"]
-    csv = gpucal.run(block, "cuda", tmp_path, "test")
+    csv = gpu.run(block, "cuda", tmp_path, "test")
     meta = json.loads(gpu_table.sidecar(csv).read_text())
     assert meta["cuda"] and meta["cudnn"] and meta["tf32"] is False and meta["partial"] is False
     assert meta["cudnn_benchmark"] is True and meta["sessions"][-1]["stopped"] == "complete"
     table = pd.read_csv(csv)
     assert (table["median_s"] > 0).all() and (table["search_s"] >= 0).all() and (table["ref_s"] > 0).all()
-    assert list(table["id"]) == [it["id"] for _, it in gpucal_plan.ordered(slabs.calibration_items(block))]
+    assert list(table["id"]) == [it["id"] for _, it in gpu_plan.ordered(layouts.calibration_items(block))]

@@ -15,9 +15,10 @@ from hpcdl.common.layers import n_params, unet3d_spec
 from hpcdl.platform.kit.rank_runtime.launch import run_ranks
 from hpcdl.studies.spatial.data import ensure_dataset
 from hpcdl.studies.spatial.load import PhaseLoad, other_load_cores
-from hpcdl.studies.spatial.papers import paper_predictions
-from hpcdl.studies.spatial.perfmodel.calibrate import fit_machine
-from hpcdl.studies.spatial.perfmodel.oracle import Machine, Strategy, predict
+from hpcdl.studies.spatial.paper_scale.predictions import paper_predictions
+from hpcdl.studies.spatial.perfmodel.fit import fit_machine
+from hpcdl.studies.spatial.perfmodel.machine import Machine
+from hpcdl.studies.spatial.perfmodel.oracle import Strategy, predict
 from hpcdl.studies.spatial.tables import _summaries, calibration_rows, phase_loads, repeat_times
 
 

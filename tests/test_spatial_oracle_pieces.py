@@ -20,8 +20,10 @@ from test_claims import BUILDERS, _write
 
 from hpcdl.platform.kit.config import validate_config
 from hpcdl.studies.spatial import claims as spatial_claims
-from hpcdl.studies.spatial import gpucal_ops, gpucal_plan, papers
-from hpcdl.studies.spatial.perfmodel import gpu_table, slabs
+from hpcdl.studies.spatial.calibration import gpu_ops, gpu_plan
+from hpcdl.studies.spatial.claim_families.gpu_compute import claim_compute_term
+from hpcdl.studies.spatial.paper_scale import breakdown, compute_check, predictions
+from hpcdl.studies.spatial.perfmodel import gpu_table, layouts, slabs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,7 +61,7 @@ def _stand_in(items, median=1e-3, **by_id) -> pd.DataFrame:
 
 
 def _cal(block, rows, partial=True, gpu="NVIDIA H100 80GB HBM3"):
-    meta = {"gpu_model": gpu, "partial": partial, "items": len(slabs.calibration_items(block)),
+    meta = {"gpu_model": gpu, "partial": partial, "items": len(layouts.calibration_items(block)),
             "block": {k: block[k] for k in ("papers", "extrapolate", "machine", "gpu_calibration")}}
     return gpu_table.GpuCalibration(rows, meta)
 
@@ -72,15 +74,15 @@ def test_each_setting_is_complete_before_the_next_and_its_row_then_reads_nothing
     predicts that setting on measured items only; the next setting still interpolates; every row counts its
     own."""
     block = _paper_block()
-    order = gpucal_plan.ordered(slabs.calibration_items(block))
-    labels = [gpucal_plan.label(t, it) for t, it in order]
-    first = f"{slabs.SETTING_PREFIX}cosmoflow 512"
+    order = gpu_plan.ordered(layouts.calibration_items(block))
+    labels = [gpu_plan.label(t, it) for t, it in order]
+    first = f"{layouts.SETTING_PREFIX}cosmoflow 512"
     assert labels.index(first) > max(i for i, t in enumerate(labels) if t in ("predictions", "compute_term"))
-    assert [x for x in dict.fromkeys(labels) if x.startswith(slabs.SETTING_PREFIX)] == [
-        f"{slabs.SETTING_PREFIX}{n} {g}" for n, g in slabs.setting_order(block)]
+    assert [x for x in dict.fromkeys(labels) if x.startswith(layouts.SETTING_PREFIX)] == [
+        f"{layouts.SETTING_PREFIX}{n} {g}" for n, g in layouts.setting_order(block)]
     cut = max(i for i, x in enumerate(labels) if x == first) + 1
     cal = _cal(block, _stand_in([it for _, it in order[:cut]]))
-    rows = pd.DataFrame(papers.paper_predictions(block, cal, every_basis=True))
+    rows = pd.DataFrame(predictions.paper_predictions(block, cal, every_basis=True))
     mapped = rows[rows["compute_basis"] == "mapped"].set_index(["network", "gpus"])
     assert mapped.loc[("cosmoflow", 512), "interpolated_items_all_splits"] == 0
     assert mapped.loc[("cosmoflow", 512), "interpolated_items"] == 0
@@ -91,7 +93,7 @@ def test_each_setting_is_complete_before_the_next_and_its_row_then_reads_nothing
 
 def test_settings_follow_the_published_speedups_ends_first():
     block = _paper_block()
-    assert slabs.setting_order(block) == [("cosmoflow", 512), ("cosmoflow", 2048), ("unet3d", 256),
+    assert layouts.setting_order(block) == [("cosmoflow", 512), ("cosmoflow", 2048), ("unet3d", 256),
                                           ("unet3d", 512), ("cosmoflow", 1024)]
 
 
@@ -124,7 +126,7 @@ def test_a_table_from_before_the_new_items_resumes_keeping_its_rows(tmp_path, te
     assert again.returncode == 0, again.stderr
     after = pd.read_csv(csv).set_index("id")
     block = validate_config(cfg)["spatial"]
-    assert set(after.index) == {it["id"] for it in slabs.calibration_items(block)}
+    assert set(after.index) == {it["id"] for it in layouts.calibration_items(block)}
     assert "step|cosmoflow|2x1|b1" not in after.index
     kept = old[old["id"] != "step|cosmoflow|2x1|b1"].set_index("id")
     assert (after.loc[kept.index, "session"] == 0).all()
@@ -137,31 +139,31 @@ def test_time_left_at_a_tables_own_pace():
     """HAND-MADE rows: search took 2x and the timed calls 0.5x the estimate, 10 ms per item besides; what is
     left is the estimate at those ratios, packed into calls whose search cache starts cold."""
     block = validate_config({"spatial": TOY})["spatial"]
-    items = slabs.calibration_items(block)
-    order = gpucal_plan.ordered(items)
-    est = gpucal_plan.Estimator(2)
+    items = layouts.calibration_items(block)
+    order = gpu_plan.ordered(items)
+    est = gpu_plan.Estimator(2)
     done = order[: len(order) // 2]
     rows, spent = [], 0.0
     for _, it in done:
         timed, search = est(it)
-        rows.append({"id": it["id"], "median_s": 0.5 * (timed - gpucal_plan.ITEM_OVERHEAD_S) / 2,
+        rows.append({"id": it["id"], "median_s": 0.5 * (timed - gpu_plan.ITEM_OVERHEAD_S) / 2,
                      "search_s": 2 * search, "session": 0})
-        spent += 2 * search + 0.5 * (timed - gpucal_plan.ITEM_OVERHEAD_S) + 0.01
+        spent += 2 * search + 0.5 * (timed - gpu_plan.ITEM_OVERHEAD_S) + 0.01
     sessions = [{"measured": len(rows), "wall_s": spent}]
-    p = gpucal_plan.pace(items, rows, 2, sessions)
+    p = gpu_plan.pace(items, rows, 2, sessions)
     assert p["timed_ratio"] == pytest.approx(0.5) and p["per_item_s"] == pytest.approx(0.01)
     assert p["search_ratio"] == pytest.approx(2.0)
-    left = gpucal_plan.remaining(items, rows, 2, sessions, call_budget_s=1e6, start_s=0)
-    again = gpucal_plan.Estimator(2)
+    left = gpu_plan.remaining(items, rows, 2, sessions, call_budget_s=1e6, start_s=0)
+    again = gpu_plan.Estimator(2)
     want = 0.0
     for _, it in order[len(done):]:
         timed, search = again(it)
-        want += 0.5 * (timed - gpucal_plan.ITEM_OVERHEAD_S) + p["search_ratio"] * search + 0.01
+        want += 0.5 * (timed - gpu_plan.ITEM_OVERHEAD_S) + p["search_ratio"] * search + 0.01
     assert left["items_left"] == len(order) - len(done)
     assert left["estimated_s"] == pytest.approx(want, abs=0.05)
     assert left["calls"] == 1
     # a budget that fits about a third of it: more calls
-    assert gpucal_plan.remaining(items, rows, 2, sessions, call_budget_s=want / 3, start_s=0)["calls"] >= 3
+    assert gpu_plan.remaining(items, rows, 2, sessions, call_budget_s=want / 3, start_s=0)["calls"] >= 3
 
 
 def test_the_committed_h200_table_leaves_a_few_calls():
@@ -169,9 +171,9 @@ def test_the_committed_h200_table_leaves_a_few_calls():
     what is left, at its own pace, in calls of make gpu's 135 s."""
     csv = REPO / "resources" / "calibration" / "nvidia-h200.csv"
     meta = json.loads(gpu_table.sidecar(csv).read_text())
-    items = slabs.calibration_items(_paper_block())
+    items = layouts.calibration_items(_paper_block())
     rows = gpu_table.read_rows(csv).to_dict("records")
-    left = gpucal_plan.remaining(items, rows, 5, meta["sessions"], 135.0)
+    left = gpu_plan.remaining(items, rows, 5, meta["sessions"], 135.0)
     assert 0 < left["items_measured"] < len(items)
     assert left["items_left"] == len(items) - left["items_measured"]
     assert left["pace"]["search_ratio"] > 1 and 2 <= left["calls"] <= 8
@@ -182,19 +184,19 @@ def test_the_committed_h200_table_leaves_a_few_calls():
 
 @pytest.mark.parametrize("kind", ["conv", "pool", "deconv", "dense", "optimizer:cosmoflow"])
 def test_fixed_cost_items_run_the_same_item_code_on_the_cpu(kind, test_config):
-    """The fixed-cost items at their minimal shapes through gpucal_ops, as on a GPU: alone one layer, chained
+    """The fixed-cost items at their minimal shapes through gpu_ops, as on a GPU: alone one layer, chained
     CHAIN of them in one call (their forwards, one backward over all), times per layer."""
     block = validate_config(_toy(test_config))["spatial"]
-    items = {it["id"]: it for it in slabs.calibration_items(block) if it["kind"] == "fixed"}
+    items = {it["id"]: it for it in layouts.calibration_items(block) if it["kind"] == "fixed"}
     dev = torch.device("cpu")
-    clock = gpucal_ops.Clock(dev)
+    clock = gpu_ops.Clock(dev)
     alone, chained = items[slabs.fixed_id(kind, "alone")], items[slabs.fixed_id(kind, "chained")]
-    one, many = gpucal_ops.build(alone, dev), gpucal_ops.build(chained, dev)
+    one, many = gpu_ops.build(alone, dev), gpu_ops.build(chained, dev)
     assert one.per == 1 and many.per == slabs.CHAIN
     if kind != "optimizer:cosmoflow":
         assert len(many.leaves) == slabs.CHAIN * len(one.leaves) > 0
     for it in (alone, chained):
-        search, times = gpucal_ops.time_item(it, dev, clock, 2)
+        search, times = gpu_ops.time_item(it, dev, clock, 2)
         assert search >= 0 and len(times) == 2 and all(f > 0 and b >= 0 for f, b in times)
 
 
@@ -203,7 +205,7 @@ def test_a_layer_in_a_step_is_its_item_less_the_alone_cost_and_at_least_the_chai
     0.5 ms one is 0.3 ms (what issuing it costs); mapped, the item's work scales, the chained cost does not;
     fixed_cost none prices the items as timed; a table without the rows says so."""
     block = validate_config(_toy(test_config))["spatial"]
-    conv = next(it for it in slabs.calibration_items(block) if it["kind"] == "conv")
+    conv = next(it for it in layouts.calibration_items(block) if it["kind"] == "conv")
     small = {**conv, "id": "conv|small"}
     rows = _stand_in([conv], median=10e-3)
     rows = pd.concat([rows, _stand_in([small], median=0.5e-3),
@@ -228,11 +230,11 @@ def test_compute_check_adds_the_fixed_cost_per_layer_and_labels_held_out_steps(t
     each layer of a step is 0.6 ms inside it, the plain sum of items 1 ms a layer; the held-out step is
     labelled and its layers the calibration lacks are interpolated."""
     block = validate_config(_toy(test_config))["spatial"]
-    items = slabs.calibration_items(block)
+    items = layouts.calibration_items(block)
     fixed = {it["id"]: (0.4e-3 if it["axis"] == "alone" else 0.2e-3) for it in items if it["kind"] == "fixed"}
     steps = {it["id"]: 5e-3 for it in items if it["kind"] in ("step", "heldout_step")}
     cal = _cal(block, _stand_in(items, **fixed, **steps), partial=False)
-    check = pd.DataFrame(papers.compute_check(cal)).set_index(["network", "depth", "height"])
+    check = pd.DataFrame(compute_check.compute_check(cal)).set_index(["network", "depth", "height"])
     assert list(check["sample"]) == ["in_sample", "in_sample", "held_out"]
     for (net, pd_, ph), r in check.iterrows():
         spec = slabs.network_spec(net, block["papers"][net], block["extrapolate"])
@@ -243,7 +245,7 @@ def test_compute_check_adds_the_fixed_cost_per_layer_and_labels_held_out_steps(t
         assert r["error"] == pytest.approx(((n + 1) * 0.6e-3 - 5e-3) / 5e-3)
     assert check.loc[("cosmoflow", 3, 1), "interpolated_items"] > 0
     assert (check.loc[[("cosmoflow", 2, 1), ("unet3d", 2, 1)], "interpolated_items"] == 0).all()
-    c = spatial_claims.claim_compute_term(block, check.reset_index())
+    c = claim_compute_term(block, check.reset_index())
     assert set(c["measured"]["error"]) == {"cosmoflow 2x1", "unet3d 2x1", "held out cosmoflow 3x1"}
     assert c["measured"]["held_out_bound"] == block["claims"]["max_oracle_error"]
 
@@ -253,7 +255,7 @@ def test_compute_check_adds_the_fixed_cost_per_layer_and_labels_held_out_steps(t
 
 def _rows(t_from: dict, t_to: dict) -> dict:
     def row(terms):
-        r = {c: terms.get(t, 0.0) for t, c in papers.TERMS}
+        r = {c: terms.get(t, 0.0) for t, c in breakdown.TERMS}
         r["time_per_iter_s"] = sum(r.values())
         return r
     return {512: row(t_from), 2048: row(t_to)}
@@ -269,7 +271,7 @@ def test_which_term_would_have_to_take_how_many_ms():
     halo 5 -> 15, ...; at 512 GPUs 80 ms: compute 80 -> 60, halo and all-reduce 10 -> -10 (impossible)."""
     rows = _rows({"compute": 0.080, "halo": 0.010, "allreduce": 0.010}, {"compute": 0.030, "halo": 0.005,
                                                                            "allreduce": 0.005})
-    got = papers._meet(rows, PUB, 0.10)
+    got = breakdown._meet(rows, PUB, 0.10)
     hi, lo = got[2048], got[512]
     assert hi["predicted_speedup"] == pytest.approx(2.5) and hi["speedup_off"] == pytest.approx(0.25)
     assert hi["beyond_tolerance"] and hi["paper_gpus"] == "512->2048"
@@ -280,22 +282,22 @@ def test_which_term_would_have_to_take_how_many_ms():
     assert "compute 30.0 -> 40.0 ms" in hi["to_meet"] and "at 2048 GPUs" in hi["to_meet"]
     assert "halo" not in lo["to_meet"] and "compute 80.0 -> 60.0 ms" in lo["to_meet"]
     # moving any one term to its value meets the paper's speedup exactly
-    for t, c in papers.TERMS:
+    for t, c in breakdown.TERMS:
         if not math.isnan(hi[f"meet_{t}_ms"]):
             moved = rows[2048]["time_per_iter_s"] - rows[2048][c] + hi[f"meet_{t}_ms"] / 1e3
             assert rows[512]["time_per_iter_s"] / moved == pytest.approx(2.0)
 
 
 def test_within_the_tolerance_nothing_is_asked_and_a_gap_no_term_closes_says_so():
-    near = papers._meet(_rows({"compute": 0.1}, {"compute": 0.048}), PUB, 0.10)
+    near = breakdown._meet(_rows({"compute": 0.1}, {"compute": 0.048}), PUB, 0.10)
     assert not near[2048]["beyond_tolerance"] and near[2048]["to_meet"].startswith("within 10% of 2x")
-    assert all(math.isnan(near[2048][f"meet_{t}_ms"]) for t, _ in papers.TERMS)
+    assert all(math.isnan(near[2048][f"meet_{t}_ms"]) for t, _ in breakdown.TERMS)
     # 1.0x predicted against 2.0x: 2048 GPUs would need 50 ms, more than any one of its terms (40, 30, 30)
     # can give up; at 512 GPUs one term growing by 100 ms meets it
-    flat = papers._meet(_rows({"compute": 0.05, "halo": 0.05},
+    flat = breakdown._meet(_rows({"compute": 0.05, "halo": 0.05},
                               {"compute": 0.04, "halo": 0.03, "allreduce": 0.03}), PUB, 0.10)
     assert "no single term can" in flat[2048]["to_meet"]
-    assert all(math.isnan(flat[2048][f"meet_{t}_ms"]) for t, _ in papers.TERMS)
+    assert all(math.isnan(flat[2048][f"meet_{t}_ms"]) for t, _ in breakdown.TERMS)
     assert flat[512]["meet_compute_ms"] == pytest.approx(150.0)
 
 
@@ -303,17 +305,17 @@ def test_breakdown_sets_each_published_speedup_beside_its_settings(test_config):
     """test.yaml's papers on the assumed basis (no calibration), the published speedups of papers.yaml: a row
     per setting with its terms, the endpoints compared, every moved term meeting the paper's speedup."""
     block = validate_config(test_config)["spatial"]
-    pub = papers.published_speedups(REPO / "resources" / "papers.yaml")
+    pub = breakdown.published_speedups(REPO / "resources" / "papers.yaml")
     assert {n: (p["gpus_from"], p["gpus_to"], p["value"]) for n, p in pub.items()} == {
         "cosmoflow": (512, 2048, 1.77), "unet3d": (256, 512, 1.42)}
-    bd = pd.DataFrame(papers.breakdown(block, None, pub), columns=papers.BREAKDOWN_COLUMNS)
+    bd = pd.DataFrame(breakdown.breakdown(block, None, pub), columns=breakdown.BREAKDOWN_COLUMNS)
     assert set(bd["compute_basis"]) == {"assumed"} and len(bd) == 5
     assert bd["terms_sum_ms"].to_numpy() == pytest.approx(bd["time_per_iter_ms"].to_numpy())
     ends = bd[bd["paper_id"].notna()]
     assert sorted(zip(ends["network"], ends["gpus"], strict=True)) == [
         ("cosmoflow", 512), ("cosmoflow", 2048), ("unet3d", 256), ("unet3d", 512)]
     assert bd.loc[bd["gpus"] == 1024, "paper_id"].isna().all()
-    assert papers.published_speedups(REPO / "no-such-papers.yaml") == {}
+    assert breakdown.published_speedups(REPO / "no-such-papers.yaml") == {}
 
 
 # -- one GPU judges what one GPU can --------------------------------------------------------------------

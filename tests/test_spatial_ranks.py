@@ -114,7 +114,7 @@ def test_hybrid_training_equals_whole_batch_training(tmp_path):
 
 def test_collectives_calibrate_after_the_same_compute_gap_on_both_ranks():
     sizes = [1024, 65536]
-    per_rank = run_ranks("hpcdl.studies.spatial.calibration_comm:collectives", 2,
+    per_rank = run_ranks("hpcdl.studies.spatial.calibration.comm_timings:collectives", 2,
                          {"sizes_bytes": sizes, "repeats": 2, "gap_s": 0.002}, timeout_s=120)
     for rows in per_rank:
         kinds = ("allreduce", "allgather", "exchange")
@@ -209,7 +209,7 @@ def test_training_on_cuda_equals_whole_batch_training(nprocs, layout, tmp_path, 
 def test_calibration_on_cuda_times_every_kind(layout, tmp_path, monkeypatch):
     placed = _cuda_launch(2, layout, monkeypatch)
     data = ensure_dataset(tmp_path, (8, 8, 8), 4, 0, (0.5, 2.0), (-3.0, -1.0))
-    rows = run_ranks("hpcdl.studies.spatial.calibration:calibrate_rank", 2, {
+    rows = run_ranks("hpcdl.studies.spatial.calibration.microbench:calibrate_rank", 2, {
         "specs": [(build_spec((8, 8, 8), MODEL), 2)], "data_dir": str(data), "sizes_bytes": [1024, 65536],
         "fractions": [1.0, 0.5], "repeats": 2, "comm_gap_s": 0.001}, timeout_s=300, **placed)[0]
     kinds = {"pingpong", "allreduce", "allgather", "exchange", "conv", "pool", "dense", "optimizer", "io"}

@@ -15,7 +15,8 @@ import yaml
 from hpcdl.common.layers import build_spec, cosmoflow_spec
 from hpcdl.platform.kit.config import validate_config
 from hpcdl.studies.spatial.perfmodel.gpu_table import GpuCalibration, Measured
-from hpcdl.studies.spatial.perfmodel.oracle import Machine, Strategy
+from hpcdl.studies.spatial.perfmodel.machine import Machine
+from hpcdl.studies.spatial.perfmodel.oracle import Strategy
 from hpcdl.studies.spatial.perfmodel.strategies import FAMILIES, extrapolate, family, strategies, why_not
 from hpcdl.studies.spatial.tables import extrapolation
 

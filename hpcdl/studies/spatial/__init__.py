@@ -11,17 +11,20 @@
     load         the machine's other load during a timed phase, from /proc
     train        the rank function of one hybrid data x spatial training run
     exactness    rank functions comparing the partitioned ops and model with the whole ones
-    calibration  rank function of the microbenchmarks that calibrate the oracle (its parts:
-                 calibration_comm, calibration_compute, calibration_timing)
-    perfmodel    the ParaDL-style oracle, its strategy families and pick, and its calibration fit
-                 (no other spatial module)
-    papers       the oracle at exactly the papers' settings, on assumed or GPU-calibrated compute
+    calibration  the measurements that calibrate the oracle (subpackage): the microbenchmarks run on
+                 the study's ranks, and the GPU calibration at the papers' slab shapes
+                 (python -m hpcdl spatial calibrate)
+    perfmodel    the ParaDL-style oracle (pure, no other spatial module): the machine it prices on, its
+                 strategy families and pick, its fit of the microbenchmarks, the papers' slab shapes and
+                 layouts the GPU calibration times, and how it reads a GPU calibration's table
+    paper_scale  the oracle at exactly the papers' settings, on assumed or GPU-calibrated compute: the
+                 predictions, the compute term's check, the breakdown beside the published speedups
     paper        each published result (resources/papers.yaml) -> this run's table or claim, for the report
-    gpucal       the GPU calibration at the papers' slab shapes (python -m hpcdl spatial calibrate)
     sweep        the scaling runs of a config, what each unit of work reads of it, and the layer
                  shapes of the held-out runs the oracle is judged on out of sample
     compute      the units of work the task bodies (tasks/spatial.py) call
-    tables, figures, claims   the analysis stages; summary: a digest of one run's claims
+    tables, figures, claims   the analysis stages (claim_families: the claims, family by family);
+                 summary: a digest of one run's claims
     checks       config checks beyond the schema
 """
 

@@ -4,5 +4,5 @@
 # name -> "module:function" taking the command's arguments and returning an exit code; by name, so
 # that listing the commands imports none of them
 COMMANDS = {
-    "calibrate": "hpcdl.studies.spatial.gpucal:main",   # the oracle's layer times on one device
+    "calibrate": "hpcdl.studies.spatial.calibration.gpu:main",   # the oracle's layer times on one device
 }

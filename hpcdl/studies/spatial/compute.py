@@ -83,7 +83,7 @@ def calibrate_point(block: dict, resources_dir: str, round_index: int = 0) -> li
     one round (rows tagged with it), each section with the machine's other load during it."""
     c = block["calibration"]
     data_dir = dataset_for(block, resources_dir, run_shape("strong", block["strong"]["grid"], [1, 1, 1]))
-    rows = run_ranks("hpcdl.studies.spatial.calibration:calibrate_rank", 2, {
+    rows = run_ranks("hpcdl.studies.spatial.calibration.microbench:calibrate_rank", 2, {
         "specs": calibration_specs(block), "data_dir": str(data_dir), "sizes_bytes": c["pingpong_bytes"],
         "fractions": c["fractions"], "repeats": c["repeats"], "comm_gap_s": c["comm_gap_ms"] / 1e3},
         timeout_s=block["run_timeout_s"], threads_per_rank=block["threads_per_rank"], **_placed(block))[0]
@@ -102,11 +102,11 @@ def exactness_point(block: dict, layout: list[int]) -> list[dict]:
 
 
 def gpu_calibration_point(block: dict, out_dir: str) -> dict:
-    """The GPU calibration at the papers' slab shapes (hpcdl.studies.spatial.gpucal) on this task's GPU,
-    written to `out_dir`/<gpu>.csv (+ provenance); returns its path and item count."""
-    from hpcdl.studies.spatial import gpucal
+    """The GPU calibration at the papers' slab shapes (hpcdl.studies.spatial.calibration.gpu) on this task's
+    GPU, written to `out_dir`/<gpu>.csv (+ provenance); returns its path and item count."""
+    from hpcdl.studies.spatial.calibration import gpu
 
     if block["device"] != "cuda":
         raise ValueError(f"the GPU calibration runs on cuda, spatial.device resolved to {block['device']}")
-    path = gpucal.run(block, "cuda", out_dir, "tasks.spatial (spatial.gpu_calibration.in_study)")
-    return {"path": str(path), "items": len(gpucal.slabs.calibration_items(block))}
+    path = gpu.run(block, "cuda", out_dir, "tasks.spatial (spatial.gpu_calibration.in_study)")
+    return {"path": str(path), "items": len(gpu.layouts.calibration_items(block))}

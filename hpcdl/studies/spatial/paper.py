@@ -3,7 +3,7 @@
 
 The papers' speedups were measured on 256-2048 V100 GPUs; this study times a few ranks of one machine,
 so those rows cannot be reproduced here and set the oracle's prediction at exactly the papers' settings
-(tables/paper_predictions.csv, hpcdl.studies.spatial.papers) beside them. The oracle's accuracy is
+(tables/paper_predictions.csv, hpcdl.studies.spatial.paper_scale) beside them. The oracle's accuracy is
 comparable: ours is 1 - its mean |error| on this run's held-out runs (claim oracle_error), and the row
 rests on that claim: a straddling or failing oracle_error caps it, whatever the mean.
 """

@@ -11,18 +11,13 @@ import pandas as pd
 from hpcdl.common.layers import build_spec
 from hpcdl.platform import StudyDir, read_table, write_table
 from hpcdl.studies.spatial.load import other_load_cores
-from hpcdl.studies.spatial.papers import (
-    BREAKDOWN_COLUMNS,
-    CHECK_COLUMNS,
-    breakdown,
-    compute_check,
-    paper_predictions,
-    published_speedups,
-    sensitivity,
-)
-from hpcdl.studies.spatial.perfmodel.calibrate import fit_machine
+from hpcdl.studies.spatial.paper_scale.breakdown import BREAKDOWN_COLUMNS, breakdown, published_speedups
+from hpcdl.studies.spatial.paper_scale.compute_check import CHECK_COLUMNS, compute_check
+from hpcdl.studies.spatial.paper_scale.predictions import paper_predictions, sensitivity
+from hpcdl.studies.spatial.perfmodel.fit import fit_machine
 from hpcdl.studies.spatial.perfmodel.gpu_table import find as find_calibration
-from hpcdl.studies.spatial.perfmodel.oracle import Machine, Strategy, predict
+from hpcdl.studies.spatial.perfmodel.machine import Machine
+from hpcdl.studies.spatial.perfmodel.oracle import Strategy, predict
 from hpcdl.studies.spatial.perfmodel.strategies import extrapolate
 from hpcdl.studies.spatial.sweep import held_out_shapes
 

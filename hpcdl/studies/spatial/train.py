@@ -15,6 +15,7 @@ halo and gather times are read on the stream's own timeline (halo.CommTimers).
 from __future__ import annotations
 
 import resource
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -43,6 +44,97 @@ def _ceiling_head_input(feats: torch.Tensor, full_depth: int) -> torch.Tensor:
     return feats.repeat(1, 1, reps, 1, 1).narrow(2, 0, full_depth)
 
 
+@dataclass
+class _Rank:
+    """One rank of a training run: its model on its slab, its optimizer, and how its gradients are reduced."""
+
+    dev: torch.device
+    hy: object                     # groups.hybrid_groups: this rank's data index and spatial layout
+    reader: SlabReader
+    net: CosmoFlow
+    sp: SpatialCosmoFlow
+    slab: tuple[slice, slice]      # this rank's depth and height slices of the volume
+    conv_params: list
+    other_params: list
+    buckets: GradBuckets | None    # the all-reduce during the backward (overlap), else None
+    opt: torch.optim.Optimizer
+    communicate: bool
+    n_data: int
+    slab_net: CosmoFlow | None = None  # a ceiling run's convs on the slab alone
+    full_depth: int = 0                # a ceiling run's head input depth
+
+
+def _build(data_dir: str, n_data: int, grid: tuple[int, int], model: dict, lr: float, seed: int,
+           allow_uneven: bool, overlap: bool, bucket_kb: float, communicate: bool) -> _Rank:
+    """The rank's model (seeded), its slab, gradient plan and optimizer, on its compute device."""
+    dev = torch.device(current_placement().compute)
+    hy = hybrid_groups(n_data, tuple(grid))
+    reader = SlabReader(data_dir)
+    torch.manual_seed(seed)
+    net = CosmoFlow(build_spec(reader.shape, model)).to(dev)
+    sp = SpatialCosmoFlow(net, hy.layout, allow_uneven=allow_uneven, overlap=overlap)
+    ds, hs = sp.slab()
+    conv_params = sp.conv_parameters()
+    conv_ids = {id(p) for p in conv_params}
+    other_params = [p for p in net.parameters() if id(p) not in conv_ids]
+    world = dist.get_world_size()
+    # conv gradients: summed over the spatial group (each rank saw part of the volume) and averaged
+    # over the data groups = the world's sum / n_data; the replicated head: averaged over data groups
+    plan = [(other_params[::-1], hy.data_group, 1.0 / n_data, n_data),
+            (conv_params[::-1], None, 1.0 / n_data, world)]
+    buckets = GradBuckets(plan, int(bucket_kb * 1024)) if communicate and overlap else None
+    slab_net, full_depth = None, 0
+    if not communicate:
+        slab_net = CosmoFlow(build_spec((ds.stop - ds.start, hs.stop - hs.start, reader.shape[2]), model))
+        slab_net.convs = net.convs  # the same parameters, run on the slab alone (zero-padded edges)
+        full_depth = net.spec[[s["kind"] for s in net.spec].index("gather")]["in"][1]
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    return _Rank(dev, hy, reader, net, sp, (ds, hs), conv_params, other_params, buckets, opt, communicate,
+                 n_data, slab_net, full_depth)
+
+
+def _iteration(r: _Rank, it: int, idx: np.ndarray, probe: PhaseLoad) -> dict:
+    """One timed training step on the samples `idx`: its record (loss, phase times, CPU load)."""
+    dev, hy, n_data = r.dev, r.hy, r.n_data
+    if dist.get_world_size() > 1 and r.communicate:
+        dist.barrier()
+    TIMERS.reset()
+    probe.start()
+    t0 = now(dev)
+    xb, yb = r.reader.read(idx, *r.slab)
+    x = torch.from_numpy(xb).to(device=dev, dtype=torch.get_default_dtype())
+    y = torch.from_numpy(yb).to(device=dev, dtype=torch.get_default_dtype())
+    t_io = now(dev) - t0
+    r.opt.zero_grad(set_to_none=False)
+    if r.buckets is not None:
+        r.buckets.start()
+    if r.communicate:
+        out = r.sp(x)
+    else:
+        out = r.net.head(_ceiling_head_input(r.slab_net.features(x), r.full_depth))
+    loss = nn.functional.mse_loss(out, y)
+    loss.backward()
+    t1 = now(dev)
+    if r.buckets is not None:
+        t_ar = r.buckets.finish()
+    elif r.communicate:
+        _allreduce([p.grad for p in r.conv_params], hy.layout.group, hy.layout.size, 1.0)
+        _allreduce([p.grad for p in r.conv_params + r.other_params], hy.data_group, n_data, 1.0 / n_data)
+        t_ar = now(dev) - t1
+    else:
+        t_ar = 0.0
+    r.opt.step()
+    total = now(dev) - t0
+    load = probe.stop()
+    TIMERS.settle()  # the GPU's halo and gather spans, ended by now
+    comm = TIMERS.seconds["halo"] + TIMERS.seconds["gather"]
+    return {"iteration": it, "loss": float(loss.item()), "io_s": t_io,
+            "halo_s": TIMERS.seconds["halo"], "gather_s": TIMERS.seconds["gather"],
+            "allreduce_s": t_ar, "compute_s": max(total - t_io - comm - t_ar, 0.0),
+            "total_s": total, "cpu_s": load["own_cpu_s"],
+            "machine_busy_s": load["machine_busy_s"], "steal_s": load["steal_s"]}
+
+
 def train_run(data_dir: str, n_data: int, grid: tuple[int, int], model: dict, batch_size: int,
               iterations: int, lr: float, seed: int, dtype: str = "float32",
               allow_uneven: bool = True, overlap: bool = True, bucket_kb: float = 64.0,
@@ -60,82 +152,27 @@ def train_run(data_dir: str, n_data: int, grid: tuple[int, int], model: dict, ba
     """
     torch.set_default_dtype(getattr(torch, dtype))
     place = current_placement()
-    dev = torch.device(place.compute)
     if batch_size % n_data:
         raise ValueError(f"spatial: global batch {batch_size} is not divisible by {n_data} data groups")
-    hy = hybrid_groups(n_data, tuple(grid))
-    reader = SlabReader(data_dir)
-    torch.manual_seed(seed)
-    net = CosmoFlow(build_spec(reader.shape, model)).to(dev)
-    sp = SpatialCosmoFlow(net, hy.layout, allow_uneven=allow_uneven, overlap=overlap)
-    ds, hs = sp.slab()
-    conv_params = sp.conv_parameters()
-    conv_ids = {id(p) for p in conv_params}
-    other_params = [p for p in net.parameters() if id(p) not in conv_ids]
-    world = dist.get_world_size()
-    # conv gradients: summed over the spatial group (each rank saw part of the volume) and averaged
-    # over the data groups = the world's sum / n_data; the replicated head: averaged over data groups
-    plan = [(other_params[::-1], hy.data_group, 1.0 / n_data, n_data),
-            (conv_params[::-1], None, 1.0 / n_data, world)]
-    buckets = GradBuckets(plan, int(bucket_kb * 1024)) if communicate and overlap else None
-    if not communicate:
-        slab_net = CosmoFlow(build_spec((ds.stop - ds.start, hs.stop - hs.start, reader.shape[2]), model))
-        slab_net.convs = net.convs  # the same parameters, run on the slab alone (zero-padded edges)
-        full_depth = net.spec[[s["kind"] for s in net.spec].index("gather")]["in"][1]
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-    order = np.random.default_rng(seed).permutation(len(reader))
+    r = _build(data_dir, n_data, grid, model, lr, seed, allow_uneven, overlap, bucket_kb, communicate)
+    order = np.random.default_rng(seed).permutation(len(r.reader))
     local = batch_size // n_data
     base = rss_mb()
     records = []
     probe = PhaseLoad()
-    if world > 1:
+    if dist.get_world_size() > 1:
         dist.barrier()
     for it in range(iterations):
-        start = (it * batch_size) % len(reader)
+        start = (it * batch_size) % len(r.reader)
         idx = np.take(order, range(start, start + batch_size), mode="wrap")
-        idx = idx[hy.data_index * local:(hy.data_index + 1) * local]
-        if world > 1 and communicate:
-            dist.barrier()
-        TIMERS.reset()
-        probe.start()
-        t0 = now(dev)
-        xb, yb = reader.read(idx, ds, hs)
-        x = torch.from_numpy(xb).to(device=dev, dtype=torch.get_default_dtype())
-        y = torch.from_numpy(yb).to(device=dev, dtype=torch.get_default_dtype())
-        t_io = now(dev) - t0
-        opt.zero_grad(set_to_none=False)
-        if buckets is not None:
-            buckets.start()
-        if communicate:
-            out = sp(x)
-        else:
-            out = net.head(_ceiling_head_input(slab_net.features(x), full_depth))
-        loss = nn.functional.mse_loss(out, y)
-        loss.backward()
-        t1 = now(dev)
-        if buckets is not None:
-            t_ar = buckets.finish()
-        elif communicate:
-            _allreduce([p.grad for p in conv_params], hy.layout.group, hy.layout.size, 1.0)
-            _allreduce([p.grad for p in conv_params + other_params], hy.data_group, n_data, 1.0 / n_data)
-            t_ar = now(dev) - t1
-        else:
-            t_ar = 0.0
-        opt.step()
-        total = now(dev) - t0
-        load = probe.stop()
-        TIMERS.settle()  # the GPU's halo and gather spans, ended by now
-        comm = TIMERS.seconds["halo"] + TIMERS.seconds["gather"]
-        records.append({"iteration": it, "loss": float(loss.item()), "io_s": t_io,
-                        "halo_s": TIMERS.seconds["halo"], "gather_s": TIMERS.seconds["gather"],
-                        "allreduce_s": t_ar, "compute_s": max(total - t_io - comm - t_ar, 0.0),
-                        "total_s": total, "cpu_s": load["own_cpu_s"],
-                        "machine_busy_s": load["machine_busy_s"], "steal_s": load["steal_s"]})
-    gpu = {"gpu_peak_mb": torch.cuda.max_memory_allocated(dev) / 2 ** 20} if dev.type == "cuda" else {}
-    return {"rank": dist.get_rank(), "data_index": hy.data_index, "spatial_coords": hy.layout.coords,
+        idx = idx[r.hy.data_index * local:(r.hy.data_index + 1) * local]
+        records.append(_iteration(r, it, idx, probe))
+    ds, hs = r.slab
+    gpu = {"gpu_peak_mb": torch.cuda.max_memory_allocated(r.dev) / 2 ** 20} if r.dev.type == "cuda" else {}
+    return {"rank": dist.get_rank(), "data_index": r.hy.data_index, "spatial_coords": r.hy.layout.coords,
             "slab_depth": ds.stop - ds.start, "slab_height": hs.stop - hs.start,
             "peak_rss_mb": rss_mb(), "base_rss_mb": base, "records": records,
-            "n_params": sum(p.numel() for p in net.parameters()), **where(place),
+            "n_params": sum(p.numel() for p in r.net.parameters()), **where(place),
             "run_placement": run_label(place), "backend": str(dist.get_backend()), **gpu}
 
 

@@ -1,6 +1,6 @@
 """A GPU calibration as data (resources/calibration/<gpu>.csv + .provenance.json) and how the oracle reads it.
 
-A row per item of hpcdl.studies.spatial.perfmodel.slabs (its `id`), with the median forward + backward
+A row per item of hpcdl.studies.spatial.perfmodel.layouts (its `id`), with the median forward + backward
 seconds over the item's repeats and their spread, the seconds of its first, untimed call (search_s: on
 CUDA cuDNN's algorithm search for a conv shape not met before) and a fixed reference op timed after it
 (ref_s: clock drift over the run). The calibration appends rows as items finish, so a table may be

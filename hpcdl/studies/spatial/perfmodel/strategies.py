@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 
 from hpcdl.studies.spatial.perfmodel.gpu_table import CalibrationGap
-from hpcdl.studies.spatial.perfmodel.oracle import Machine, Strategy, predict
+from hpcdl.studies.spatial.perfmodel.machine import Machine
+from hpcdl.studies.spatial.perfmodel.oracle import Strategy, predict
 
 FAMILIES = ("data", "spatial", "data x spatial", "filter", "channel")
 

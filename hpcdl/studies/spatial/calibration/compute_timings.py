@@ -3,7 +3,7 @@ study's layer shapes and slab fractions: the halo window's copies, conv3d with b
 max-pool, dense layers, forward+backward, and zero_grad + Adam step over the model's parameter
 tensors, with the rest of a step's activations streamed through the caches between a layer's forward
 and backward (untimed); and the cost of the fresh pages a step's largest feature maps take from the
-OS (map, first-touch, unmap), timed on its own (hpcdl.studies.spatial.calibration).
+OS (map, first-touch, unmap), timed on its own (hpcdl.studies.spatial.calibration.microbench).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from hpcdl.common.layers import flops, layer_key, numel
-from hpcdl.studies.spatial.calibration_timing import best, fastest_quartile, slowest
+from hpcdl.studies.spatial.calibration.timing import best, fastest_quartile, slowest
 from hpcdl.studies.spatial.devices import now
 from hpcdl.studies.spatial.model import LEAK, partitioned_conv3d, single_layout, window
 from hpcdl.studies.spatial.partition import plan_axis
@@ -85,7 +85,7 @@ def _best_fwd_bwd(fwd, evict: torch.Tensor | None, repeats: int, together: bool 
     layer's forward and its backward, so the backward reads what the forward saved from further
     away than a layer timed alone would: `evict` is that traffic. The output's gradient is a
     dense tensor, just written, as the next layer's backward hands it over. `together`, `device`:
-    as calibration_timing.best.
+    as timing.best.
     """
     grad = torch.randn_like(fwd())
     times = []

@@ -14,8 +14,8 @@ feature maps take from the OS is timed on its own (map, first-touch, unmap). Sla
 the GRF cache give the I/O cost.
 
 This module runs the sections on every rank (`calibrate_rank`) and times the I/O; the
-communication microbenchmarks are calibration_comm's, the compute ones calibration_compute's, and
-how repeated timings become one number calibration_timing's.
+communication microbenchmarks are comm_timings', the compute ones compute_timings', and how
+repeated timings become one number timing's.
 
 Everything runs where the study's ranks run (hpcdl.platform.kit.rank_runtime.placement): the layers on
 the rank's compute device, the collectives' buffers on its comm device. On a GPU each timing waits
@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 
 from hpcdl.platform import current_placement
-from hpcdl.studies.spatial.calibration_comm import collectives, pingpong
-from hpcdl.studies.spatial.calibration_compute import compute_timings
-from hpcdl.studies.spatial.calibration_timing import best
+from hpcdl.studies.spatial.calibration.comm_timings import collectives, pingpong
+from hpcdl.studies.spatial.calibration.compute_timings import compute_timings
+from hpcdl.studies.spatial.calibration.timing import best
 from hpcdl.studies.spatial.data import SlabReader
 from hpcdl.studies.spatial.devices import comm_tensor, where
 from hpcdl.studies.spatial.load import PhaseLoad, other_load_cores

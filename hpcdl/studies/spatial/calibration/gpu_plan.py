@@ -1,6 +1,6 @@
 """The GPU calibration's order and time budget (pure): which items first, and what each is expected to cost.
 
-Every item of slabs.calibration_items is read by the paper predictions (papers.py: each paper layout's
+Every item of layouts.calibration_items is read by the paper predictions (paper_scale: each paper layout's
 layers, halo copies and their host staging, edge corrections, optimizer and fixed costs, at every
 depth x height split) or by the compute term's check (the whole steps, their slabs' layers, the
 optimizer, the fixed costs). A partial table still serves them through gpu_table's interpolation (linear
@@ -15,11 +15,11 @@ useful as early as possible, and then completes the papers' settings one at a ti
                 the layers it is the first to sum (in the same call as them where the budget allows, so
                 cuDNN's search of their convs is not run twice), then the held-out steps (whose layers
                 the calibration leaves out)
-  settings      the rest, setting by setting (slabs.setting_order: each network's first and last GPU
+  settings      the rest, setting by setting (layouts.setting_order: each network's first and last GPU
                 counts, whose speedup the papers published, then the counts between): once a setting's
                 items are in, its every layout is measured, nothing of it interpolated
 
-A budget-stopped call resumes where it stopped (gpucal.calibrate), so each GPU call adds the next items
+A budget-stopped call resumes where it stopped (gpu.calibrate), so each GPU call adds the next items
 of this order.
 
 The estimate: each call at the item's roofline on the GPU's datasheet peaks (no better than 30 % of
@@ -37,7 +37,7 @@ does not outlive a call, so a shape met in an earlier call is searched again).
 
 from __future__ import annotations
 
-from hpcdl.studies.spatial.perfmodel import slabs
+from hpcdl.studies.spatial.perfmodel import layouts, slabs
 
 TIERS = ("predictions", "compute_term", "settings")
 LAYERS = ("conv", "pool", "deconv", "dense")
@@ -62,8 +62,8 @@ def _group(it: dict) -> tuple:
 
 
 def check_ids(items: list[dict]) -> dict[str, int]:
-    """The layer items papers.compute_check sums for each whole (in-sample) step of the calibration: id ->
-    the position of the first step (in the items' order) that sums it."""
+    """The layer items paper_scale.compute_check sums for each whole (in-sample) step of the calibration:
+    id -> the position of the first step (in the items' order) that sums it."""
     out: dict[str, int] = {}
     steps = [it for it in items if it["kind"] == "step"]
     for i, it in enumerate(steps):
@@ -120,7 +120,7 @@ def ordered(items: list[dict]) -> list[tuple[str, dict]]:
 
 def label(tier: str, it: dict) -> str:
     """The part of the order an item belongs to: its tier, and in the settings tier its setting."""
-    return f"{slabs.SETTING_PREFIX}{it['setting']}" if tier == "settings" and it.get("setting") else tier
+    return f"{layouts.SETTING_PREFIX}{it['setting']}" if tier == "settings" and it.get("setting") else tier
 
 
 def call_seconds(it: dict, sheet: dict = H100) -> float:

@@ -1,4 +1,4 @@
-"""The GPU calibration: every item of hpcdl.studies.spatial.perfmodel.slabs timed on one device.
+"""The GPU calibration: every item of hpcdl.studies.spatial.perfmodel.layouts timed on one device.
 
     python -m hpcdl spatial calibrate --config configs/paper.yaml --device cuda --out resources/calibration \\
         --budget-s 140
@@ -6,9 +6,9 @@
     python -m hpcdl spatial calibrate --config configs/paper.yaml --plan --budget-s 135 \\
         --out resources/calibration   # ... and, from the table there, what is left, at its pace, in calls
 
-What each item runs is in gpucal_ops; the order in gpucal_plan (first what makes every paper layout's
+What each item runs is in gpu_ops; the order in gpu_plan (first what makes every paper layout's
 prediction computable, then the compute term's steps, then the papers' settings one at a time). Each
-finished item's row is appended to <out>/<gpu slug>.csv at once (gpucal_journal): a rerun of the same
+finished item's row is appended to <out>/<gpu slug>.csv at once (gpu_journal): a rerun of the same
 command skips the items already there, so a run killed or stopped by --budget-s loses at most the item
 in flight, and a budget-stopped run exits 0 with its table and provenance marked partial.
 
@@ -38,10 +38,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from hpcdl.studies.spatial import gpucal_plan
-from hpcdl.studies.spatial.gpucal_journal import Journal
-from hpcdl.studies.spatial.gpucal_ops import Clock, Reference, time_item, warm_up
-from hpcdl.studies.spatial.perfmodel import slabs
+from hpcdl.studies.spatial.calibration import gpu_plan
+from hpcdl.studies.spatial.calibration.gpu_journal import Journal
+from hpcdl.studies.spatial.calibration.gpu_ops import Clock, Reference, time_item, warm_up
+from hpcdl.studies.spatial.perfmodel import layouts
 from hpcdl.studies.spatial.perfmodel.gpu_table import read_rows, sidecar, slug
 
 PACE_AFTER = 3  # items measured before the estimate's scale to this device is trusted for the budget
@@ -111,7 +111,7 @@ class _Progress:
 
 def measure(todo, device: str, repeats: int, journal: Journal, session: int, budget_s=None, t0=None) -> dict:
     """Time the (tier, item)s in order, appending each row; stop before an item expected to end past
-    budget_s seconds after t0 (expected: gpucal_plan's estimate scaled by this run's measured/estimated
+    budget_s seconds after t0 (expected: gpu_plan's estimate scaled by this run's measured/estimated
     ratio once PACE_AFTER items set it, before that only past the budget itself; at least one item per
     run, so that reruns always progress)."""
     dev = torch.device(device)
@@ -123,7 +123,7 @@ def measure(todo, device: str, repeats: int, journal: Journal, session: int, bud
     clock = Clock(dev)
     warm_up(dev, clock)
     ref = Reference(dev, clock)
-    est = gpucal_plan.Estimator(repeats, cudnn=dev.type == "cuda")
+    est = gpu_plan.Estimator(repeats, cudnn=dev.type == "cuda")
     progress = _Progress(len(journal.rows) + len(todo), len(journal.rows))
     done = {"measured": 0, "search_s": 0.0, "stopped": "complete"}
     actual = expected = 0.0
@@ -169,7 +169,8 @@ def provenance(device: str, command: str, repeats: int) -> dict:
         "cudnn_benchmark": cuda,
         "cudnn_benchmark_limit": getattr(torch.backends.cudnn, "benchmark_limit", None) if cuda else None,
         "statistic": "median of an item's repeats, back to back after one untimed call (search_s)",
-        "order": "priority tiers " + ", ".join(gpucal_plan.TIERS) + " (hpcdl.studies.spatial.gpucal_plan)",
+        "order": ("priority tiers " + ", ".join(gpu_plan.TIERS)
+                  + " (hpcdl.studies.spatial.calibration.gpu_plan)"),
         "emulated": False,
     }
 
@@ -191,7 +192,7 @@ def calibrate(block: dict, device: str, out_dir, command: str, budget_s=None, fr
     """Measure the block's items not yet in <out_dir>/<gpu slug>.csv (all with fresh), in priority order,
     appending each row; then the table in order and its sidecar (partial where the budget stopped it)."""
     t0 = time.perf_counter() if t0 is None else t0
-    order = gpucal_plan.ordered(slabs.calibration_items(block))
+    order = gpu_plan.ordered(layouts.calibration_items(block))
     ids = [it["id"] for _, it in order]
     repeats = block["gpu_calibration"]["repeats"]
     meta = provenance(device, command, repeats)
@@ -249,23 +250,23 @@ CALL_BUDGET_S = 135.0  # make gpu's calibrate step: 150 s, less 15 s for the cal
 
 
 def _plan(items: list[dict], repeats: int, budget_s, table: Path | None = None) -> int:
-    p = gpucal_plan.plan(items, repeats, budget_s)
+    p = gpu_plan.plan(items, repeats, budget_s)
     kinds = pd.Series([it["kind"] for it in items]).value_counts().to_dict()
     out = {"items": len(items), "by_kind": kinds, "repeats": repeats, **p}
     left = None
     if table is not None and table.exists() and sidecar(table).exists():
         meta = json.loads(sidecar(table).read_text())
         rows = read_rows(table).to_dict("records")
-        left = gpucal_plan.remaining(items, rows, repeats, meta.get("sessions"), budget_s or CALL_BUDGET_S)
+        left = gpu_plan.remaining(items, rows, repeats, meta.get("sessions"), budget_s or CALL_BUDGET_S)
         out["remaining"] = {"table": str(table), **left}
     print(json.dumps(out, indent=1))
     print(f"plan: {len(items)} items, about {p['estimated_total_s']:g} s on an H100 SXM, of which "
           f"{p['estimated_search_s']:g} s cuDNN's algorithm search over {p['conv_shapes_searched']} conv "
-          "shapes (an estimate: gpucal_plan)", file=sys.stderr)
+          "shapes (an estimate: gpu_plan)", file=sys.stderr)
     if left is not None:
         print(f"plan: {table} holds {left['items_measured']} of them; the {left['items_left']} left take "
               f"about {left['estimated_s']:g} s at that table's pace, {left['calls']} call(s) of "
-              f"{left['call_budget_s']:g} s (an estimate: gpucal_plan.remaining)", file=sys.stderr)
+              f"{left['call_budget_s']:g} s (an estimate: gpu_plan.remaining)", file=sys.stderr)
     return 0
 
 
@@ -296,7 +297,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = load_config(args.config)
         block = cfg["spatial"]
-        items = slabs.calibration_items(block)
+        items = layouts.calibration_items(block)
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

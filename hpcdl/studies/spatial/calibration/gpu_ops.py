@@ -1,4 +1,4 @@
-"""The timed work of the GPU calibration's items (hpcdl.studies.spatial.gpucal), one item at a time.
+"""The timed work of the GPU calibration's items (hpcdl.studies.spatial.calibration.gpu), one item at a time.
 
 Each layer item runs as the partitioned model runs it on a rank: the conv on its halo'd window (the
 local output planes plus the halo planes on a split axis, zero padding on the others) with bias and
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from hpcdl.studies.spatial.calibration_compute import optimizer_step_fn
+from hpcdl.studies.spatial.calibration.compute_timings import optimizer_step_fn
 from hpcdl.studies.spatial.perfmodel import slabs
 
 LEAK = 0.2

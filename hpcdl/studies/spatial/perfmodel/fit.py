@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpcdl.common.layers import family_of_key
-from hpcdl.studies.spatial.perfmodel.oracle import Machine
+from hpcdl.studies.spatial.perfmodel.machine import Machine
 
 
 def fit_line(x, y) -> tuple[float, float]:

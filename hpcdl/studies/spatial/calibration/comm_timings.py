@@ -1,6 +1,6 @@
 """The calibration's communication microbenchmarks: ping-pong between ranks 0 and 1 gives (alpha,
 beta), and the same sizes through all-reduce, all-gather and a two-sided exchange give the constants
-of the collectives as this group's backend runs them (hpcdl.studies.spatial.calibration).
+of the collectives as this group's backend runs them (hpcdl.studies.spatial.calibration.microbench).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from hpcdl.platform import current_placement
-from hpcdl.studies.spatial.calibration_timing import fastest_quartile, interquartile_mean
+from hpcdl.studies.spatial.calibration.timing import fastest_quartile, interquartile_mean
 from hpcdl.studies.spatial.devices import comm_tensor, now, synchronize
 
 
