@@ -1,6 +1,6 @@
 """Figures stage of the micro-batched convolution study: tables/ -> figures/ (per-layer speedup,
 speedup vs workspace budget, the chosen micro-batches, predicted vs measured time, and on CUDA
-μ-cuDNN's speedup over the undivided cuDNN baseline vs workspace limit, with cudnn_figures' three:
+μ-cuDNN's speedup over the undivided cuDNN baseline vs workspace limit, with cudnn.figures' three:
 the time per limit split into kernels, DeepBench per layer and limit, and why dividing pays or not)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.platform import StudyDir, mark_no_data, pyplot, read_or_empty, read_tables, save_figure
-from hpcdl.studies.microbatch import cudnn_figures
-from hpcdl.studies.microbatch.cudnn_claims import PAPER_SPEEDUP
-from hpcdl.studies.microbatch.cudnn_plan import DEFAULT_LIMIT_MIB, MODE_LABEL
+from hpcdl.studies.microbatch.cudnn import figures as cudnn_figures
+from hpcdl.studies.microbatch.cudnn.claims import PAPER_SPEEDUP
+from hpcdl.studies.microbatch.cudnn.plan import DEFAULT_LIMIT_MIB, MODE_LABEL
 from hpcdl.studies.microbatch.tables import SEED_SPEEDUP
 
 MiB = 2**20

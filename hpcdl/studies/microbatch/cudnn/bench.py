@@ -25,11 +25,11 @@ import time
 
 import torch
 
-from hpcdl.studies.microbatch.algorithms import KERNELS, KernelCall
-from hpcdl.studies.microbatch.alignment import decide, describe, probe_offsets, starts
-from hpcdl.studies.microbatch.bench import cuda_peak_extra_bytes, round_times
-from hpcdl.studies.microbatch.cudnn_engines import KernelGraph, graph_for, inputs_at, kernel_operands
-from hpcdl.studies.microbatch.limits import dominated
+from hpcdl.studies.microbatch.choice.algorithms import KERNELS, KernelCall
+from hpcdl.studies.microbatch.choice.bench import cuda_peak_extra_bytes, round_times
+from hpcdl.studies.microbatch.cudnn.alignment import decide, describe, probe_offsets, starts
+from hpcdl.studies.microbatch.cudnn.engines import KernelGraph, graph_for, inputs_at, kernel_operands
+from hpcdl.studies.microbatch.cudnn.limits import dominated
 
 
 def _why(exc: Exception) -> str:
