@@ -377,6 +377,18 @@ def test_each_network_point_runs_on_the_device_the_app_resolved(test_config):
     assert spec("microbatch").task_gpus(cfg) == 1  # on CUDA each network's task holds one GPU
 
 
+def test_a_network_point_runs_on_its_device_as_resolved_never_resolving_it_again(test_config):
+    """The worker takes the point's device as the app resolved it: `auto` (or none) is refused by name."""
+    from hpcdl.platform.kit.config import validate_config
+    from hpcdl.studies.microbatch.compute import run_network
+    from hpcdl.studies.microbatch.sweep import network_points
+
+    point = network_points(validate_config(test_config))[0]
+    for device in ("auto", None):
+        with pytest.raises(ValueError, match="the point must carry the device the task app resolved"):
+            run_network(**{**point, "device": device})
+
+
 def test_bad_config_values_name_the_key(test_config):
     base = {**test_config, "studies": ["microbatch"]}
     for block, key in (

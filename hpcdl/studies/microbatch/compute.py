@@ -113,13 +113,13 @@ def run_network(
     are the fastest benchmarked times plus that overhead once per layer that leaves the default.
     `stack_vetting_rounds` (> 0): every layer a plan moves is timed inside the network in that many
     rounds before the timed ones, and kept at the default unless it gains `switch_margin` there."""
+    device = _resolved(device, network_name)  # before anything runs
     if threads:  # fewer torch threads than the task's reserved cores: the rest stay idle
         torch.set_num_threads(threads)
     # identical plans timed one after another differed by 1.7x when glibc's moving mmap threshold
     # gave one of them fresh pages for its gradients on every call
     fix_heap_thresholds()
     kernels = _kernels(backward_forms)
-    device = _resolved(device, network_name)
     torch.manual_seed(seed)
     layers = network(network_name, image_size, deepbench_scale, deepbench_layers)
     algs = candidates(device, algorithms)
