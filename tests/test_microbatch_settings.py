@@ -209,7 +209,7 @@ def test_deepbench_training_layers_are_ucudnns_3x3_and_5x5_rows_with_their_repea
 
 
 def test_every_layer_at_batch_256_is_aligned_at_every_micro_batch_offset():
-    """The carried cuDNN frontend (1.32) cannot declare an alignment below 16 bytes (cudnn_engines):
+    """The carried cuDNN frontend (1.32) cannot declare an alignment below 16 bytes (cudnn.engines):
     a layer some micro-batch offset leaves misaligned would lose those sizes' engines. None does here,
     so every engine of the GPU run's layers can run at every size it is timed at."""
     sizes = policy_sizes("powerOfTwo", 256)
