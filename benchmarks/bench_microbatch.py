@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import emit, parser  # noqa: E402
+from hpcdl.platform import resolved_device  # noqa: E402
 from hpcdl.studies.microbatch.compute import run_network  # noqa: E402
 from hpcdl.studies.microbatch.tables import network_speedup  # noqa: E402
 
@@ -40,11 +41,12 @@ def main() -> None:
                    help="rounds vetting each moved layer inside the network (0: plan on the benchmark alone)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    device = resolved_device(args.device, "--device")  # once, as the task app does: run_network takes it
     rows = []
     for net in args.networks:
         res = run_network(
             net,
-            args.device,
+            device,
             args.batch,
             args.image,
             args.deepbench_scale,

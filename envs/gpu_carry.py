@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # only Snakemake's ILP job scheduler, and the GPU run schedules with `--scheduler greedy`.
 NOT_NEEDED = {"ruff", "pulp"}
 # Needed on the GPU only, so in no requirements file of this CPU venv: the cuDNN frontend (μ-cuDNN's
-# engines by id, hpcdl/studies/microbatch/cudnn_engines.py).
+# engines by id, hpcdl/studies/microbatch/cudnn/engines.py).
 GPU_ONLY_PINS = ["nvidia-cudnn-frontend==1.32.0"]
 CARRY_MAX_MIB = 50
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",

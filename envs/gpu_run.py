@@ -219,8 +219,9 @@ class Runner:
         out.mkdir(exist_ok=True)
         config = "configs/test.yaml" if self.args.smoke else "configs/gpu.yaml"
         started = time.time()
-        rc = self.run("engines", [self.wrapper, "-m", "hpcdl.studies.microbatch.engine_table", "--config",
-                                  config, "--out", ROOT / "tests" / "data" / "microbatch_cudnn_{gpu}.csv",
+        rc = self.run("engines", [self.wrapper, "-m", "hpcdl.studies.microbatch.cudnn.engine_table",
+                                  "--config", config,
+                                  "--out", ROOT / "tests" / "data" / "microbatch_cudnn_{gpu}.csv",
                                   "--budget-s", int(limit_s - 10)], limit_s)
         # this call's table only: a committed one (tests/data/microbatch_cudnn_h200.csv) is not its output
         copy_matching(ROOT / "tests" / "data", out, ("microbatch_cudnn_*.csv", "microbatch_cudnn_*.json"),

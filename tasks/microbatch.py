@@ -10,7 +10,7 @@ over the network, executes every distinct plan and the framework's default as wh
 interleaved rounds, and checks exactness. Writes raw/bench.csv, plans.csv, budget.csv,
 execution.csv, network_rounds.csv, exactness.csv, planning.csv and stack_vetting.csv. Where the
 device is cuda and microbatch.cudnn.engines is true, a second task per network runs μ-cuDNN's own
-experiment (hpcdl.studies.microbatch.cudnn_study: cuDNN's engines by id under workspace limits, the
+experiment (hpcdl.studies.microbatch.cudnn.study: cuDNN's engines by id under workspace limits, the
 engine table as its record) into cudnn_engines.csv and cudnn_limits.csv; elsewhere those two hold their
 header only. A failing network becomes a row with status=failed and its error in every table of its
 task; the rest runs. Every network's record is kept in
@@ -35,7 +35,9 @@ from hpcdl.platform.orchestration.task_runtime import (
     task,
 )
 from hpcdl.platform.orchestration.task_runtime.app import start_app
-from hpcdl.studies.microbatch import compute, cudnn_study, sweep, vetting
+from hpcdl.studies.microbatch import compute, sweep
+from hpcdl.studies.microbatch.choice import vetting
+from hpcdl.studies.microbatch.cudnn import study as cudnn_study
 from hpcdl.studies.microbatch.tables import CUDNN_RAW, RAW
 
 # the raw tables that may have no rows: their header, so the tables stage can still read them

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from hpcdl.studies.microbatch import cudnn_plan
+from hpcdl.studies.microbatch.cudnn import plan as cudnn_plan
 
 MiB = 2**20
 BATCH = 4

@@ -15,7 +15,7 @@ from test_claims import _find, _run
 
 from hpcdl.platform.kit.claims import write_claims
 from hpcdl.platform.kit.confirmation import describe
-from hpcdl.studies.microbatch import cudnn_plan
+from hpcdl.studies.microbatch.cudnn import plan as cudnn_plan
 from hpcdl.studies.spatial import claims as spatial_claims
 
 PREDICTION = "algorithm_choice_prediction_within_tolerance"

@@ -21,14 +21,22 @@ from torch import nn
 from hpcdl.platform.kit.config import ConfigError, load_config
 from hpcdl.platform.kit.procenv import child_env
 from hpcdl.platform.kit.stages import read_or_empty
-from hpcdl.studies.microbatch import bench, ilp
-from hpcdl.studies.microbatch.algorithms import ALGORITHMS, ALL_KERNELS, FUSED, KERNELS, KernelCall, verify
-from hpcdl.studies.microbatch.bench import benchmark_layer
-from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
-from hpcdl.studies.microbatch.exact import rel_err
-from hpcdl.studies.microbatch.execute import MicroBatchedConv2d, microbatch_network
-from hpcdl.studies.microbatch.plan_timing import execute_network
-from hpcdl.studies.microbatch.workloads import ConvLayer, alexnet, deepbench, resnet18
+from hpcdl.studies.microbatch.choice import bench
+from hpcdl.studies.microbatch.choice.algorithms import (
+    ALGORITHMS,
+    ALL_KERNELS,
+    FUSED,
+    KERNELS,
+    KernelCall,
+    verify,
+)
+from hpcdl.studies.microbatch.choice.bench import benchmark_layer
+from hpcdl.studies.microbatch.choice.exact import rel_err
+from hpcdl.studies.microbatch.choice.execute import MicroBatchedConv2d, microbatch_network
+from hpcdl.studies.microbatch.choice.plan_timing import execute_network
+from hpcdl.studies.microbatch.common import ilp
+from hpcdl.studies.microbatch.common.dp import KernelDP, WorkspaceError, challenger_prices, policy_sizes
+from hpcdl.studies.microbatch.common.workloads import ConvLayer, alexnet, deepbench, resnet18
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_ALGS = [n for n, a in ALGORITHMS.items() if a.device == "cpu"]
@@ -369,6 +377,18 @@ def test_each_network_point_runs_on_the_device_the_app_resolved(test_config):
     assert spec("microbatch").task_gpus(cfg) == 1  # on CUDA each network's task holds one GPU
 
 
+def test_a_network_point_runs_on_its_device_as_resolved_never_resolving_it_again(test_config):
+    """The worker takes the point's device as the app resolved it: `auto` (or none) is refused by name."""
+    from hpcdl.platform.kit.config import validate_config
+    from hpcdl.studies.microbatch.compute import run_network
+    from hpcdl.studies.microbatch.sweep import network_points
+
+    point = network_points(validate_config(test_config))[0]
+    for device in ("auto", None):
+        with pytest.raises(ValueError, match="the point must carry the device the task app resolved"):
+            run_network(**{**point, "device": device})
+
+
 def test_bad_config_values_name_the_key(test_config):
     base = {**test_config, "studies": ["microbatch"]}
     for block, key in (
@@ -486,8 +506,8 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
 
 
 def test_the_float64_result_tells_rounding_from_a_wrong_result():
+    from hpcdl.studies.microbatch.choice.exact import exact
     from hpcdl.studies.microbatch.compute import exactness_rows
-    from hpcdl.studies.microbatch.exact import exact
 
     call = KernelCall(SMALL, 5, "cpu", seed=3)
     for kernel in ALL_KERNELS:
@@ -528,7 +548,7 @@ def test_plans_run_as_whole_networks_each_distinct_plan_once_a_round():
 
 
 def test_a_move_slower_inside_the_network_pins_its_layer_and_the_planners_run_again():
-    from hpcdl.studies.microbatch.vetting import vet
+    from hpcdl.studies.microbatch.choice.vetting import vet
 
     layers = [ConvLayer("a", 8, 16, 16, 16, 3, 3, 1, 1, 1), ConvLayer("b", 8, 8, 9, 9, 3, 3, 1, 1, 1)]
     calls = {ly.name: KernelCall(ly, 4, "cpu", seed=i) for i, ly in enumerate(layers)}

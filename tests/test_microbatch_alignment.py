@@ -1,14 +1,14 @@
 """Alignment of micro-batch views and which cuDNN plan runs at which offset (issue 42), on the
-study's real layer shapes: hpcdl.studies.microbatch.alignment, pure and CPU-only. The plan names and
+study's real layer shapes: hpcdl.studies.microbatch.cudnn.alignment, pure and CPU-only. The plan names and
 workspaces in PLANS are HAND-MADE inputs of the decision; every shape and offset is the study's."""
 
 from __future__ import annotations
 
 import pytest
 
-from hpcdl.studies.microbatch import alignment as al
-from hpcdl.studies.microbatch.dp import KernelDP, policy_sizes
-from hpcdl.studies.microbatch.workloads import alexnet, resnet18
+from hpcdl.studies.microbatch.common.dp import KernelDP, policy_sizes
+from hpcdl.studies.microbatch.common.workloads import alexnet, resnet18
+from hpcdl.studies.microbatch.cudnn import alignment as al
 
 MiB = 2**20
 CONV1_227 = 3 * 227 * 227 * 4  # AlexNet conv1's fp32 input sample at 227x227: the H200 run's case

@@ -1,6 +1,6 @@
 """μ-cuDNN's own setting on CUDA (issues 27, 42): cuDNN engines by id under workspace limits.
 
-CPU tests: the limit planner (hpcdl.studies.microbatch.limits) on HAND-MADE engine tables - the
+CPU tests: the limit planner (hpcdl.studies.microbatch.cudnn.limits) on HAND-MADE engine tables - the
 numbers below are invented so that the expected plans can be worked out by hand, not measured -,
 the config keys, and that the CPU path never imports the cuDNN frontend binding. `cuda` tests: plan
 enumeration, every plan run by id against torch's convolution, the recorded plan names, graphs
@@ -20,11 +20,11 @@ import pandas as pd
 import pytest
 
 from hpcdl.platform.kit.config import ConfigError, validate_config
-from hpcdl.studies.microbatch import alignment as al
-from hpcdl.studies.microbatch import limits
-from hpcdl.studies.microbatch.cudnn_engines import PACKAGE, enabled
-from hpcdl.studies.microbatch.dp import WorkspaceError
-from hpcdl.studies.microbatch.workloads import alexnet
+from hpcdl.studies.microbatch.common.dp import WorkspaceError
+from hpcdl.studies.microbatch.common.workloads import alexnet
+from hpcdl.studies.microbatch.cudnn import alignment as al
+from hpcdl.studies.microbatch.cudnn import limits
+from hpcdl.studies.microbatch.cudnn.engines import PACKAGE, enabled
 
 MiB = 2**20
 B = 4
@@ -179,8 +179,9 @@ def test_cpu_path_never_imports_the_binding():
     code = (
         "import sys\n"
         "import torch\n"
-        "from hpcdl.studies.microbatch import cudnn_engines, compute, limits\n"
-        "from hpcdl.studies.microbatch.workloads import ConvLayer\n"
+        "from hpcdl.studies.microbatch import compute\n"
+        "from hpcdl.studies.microbatch.cudnn import engines as cudnn_engines, limits\n"
+        "from hpcdl.studies.microbatch.common.workloads import ConvLayer\n"
         "import tasks.microbatch\n"
         "layer = ConvLayer('t', 2, 3, 6, 6, 3, 3, 1, 1, 1)\n"
         "x, w, dy = torch.zeros(2, 2, 6, 6), torch.zeros(3, 2, 3, 3), torch.zeros(2, 3, 6, 6)\n"
@@ -200,7 +201,7 @@ def test_cpu_path_never_imports_the_binding():
 
 @pytest.mark.skipif(importlib.util.find_spec("cudnn") is not None, reason="the binding is installed here")
 def test_missing_binding_names_the_package():
-    from hpcdl.studies.microbatch.cudnn_engines import binding
+    from hpcdl.studies.microbatch.cudnn.engines import binding
 
     with pytest.raises(RuntimeError, match=f"needs the Python package {PACKAGE}.*microbatch.cudnn.engines"):
         binding()
@@ -216,8 +217,8 @@ def test_missing_binding_names_the_package():
 def _small_call():
     import torch  # noqa: F401
 
-    from hpcdl.studies.microbatch.algorithms import KernelCall
-    from hpcdl.studies.microbatch.workloads import ConvLayer
+    from hpcdl.studies.microbatch.choice.algorithms import KernelCall
+    from hpcdl.studies.microbatch.common.workloads import ConvLayer
 
     layer = ConvLayer("small", cin=8, cout=16, height=12, width=12, kh=3, kw=3, stride=1, pad_h=1, pad_w=1)
     return KernelCall(layer, B, "cuda", seed=0)
@@ -236,7 +237,7 @@ def _reference(call, kernel):
 
 @pytest.mark.cuda
 def test_plans_enumerate_with_workspace_and_name():
-    from hpcdl.studies.microbatch.cudnn_engines import graph_for, library_record
+    from hpcdl.studies.microbatch.cudnn.engines import graph_for, library_record
 
     rec = library_record()
     assert rec["same_cudnn"], rec  # the frontend drives the cuDNN torch loaded
@@ -253,8 +254,8 @@ def test_plans_enumerate_with_workspace_and_name():
 def test_every_plan_run_by_id_is_exact_and_records_its_name():
     import torch
 
-    from hpcdl.studies.microbatch.cudnn_engines import graph_for, inputs_at
-    from hpcdl.studies.microbatch.exact import rel_err
+    from hpcdl.studies.microbatch.choice.exact import rel_err
+    from hpcdl.studies.microbatch.cudnn.engines import graph_for, inputs_at
 
     call = _small_call()
     for kernel in ("forward", "backward_data", "backward_filter"):
@@ -270,9 +271,9 @@ def test_every_plan_run_by_id_is_exact_and_records_its_name():
 
 @pytest.mark.cuda
 def test_micro_batched_engines_are_exact_and_plan_end_to_end():
-    from hpcdl.studies.microbatch.cudnn_bench import benchmark_layer
-    from hpcdl.studies.microbatch.cudnn_engines import run_division
-    from hpcdl.studies.microbatch.exact import rel_err
+    from hpcdl.studies.microbatch.choice.exact import rel_err
+    from hpcdl.studies.microbatch.cudnn.bench import benchmark_layer
+    from hpcdl.studies.microbatch.cudnn.engines import run_division
 
     call = _small_call()
     rows, graphs = benchmark_layer(call, [1, 2, 4], repeats=2, warmup=1, max_workspace_bytes=512 * MiB)
@@ -296,8 +297,8 @@ def test_micro_batched_engines_are_exact_and_plan_end_to_end():
 
 def _odd_call(layer=None, batch=B):
     """A 3-channel 7x7 input: 588-byte samples (12 mod 16), as AlexNet's conv1 at 227x227."""
-    from hpcdl.studies.microbatch.algorithms import KernelCall
-    from hpcdl.studies.microbatch.workloads import ConvLayer
+    from hpcdl.studies.microbatch.choice.algorithms import KernelCall
+    from hpcdl.studies.microbatch.common.workloads import ConvLayer
 
     layer = layer or ConvLayer("odd", cin=3, cout=16, height=7, width=7, kh=3, kw=3, stride=1, pad_h=1,
                                pad_w=1)
@@ -307,7 +308,7 @@ def _odd_call(layer=None, batch=B):
 def _declarable(call, sizes):
     """The (kernel, micro-batch) pairs a frontend without an alignment setter may build: every role
     at 16 bytes at every offset (alignment.undeclarable)."""
-    from hpcdl.studies.microbatch.cudnn_engines import kernel_operands
+    from hpcdl.studies.microbatch.cudnn.engines import kernel_operands
 
     return {(k, b) for k in al.ROLES for b in sizes
             if not al.undeclarable(al.declared_alignment(kernel_operands(call, k), b, call.batch), b, "f")}
@@ -335,15 +336,15 @@ def _check_misaligned_table(call, table, sizes, declares):
 def test_graphs_declare_a_misaligned_inputs_real_alignment_and_run_at_every_offset():
     import torch
 
-    from hpcdl.studies.microbatch.cudnn_bench import benchmark_layer
-    from hpcdl.studies.microbatch.cudnn_engines import (
+    from hpcdl.studies.microbatch.choice.exact import rel_err
+    from hpcdl.studies.microbatch.cudnn.bench import benchmark_layer
+    from hpcdl.studies.microbatch.cudnn.engines import (
         KernelGraph,
         frontend_declares_alignment,
         graph_for,
         inputs_at,
         run_division,
     )
-    from hpcdl.studies.microbatch.exact import rel_err
 
     call = _odd_call()
     declares = frontend_declares_alignment()
@@ -388,8 +389,8 @@ def test_graphs_declare_a_misaligned_inputs_real_alignment_and_run_at_every_offs
 @pytest.mark.cuda
 def test_alexnet_conv1_at_227_benchmarks_every_offset_without_raising():
     """The H200 run's crash (conv1 forward b=1 raised from the timing loop), at the same shape."""
-    from hpcdl.studies.microbatch.cudnn_bench import benchmark_layer
-    from hpcdl.studies.microbatch.cudnn_engines import frontend_declares_alignment
+    from hpcdl.studies.microbatch.cudnn.bench import benchmark_layer
+    from hpcdl.studies.microbatch.cudnn.engines import frontend_declares_alignment
 
     call = _odd_call(alexnet(227)[0], batch=4)
     declares = frontend_declares_alignment()

@@ -19,8 +19,11 @@ import pandas as pd
 import pytest
 
 from hpcdl.platform.kit.stages import read_or_empty
-from hpcdl.studies.microbatch import claims, cudnn_claims, cudnn_plan, engine_table, sweep, tables
-from hpcdl.studies.microbatch.dp import KernelDP, policy_sizes
+from hpcdl.studies.microbatch import claims, sweep, tables
+from hpcdl.studies.microbatch.common.dp import KernelDP, policy_sizes
+from hpcdl.studies.microbatch.cudnn import claims as cudnn_claims
+from hpcdl.studies.microbatch.cudnn import engine_table
+from hpcdl.studies.microbatch.cudnn import plan as cudnn_plan
 
 MiB = 2**20
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,7 +133,7 @@ def test_an_engine_listed_twice_keeps_the_plan_its_name_runs_by():
     are only their name -> index maps.)"""
     from types import SimpleNamespace
 
-    from hpcdl.studies.microbatch.cudnn_study import runnable_rows
+    from hpcdl.studies.microbatch.cudnn.study import runnable_rows
 
     t = pd.DataFrame([("c1", "forward", 4, "e", 0, "ok", 2.0), ("c1", "forward", 4, "e", 3, "ok", 1.0),
                       ("c1", "forward", 4, "f", 1, "ok", 5.0), ("c1", "forward", 4, "g", 2, "skipped", None)],
@@ -200,7 +203,7 @@ RECORDED = sorted(glob.glob(str(ROOT / "tests" / "data" / "microbatch_cudnn_*.cs
 
 
 @pytest.mark.skipif(not RECORDED, reason="no recorded engine table: tests/data/microbatch_cudnn_<gpu>.csv is "
-                    "written on a GPU by python -m hpcdl.studies.microbatch.engine_table --config "
+                    "written on a GPU by python -m hpcdl.studies.microbatch.cudnn.engine_table --config "
                     "configs/gpu.yaml --out 'tests/data/microbatch_cudnn_{gpu}.csv' (make gpu)")
 @pytest.mark.parametrize("path", RECORDED, ids=[Path(p).stem for p in RECORDED])
 def test_planner_on_recorded_tables(path):
@@ -302,10 +305,10 @@ def test_cudnn_claims_are_not_measured_without_a_gpu(tmp_path, block, why):
 
 @pytest.mark.cuda
 def test_executed_divisions_equal_torchs_convolution_and_are_timed():
-    from hpcdl.studies.microbatch.algorithms import KERNELS, KernelCall
-    from hpcdl.studies.microbatch.cudnn_bench import benchmark_layer
-    from hpcdl.studies.microbatch.cudnn_study import execute_kernel, runnable_rows
-    from hpcdl.studies.microbatch.workloads import ConvLayer
+    from hpcdl.studies.microbatch.choice.algorithms import KERNELS, KernelCall
+    from hpcdl.studies.microbatch.common.workloads import ConvLayer
+    from hpcdl.studies.microbatch.cudnn.bench import benchmark_layer
+    from hpcdl.studies.microbatch.cudnn.study import execute_kernel, runnable_rows
 
     layer = ConvLayer("tiny", cin=8, cout=16, height=12, width=12, kh=3, kw=3, stride=1, pad_h=1, pad_w=1)
     call = KernelCall(layer, 4, "cuda", seed=0)
@@ -327,7 +330,7 @@ def test_executed_divisions_equal_torchs_convolution_and_are_timed():
 
 @pytest.mark.cuda
 def test_a_tiny_network_runs_end_to_end_on_cuda():
-    from hpcdl.studies.microbatch.cudnn_study import run_network
+    from hpcdl.studies.microbatch.cudnn.study import run_network
 
     out = run_network("alexnet", batch_size=4, image_size=64, deepbench_scale=0.25,
                       policies=["undivided", "powerOfTwo"], repeats=1, warmup=0, exec_repeats=2,

@@ -21,7 +21,12 @@ import microbatch_cudnn_tables as hand
 import pandas as pd
 import pytest
 
-from hpcdl.studies.microbatch import cudnn_claims, cudnn_figures, cudnn_plan, cudnn_why, limits, tables
+from hpcdl.studies.microbatch import tables
+from hpcdl.studies.microbatch.cudnn import claims as cudnn_claims
+from hpcdl.studies.microbatch.cudnn import figures as cudnn_figures
+from hpcdl.studies.microbatch.cudnn import limits
+from hpcdl.studies.microbatch.cudnn import plan as cudnn_plan
+from hpcdl.studies.microbatch.cudnn import why as cudnn_why
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "tests" / "data" / "microbatch_cudnn_h200.csv"
@@ -277,7 +282,7 @@ def test_an_engine_another_beats_at_no_more_workspace_is_dominated():
 
 
 def test_the_screen_times_a_dominated_engine_once_and_the_others_every_round():
-    from hpcdl.studies.microbatch.cudnn_bench import timed_rounds
+    from hpcdl.studies.microbatch.cudnn.bench import timed_rounds
 
     calls = {0: [], 1: [], 2: []}
 
@@ -300,14 +305,14 @@ def test_the_screen_times_a_dominated_engine_once_and_the_others_every_round():
 
 
 class FakeGraph:
-    """A HAND-MADE stand-in for one cuDNN graph (cudnn_engines.KernelGraph) on the CPU: two plans,
+    """A HAND-MADE stand-in for one cuDNN graph (cudnn.engines.KernelGraph) on the CPU: two plans,
     "fast" (no workspace) and "slow" (1 KiB), sleeping instead of convolving; "bad" at micro-batch 1
     raises on its first call. Only benchmark_layer's control flow is under test, no timing of cuDNN."""
 
     SLEEP = {"fast": 0.001, "slow": 0.03, "bad": 0.001}
 
     def __init__(self, kernel, size, calls):
-        from hpcdl.studies.microbatch.alignment import CUDNN_ALIGN, ROLES
+        from hpcdl.studies.microbatch.cudnn.alignment import CUDNN_ALIGN, ROLES
 
         names = ["fast", "slow"] + (["bad"] if size == 1 else [])
         self.plans = {i: (n, 1024 * i) for i, n in enumerate(names)}
@@ -334,9 +339,10 @@ def test_benchmark_layer_probes_once_measures_the_workspace_there_and_screens(mo
     """benchmark_layer on the CPU with the graph faked: each plan's first call (at sample 0, with a
     workspace of its own) measures its workspace and is its warm-up; with the screen a dominated plan
     ("slow": 30x "fast" at more workspace) is timed in one round, the others in every round."""
-    from hpcdl.studies.microbatch import bench, cudnn_bench
-    from hpcdl.studies.microbatch.algorithms import KernelCall
-    from hpcdl.studies.microbatch.workloads import ConvLayer
+    from hpcdl.studies.microbatch.choice import bench
+    from hpcdl.studies.microbatch.choice.algorithms import KernelCall
+    from hpcdl.studies.microbatch.common.workloads import ConvLayer
+    from hpcdl.studies.microbatch.cudnn import bench as cudnn_bench
 
     calls = []
     monkeypatch.setattr(cudnn_bench, "graph_for", lambda call, kernel, b, tf32: FakeGraph(kernel, b, calls))
@@ -393,9 +399,9 @@ def test_the_cudnn_claims_judge_mu_cudnns_own_networks(tmp_path):
 
 @pytest.mark.cuda
 def test_the_screen_on_a_gpu_keeps_every_choosable_engine_fully_timed():
-    from hpcdl.studies.microbatch.algorithms import KernelCall
-    from hpcdl.studies.microbatch.cudnn_bench import benchmark_layer
-    from hpcdl.studies.microbatch.workloads import ConvLayer
+    from hpcdl.studies.microbatch.choice.algorithms import KernelCall
+    from hpcdl.studies.microbatch.common.workloads import ConvLayer
+    from hpcdl.studies.microbatch.cudnn.bench import benchmark_layer
 
     layer = ConvLayer("tiny", cin=16, cout=32, height=24, width=24, kh=3, kw=3, stride=1, pad_h=1, pad_w=1)
     call = KernelCall(layer, 8, "cuda", seed=0)
@@ -415,7 +421,7 @@ def test_the_screen_on_a_gpu_keeps_every_choosable_engine_fully_timed():
 
 @pytest.mark.cuda
 def test_a_tiny_deepbench_of_training_layers_runs_end_to_end_on_cuda():
-    from hpcdl.studies.microbatch.cudnn_study import run_network
+    from hpcdl.studies.microbatch.cudnn.study import run_network
 
     out = run_network("deepbench", batch_size=4, image_size=64, deepbench_scale=0.05,
                       policies=["undivided", "powerOfTwo"], repeats=2, warmup=1, exec_repeats=2,

@@ -1,6 +1,6 @@
-"""μ-cuDNN's engine-table driver (hpcdl.studies.microbatch.engine_table, issue 42): its setting from
+"""μ-cuDNN's engine-table driver (hpcdl.studies.microbatch.cudnn.engine_table, issue 42): its setting from
 configs/gpu.yaml, the GPU slug, what it does without CUDA or with a bad config, and that its table is
-what hpcdl.studies.microbatch.limits plans on (rows HAND-MADE in the shape benchmark_layer returns,
+what hpcdl.studies.microbatch.cudnn.limits plans on (rows HAND-MADE in the shape benchmark_layer returns,
 times invented). `cuda`: a tiny config recorded end to end, and the budget stopping it after a layer.
 """
 
@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from hpcdl.studies.microbatch import engine_table, limits
-from hpcdl.studies.microbatch.workloads import alexnet
+from hpcdl.studies.microbatch.common.workloads import alexnet
+from hpcdl.studies.microbatch.cudnn import engine_table, limits
 
 MiB = 2**20
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ def _cuda_and_binding() -> bool:
 @pytest.mark.skipif(_cuda_and_binding(), reason="CUDA and the cuDNN frontend are here: it would record")
 def test_engine_table_without_cuda_says_why_and_writes_nothing(tmp_path):
     out = tmp_path / "tables"
-    cmd = [sys.executable, "-m", "hpcdl.studies.microbatch.engine_table", "--config",
+    cmd = [sys.executable, "-m", "hpcdl.studies.microbatch.cudnn.engine_table", "--config",
            str(ROOT / "configs" / "gpu.yaml"), "--out", str(out / "microbatch_cudnn_{gpu}.csv")]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 0, run.stderr
@@ -65,7 +65,7 @@ def test_engine_table_bad_config_names_the_key(tmp_path, capsys):
 
 
 def _bench_rows(layer: str, fast_ws: int) -> list[dict]:
-    """HAND-MADE rows shaped as cudnn_bench.benchmark_layer returns them (times invented)."""
+    """HAND-MADE rows shaped as cudnn.bench.benchmark_layer returns them (times invented)."""
     rows = []
     for kernel, b in itertools.product(("forward", "backward_filter"), (1, 2, 4)):
         cell = {"layer": layer, "count": 1, "kernel": kernel, "micro_batch": b, "plan_count": 3,
@@ -133,7 +133,7 @@ def test_engine_table_records_a_network_and_stops_at_its_budget(tmp_path):
     side = json.loads((tmp_path / f"microbatch_cudnn_{slug}.provenance.json").read_text())
     assert side["status"] == "complete" and len(side["layers_done"]) == 5 and side["rows"] == len(df)
     assert side["device"]["gpu_model"] == torch.cuda.get_device_name(0) and side["cudnn"]["same_cudnn"]
-    assert side["command"].startswith("python -m hpcdl.studies.microbatch.engine_table --config")
+    assert side["command"].startswith("python -m hpcdl.studies.microbatch.cudnn.engine_table --config")
     assert side["torch"] == torch.__version__
     assert len(limits.per_layer(df, 4, "powerOfTwo", 64 * MiB)) == 15
     # a budget the first layer already spends: that layer's rows, and the sidecar says what is left

@@ -12,15 +12,17 @@ from pathlib import Path
 import pytest
 
 from hpcdl.platform.kit.config import ConfigError, load_config, validate_config
-from hpcdl.studies.microbatch import alignment, cudnn_plan, engine_table, paper, sweep
-from hpcdl.studies.microbatch.dp import policy_sizes
-from hpcdl.studies.microbatch.workloads import (
+from hpcdl.studies.microbatch import paper, sweep
+from hpcdl.studies.microbatch.common.dp import policy_sizes
+from hpcdl.studies.microbatch.common.workloads import (
     DEEPBENCH_TRAINING_3X3_5X5,
     alexnet,
     deepbench,
     network,
     resnet18,
 )
+from hpcdl.studies.microbatch.cudnn import alignment, engine_table
+from hpcdl.studies.microbatch.cudnn import plan as cudnn_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20
@@ -207,7 +209,7 @@ def test_deepbench_training_layers_are_ucudnns_3x3_and_5x5_rows_with_their_repea
 
 
 def test_every_layer_at_batch_256_is_aligned_at_every_micro_batch_offset():
-    """The carried cuDNN frontend (1.32) cannot declare an alignment below 16 bytes (cudnn_engines):
+    """The carried cuDNN frontend (1.32) cannot declare an alignment below 16 bytes (cudnn.engines):
     a layer some micro-batch offset leaves misaligned would lose those sizes' engines. None does here,
     so every engine of the GPU run's layers can run at every size it is timed at."""
     sizes = policy_sizes("powerOfTwo", 256)
@@ -217,7 +219,8 @@ def test_every_layer_at_batch_256_is_aligned_at_every_micro_batch_offset():
 
 
 def test_the_task_bodies_take_the_deepbench_layers():
-    from hpcdl.studies.microbatch import compute, cudnn_study
+    from hpcdl.studies.microbatch import compute
+    from hpcdl.studies.microbatch.cudnn import study as cudnn_study
 
     cfg = load_config(ROOT / "configs" / "gpu.yaml")
     point = sweep.network_points(cfg, "cuda")[0]

@@ -2,7 +2,7 @@
 
 Every table and claim here is HAND-MADE in tmp_path (no GPU measured these numbers): a cuDNN experiment's
 tables/cudnn_networks.csv and tables/cudnn_limits.csv with the columns the study writes, and the two
-claims of hpcdl.studies.microbatch.cudnn_claims. The published entries are resources/papers.yaml's,
+claims of hpcdl.studies.microbatch.cudnn.claims. The published entries are resources/papers.yaml's,
 or hand-made where a test needs a setting the file does not name (a mini-batch of 256 for AlexNet).
 """
 

@@ -1,38 +1,31 @@
 """Micro-batched convolution study (after μ-cuDNN): per-kernel micro-batch division by DP and ILP.
 
-workloads   AlexNet / ResNet-18 conv layers and DeepBench layers (a subset, or the training set's 3x3
-            and 5x5 layers μ-cuDNN benchmarks), as plain shapes
-algorithms  the candidate implementations PyTorch has (oneDNN, native im2col, cuDNN modes),
-            forced one at a time, with which one really ran
-bench       time and workspace (extra peak memory) per kernel, algorithm and micro-batch
-dp          μ-cuDNN's dynamic program per kernel (undivided / powerOfTwo / all), Pareto fronts
-ilp         one workspace budget shared by all kernels of a network (HiGHS via scipy milp)
-execute     MicroBatchedConv2d: a drop-in Conv2d running its plan in forward and backward
-plan_timing the executed plans vs the default: whole networks' conv layers (every forward, then
-            every backward) timed in interleaved rounds, executor overhead, output and gradient errors
-vetting     plans vetted inside the network before they are timed: a layer whose move is not
-            faster in the whole-network stack is pinned to the default and the planners rerun
-cudnn_engines  (CUDA, microbatch.cudnn.engines) cuDNN engine configurations listed with their workspace
-            and run by id through NVIDIA's cuDNN frontend, on PyTorch's tensors
-limits      the seed's workspace-limit planning on an engine table: the fastest undivided engine under
-            a limit (the baseline), the DP per kernel under it, the ILP under a network budget
-cudnn_plan  (pure) a network's plans under every limit (configured + the library default, 64 MiB) as
-            rows, the measured times attached, the network rollup, plan checks against the table
-cudnn_study (CUDA, microbatch.cudnn.engines) one network's engine table, plans and their execution by
-            engine id against the baseline: what the task app's second task runs
-cudnn_why   (pure) why micro-batching pays or not per kernel and limit, read off an engine table;
-            cudnn_figures: the cuDNN experiment's figures
+Two experiments, one subpackage each, behind the study's stage modules:
+
+choice/     the per-kernel algorithm choice among what PyTorch has (oneDNN, native im2col, cuDNN's
+            benchmark/heuristic modes), benchmarked, planned, executed as whole networks and vetted: what
+            every run measures (compute.run_network)
+cudnn/      μ-cuDNN's own experiment on CUDA (microbatch.cudnn.engines): cuDNN's engines by id under
+            workspace limits, their engine table, plans, execution and why dividing pays or not
+            (compute.run_cudnn_network; `python -m hpcdl.studies.microbatch.cudnn.engine_table`)
+common/     what both plan with: the networks' conv layers (workloads) and μ-cuDNN's two planners, the DP
+            per kernel (dp) and the ILP under one network budget (ilp); pure, no torch
+
+cudnn/ also runs the choice experiment's kernels (choice.algorithms.KernelCall: a layer's full-batch
+tensors, the framework's default as reference), timing rounds (choice.bench) and float64 results
+(choice.exact); choice/ never imports cudnn/.
+
 compute     one network point (what the task app runs): benchmark, plan, execute, check exactness
-heap        fixed glibc heap thresholds, so in-process timing comparisons allocate alike
 sweep       the network points of a validated config; checks: config checks beyond the schema
-tables      raw/ -> tables/; figures: tables/ -> figures/; claims: tables/ -> claims
+tables      raw/ -> tables/; figures: tables/ -> figures/; claims: tables/ -> claims; paper: the
+            published rows beside ours
 """
 
 from hpcdl.platform import StudySpec, computing_units_of
 
 
 def _setting(cfg: dict) -> str:
-    from hpcdl.studies.microbatch.cudnn_plan import cudnn_networks, network_limits_mib
+    from hpcdl.studies.microbatch.cudnn.plan import cudnn_networks, network_limits_mib
 
     b = cfg["microbatch"]
     cudnn = b.get("cudnn") or {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hpcdl.platform import ConfigError
-from hpcdl.studies.microbatch.workloads import network
+from hpcdl.studies.microbatch.common.workloads import network
 
 
 def check(cfg: dict) -> None:

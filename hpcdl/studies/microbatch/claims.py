@@ -2,7 +2,7 @@
 per-kernel algorithm choice the DP/ILP planner makes among PyTorch's algorithms (each distinct
 executed ILP plan is not slower than the default, its predicted speedup matches the measured one,
 outputs are exact), and μ-cuDNN's own two on cuDNN's engines under workspace limits
-(hpcdl.studies.microbatch.cudnn_claims; not measured without a GPU).
+(hpcdl.studies.microbatch.cudnn.claims; not measured without a GPU).
 
 The two timing claims compare whole-network runs of a plan and of the default, paired by
 interleaved round: each is judged on the 95 % interval of the per-round values
@@ -30,7 +30,7 @@ from hpcdl.platform import (
     not_measured,
     read_tables,
 )
-from hpcdl.studies.microbatch import cudnn_claims
+from hpcdl.studies.microbatch.cudnn import claims as cudnn_claims
 
 CLAIMS = ("algorithm_choice_not_slower", "algorithm_choice_prediction_within_tolerance", "outputs_exact",
           *cudnn_claims.CLAIMS)

@@ -1,6 +1,6 @@
 """Figures stage of the micro-batched convolution study: tables/ -> figures/ (per-layer speedup,
 speedup vs workspace budget, the chosen micro-batches, predicted vs measured time, and on CUDA
-μ-cuDNN's speedup over the undivided cuDNN baseline vs workspace limit, with cudnn_figures' three:
+μ-cuDNN's speedup over the undivided cuDNN baseline vs workspace limit, with cudnn.figures' three:
 the time per limit split into kernels, DeepBench per layer and limit, and why dividing pays or not)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.platform import StudyDir, mark_no_data, pyplot, read_or_empty, read_tables, save_figure
-from hpcdl.studies.microbatch import cudnn_figures
-from hpcdl.studies.microbatch.cudnn_claims import PAPER_SPEEDUP
-from hpcdl.studies.microbatch.cudnn_plan import DEFAULT_LIMIT_MIB, MODE_LABEL
+from hpcdl.studies.microbatch.cudnn import figures as cudnn_figures
+from hpcdl.studies.microbatch.cudnn.claims import PAPER_SPEEDUP
+from hpcdl.studies.microbatch.cudnn.plan import DEFAULT_LIMIT_MIB, MODE_LABEL
 from hpcdl.studies.microbatch.tables import SEED_SPEEDUP
 
 MiB = 2**20
@@ -91,8 +91,19 @@ def draw(cfg: dict, study_dir: Path) -> None:
     layers, nets, budget, plans = read_tables(run.root, "layer_speedup", "network_speedup", "budget_speedup",
                                               "plans")
     dev = _device_word(nets)
+    _layer_speedup(plt, layers, dev, run)
+    _budget_speedup(plt, budget, nets, dev, run)
+    _microbatch_sizes(plt, plans, run)
+    _predicted_vs_measured(plt, nets, cfg["microbatch"]["prediction_tolerance"], dev, run)
+    _cudnn_limits(plt, read_or_empty(run.table("cudnn_networks")), run.figures)
+    lim = read_or_empty(run.table("cudnn_limits"))
+    cudnn_figures.draw_kernels(plt, lim, run.figure("cudnn_kernels"))
+    cudnn_figures.draw_deepbench(plt, lim, run.figure("cudnn_deepbench"))
+    cudnn_figures.draw_why(plt, read_or_empty(run.table("cudnn_why")), run.figure("cudnn_why"))
 
-    # 1. per-layer measured speedup of the ILP plan, one bar per policy (predicted as markers)
+
+def _layer_speedup(plt, layers: pd.DataFrame, dev: str, run: StudyDir) -> None:
+    """1. per-layer measured speedup of the ILP plan, one bar per policy (predicted as markers)."""
     # constrained layout: each panel's rotated layer names clear the next panel's title
     fig, panels = _per_network(plt, layers, (11, 3.6), "no executed plans in this run", rows=True,
                                layout="constrained")
@@ -117,7 +128,9 @@ def draw(cfg: dict, study_dir: Path) -> None:
         ax.grid(True, axis="y", alpha=0.3)
     save_figure(fig, run.figure("layer_speedup"))
 
-    # 2. network speedup vs total workspace budget, one line per policy, the seed as a reference
+
+def _budget_speedup(plt, budget: pd.DataFrame, nets: pd.DataFrame, dev: str, run: StudyDir) -> None:
+    """2. network speedup vs total workspace budget, one line per policy, the seed as a reference."""
     fig, panels = _per_network(plt, budget, (5, 4), "no budget sweep in this run")
     for ax, net in panels:
         d = budget[(budget["network"] == net)]
@@ -157,7 +170,9 @@ def draw(cfg: dict, study_dir: Path) -> None:
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     save_figure(fig, run.figure("budget_speedup"))
 
-    # 3. chosen micro-batches per layer and kernel (policy all, ILP): segments coloured by algorithm
+
+def _microbatch_sizes(plt, plans: pd.DataFrame, run: StudyDir) -> None:
+    """3. chosen micro-batches per layer and kernel (policy all, ILP): segments coloured by algorithm."""
     fig, panels = _per_network(plt, plans, (6.5, 5), "no plans in this run", gridspec_kw={"wspace": 0.75})
     algs = sorted(set("+".join(plans["algorithms"]).split("+"))) if not plans.empty else []
     acol = {a: f"C{i}" for i, a in enumerate(algs)}
@@ -185,9 +200,10 @@ def draw(cfg: dict, study_dir: Path) -> None:
         )
     save_figure(fig, run.figure("microbatch_sizes"))
 
-    # 4. predicted vs measured time of the plans (and of the default), per network and policy
+
+def _predicted_vs_measured(plt, nets: pd.DataFrame, tol: float, dev: str, run: StudyDir) -> None:
+    """4. predicted vs measured time of the plans (and of the default), per network and policy."""
     fig, ax = plt.subplots(figsize=(6, 5.5))
-    tol = cfg["microbatch"]["prediction_tolerance"]
     if nets.empty:
         mark_no_data(ax, "no executed plans in this run")
     else:
@@ -233,11 +249,6 @@ def draw(cfg: dict, study_dir: Path) -> None:
     )
     ax.grid(True, which="both", alpha=0.3)
     save_figure(fig, run.figure("predicted_vs_measured"))
-    _cudnn_limits(plt, read_or_empty(run.table("cudnn_networks")), run.figures)
-    lim = read_or_empty(run.table("cudnn_limits"))
-    cudnn_figures.draw_kernels(plt, lim, run.figure("cudnn_kernels"))
-    cudnn_figures.draw_deepbench(plt, lim, run.figure("cudnn_deepbench"))
-    cudnn_figures.draw_why(plt, read_or_empty(run.table("cudnn_why")), run.figure("cudnn_why"))
 
 
 def _cudnn_limits(plt, nets: pd.DataFrame, figs: Path) -> None:

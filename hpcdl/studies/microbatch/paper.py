@@ -8,7 +8,7 @@ cudnn_limits.csv itself for the per-layer DeepBench numbers. The CPU path times 
 native candidates, which have no workspace-limited algorithms: those rows cannot be reproduced there.
 
 Same mechanism (#60). μ-cuDNN has two modes, and our two planners stand for them
-(hpcdl.studies.microbatch.cudnn_plan):
+(hpcdl.studies.microbatch.cudnn.plan):
 
   WR  workspace reuse: each kernel under the framework's per-kernel limit, divided into micro-batches
       where that lets a faster engine fit: our DP per kernel (planner `dp`)
@@ -20,7 +20,7 @@ A row judges one mode's number only (`COMPARED_AS`); the other mode's number is 
 text, never judged. A micro-batching row whose plan divides no kernel reads "other mechanism": its
 speedup (if any) is not micro-batching's. Each row names our mini-batch (`setting_fields`); where the
 published entry names one and it differs, the row reads "other setting" (`essential`). Each row is
-capped by the claims its number rests on (hpcdl.studies.microbatch.cudnn_claims).
+capped by the claims its number rests on (hpcdl.studies.microbatch.cudnn.claims).
 """
 
 from __future__ import annotations

@@ -16,12 +16,12 @@ def network_points(cfg: dict, device: str = "cpu") -> list[dict]:
 
 
 def cudnn_points(cfg: dict, device: str) -> list[dict]:
-    """One point per network of μ-cuDNN's own experiment (hpcdl.studies.microbatch.cudnn_study;
+    """One point per network of μ-cuDNN's own experiment (hpcdl.studies.microbatch.cudnn.study;
     microbatch.cudnn.networks, or microbatch.networks), each under its own limits
-    (cudnn_plan.network_limits_mib): none unless `device` (resolved) is cuda and
+    (cudnn.plan.network_limits_mib): none unless `device` (resolved) is cuda and
     microbatch.cudnn.engines is true."""
-    from hpcdl.studies.microbatch.cudnn_engines import enabled
-    from hpcdl.studies.microbatch.cudnn_plan import cudnn_networks, network_limits_mib
+    from hpcdl.studies.microbatch.cudnn.engines import enabled
+    from hpcdl.studies.microbatch.cudnn.plan import cudnn_networks, network_limits_mib
 
     b = cfg["microbatch"]
     if not enabled(b, device):

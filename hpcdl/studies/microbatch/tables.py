@@ -10,10 +10,10 @@ timed rounds, and whether the move was kept), exactness.csv (max relative error 
 per executed plan), failures.csv, and μ-cuDNN's own experiment on CUDA (empty elsewhere):
 cudnn_limits.csv (per workspace limit, policy, planner and kernel: the undivided baseline and the
 plan, benchmarked and executed, each with its mode: WR for the DP, WD for the ILP), cudnn_networks.csv
-(their network rollup, cudnn_plan.rollup), cudnn_engines.csv (the run's engine table, its timed and
+(their network rollup, cudnn.plan.rollup), cudnn_engines.csv (the run's engine table, its timed and
 over-limit rows, in engine_table's columns: what the next two are read off, and what tests/data keeps
 of a GPU run) and cudnn_why.csv (why micro-batching does or does not pay per kernel and limit, read
-off that engine table: hpcdl.studies.microbatch.cudnn_why).
+off that engine table: hpcdl.studies.microbatch.cudnn.why).
 Predicted times are count-weighted sums over each network's conv layers; the CPU path's measured
 network times are whole-network runs, never sums of layer times (the cuDNN experiment times kernels
 one at a time: its network times are count-weighted sums of executed kernels, and say so).
@@ -29,9 +29,9 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.platform import StudyDir, ok_rows, read_or_empty, write_table
-from hpcdl.studies.microbatch import cudnn_why
-from hpcdl.studies.microbatch.cudnn_plan import rollup
-from hpcdl.studies.microbatch.engine_table import FIELDS
+from hpcdl.studies.microbatch.cudnn import why as cudnn_why
+from hpcdl.studies.microbatch.cudnn.engine_table import FIELDS
+from hpcdl.studies.microbatch.cudnn.plan import rollup
 
 # μ-cuDNN (Oyama et al., Cluster 2018) on a V100: a reference, not a bar on this machine
 SEED_SPEEDUP = {"alexnet": 1.60, "resnet18": 1.30, "deepbench": 1.60}

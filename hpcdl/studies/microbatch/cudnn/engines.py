@@ -36,8 +36,8 @@ then multiples of each power-of-two size, as benchmarked) and checks every step 
 
 Nothing here runs on the CPU path: the binding is imported only when a CUDA graph is built. The task
 app runs it where `enabled(block, device)` (microbatch.cudnn.engines and device cuda), one task per
-network (hpcdl.studies.microbatch.cudnn_study, issue 38): hpcdl.studies.microbatch.cudnn_bench
-benchmarks each layer's plans into a table, hpcdl.studies.microbatch.cudnn_plan plans on it under
+network (hpcdl.studies.microbatch.cudnn.study, issue 38): hpcdl.studies.microbatch.cudnn.bench
+benchmarks each layer's plans into a table, hpcdl.studies.microbatch.cudnn.plan plans on it under
 every limit (through limits, dp and ilp), and `run_division` executes the plans and baselines.
 """
 
@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import torch
 
-from hpcdl.studies.microbatch.algorithms import KERNELS, KernelCall
-from hpcdl.studies.microbatch.alignment import (
+from hpcdl.studies.microbatch.choice.algorithms import KERNELS, KernelCall
+from hpcdl.studies.microbatch.common.workloads import ConvLayer
+from hpcdl.studies.microbatch.cudnn.alignment import (
     ALLOC_ALIGN,
     CUDNN_ALIGN,
     ROLES,
@@ -57,7 +58,6 @@ from hpcdl.studies.microbatch.alignment import (
     pow2_alignment,
     undeclarable,
 )
-from hpcdl.studies.microbatch.workloads import ConvLayer
 
 PACKAGE = "nvidia-cudnn-frontend"
 

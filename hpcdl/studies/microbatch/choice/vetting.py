@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hpcdl.studies.microbatch.algorithms import KernelCall
-from hpcdl.studies.microbatch.dp import division_text
-from hpcdl.studies.microbatch.plan_timing import in_stack_speedups, plan_key
+from hpcdl.studies.microbatch.choice.algorithms import KernelCall
+from hpcdl.studies.microbatch.choice.plan_timing import in_stack_speedups, plan_key
+from hpcdl.studies.microbatch.common.dp import division_text
 
 # the raw table's columns (compute.py adds the network), also its header where nothing was timed
 COLUMNS = ["network", "vetting_pass", "plan_id", "variants", "layer", "layer_plan", "in_stack_default_s",

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from hpcdl.studies.microbatch.algorithms import (
+from hpcdl.studies.microbatch.choice.algorithms import (
     ALGORITHMS,
     ALL_KERNELS,
     Algorithm,

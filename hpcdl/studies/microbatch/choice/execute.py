@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hpcdl.studies.microbatch.algorithms import DEFAULT, FUSED, KernelCall
-from hpcdl.studies.microbatch.workloads import ConvLayer
+from hpcdl.studies.microbatch.choice.algorithms import DEFAULT, FUSED, KernelCall
+from hpcdl.studies.microbatch.common.workloads import ConvLayer
 
 # kernel -> [(algorithm, micro-batch size), ...], kernels: forward, and either the fused backward
 # ("backward") or backward_data + backward_filter

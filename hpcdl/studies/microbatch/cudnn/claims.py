@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from hpcdl.platform import every, failed_because, not_measured, read_tables
-from hpcdl.studies.microbatch.cudnn_plan import cudnn_networks
+from hpcdl.studies.microbatch.cudnn.plan import cudnn_networks
 
 CLAIMS = ("cudnn_plan_not_slower", "cudnn_tight_limit_speedup")
 NEEDS = "needs cuDNN's workspace-limited algorithms (a GPU)"
@@ -148,7 +148,7 @@ def not_slower(block: dict, lim: pd.DataFrame, nets: pd.DataFrame, missing_nets:
 
 
 def _is_baseline(lim: pd.DataFrame, net: str, label: str, policy: str, planner: str) -> bool:
-    """Whether every kernel of the plan runs its baseline's division (cudnn_plan.attach_measured's
+    """Whether every kernel of the plan runs its baseline's division (plan.attach_measured's
     same_as_baseline): then the plan is its baseline, and its time the baseline's own measurement."""
     g = lim[(lim["network"] == net) & (lim["limit_label"] == label) & (lim["policy"] == policy)
             & (lim["planner"] == planner)]

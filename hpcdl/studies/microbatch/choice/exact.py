@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from hpcdl.studies.microbatch.algorithms import FUSED, KernelCall
+from hpcdl.studies.microbatch.choice.algorithms import FUSED, KernelCall
 
 
 def rel_err(got, want) -> float:

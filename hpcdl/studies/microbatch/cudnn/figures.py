@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from hpcdl.platform import mark_no_data, save_figure
-from hpcdl.studies.microbatch.cudnn_plan import MODE_LABEL
-from hpcdl.studies.microbatch.cudnn_why import CAUSE_TEXT, CAUSES
+from hpcdl.studies.microbatch.cudnn.plan import MODE_LABEL
+from hpcdl.studies.microbatch.cudnn.why import CAUSE_TEXT, CAUSES
 
 MiB = 2**20
 NO_RUN = "no cuDNN-engine run: it needs a GPU and microbatch.cudnn.engines"
@@ -194,7 +194,7 @@ def draw_deepbench(plt, lim: pd.DataFrame, path: Path) -> None:
 
 
 def draw_why(plt, why: pd.DataFrame, path: Path) -> None:
-    from hpcdl.studies.microbatch.cudnn_why import causes
+    from hpcdl.studies.microbatch.cudnn.why import causes
 
     nets = _networks(why)
     n = max(1, len(nets))

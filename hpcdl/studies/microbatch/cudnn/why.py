@@ -29,7 +29,7 @@ under that limit (`cause`, `why`) repeated on its rows:
 `divided_over_baseline` is the even division's time at b (B/b calls of the fastest engine fitting L
 at b) over the baseline's: below 1 dividing by b pays. The table is built from the engine table the
 study's run measures (raw/cudnn_engines.csv) or that `make gpu` records
-(hpcdl.studies.microbatch.engine_table, tests/data/microbatch_cudnn_<gpu>.csv): the same columns.
+(hpcdl.studies.microbatch.cudnn.engine_table, tests/data/microbatch_cudnn_<gpu>.csv): the same columns.
 Engines over the largest limit are not timed there (`engines_over_limit` counts them): a faster engine
 beyond it is invisible to every limit planned.
 """
@@ -40,9 +40,9 @@ import math
 
 import pandas as pd
 
-from hpcdl.studies.microbatch.cudnn_plan import limit_settings, network_limits_mib, planned_policies
-from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, division_text
-from hpcdl.studies.microbatch.limits import label
+from hpcdl.studies.microbatch.common.dp import KernelDP, WorkspaceError, division_text
+from hpcdl.studies.microbatch.cudnn.limits import label
+from hpcdl.studies.microbatch.cudnn.plan import limit_settings, network_limits_mib, planned_policies
 
 MiB = 2**20
 CAUSES = ("no_baseline", "not_binding", "workspace", "overhead", "divides", "planner_missed")
@@ -72,7 +72,7 @@ EPS = 1e-9  # relative: times equal within this are ties (the same measurement r
 
 
 def limits_for(block: dict, networks: list[str]) -> dict[str, list[tuple[float, str]]]:
-    """Each network's limits as the study plans them (cudnn_plan.network_limits_mib plus the library
+    """Each network's limits as the study plans them (plan.network_limits_mib plus the library
     default), from a validated microbatch block."""
     return {n: limit_settings(network_limits_mib(block, n)) for n in networks}
 
@@ -207,7 +207,7 @@ def why_table(engines: pd.DataFrame, limits: dict[str, list[tuple[float, str]]] 
     timed, over_limit ones counted; one network or several, each planned alone). `limits`: per
     network its (MiB, label) settings (`limits_for`), or one list of MiB for every network (the
     library default added, as the study plans). `policies`: the configured ones (the DP uses the
-    richest: the last of cudnn_plan.planned_policies)."""
+    richest: the last of plan.planned_policies)."""
     if engines.empty or "status" not in engines:
         return pd.DataFrame(columns=COLUMNS)
     policy = planned_policies(list(policies))[-1]

@@ -25,11 +25,11 @@ import time
 
 import torch
 
-from hpcdl.studies.microbatch.algorithms import KERNELS, KernelCall
-from hpcdl.studies.microbatch.alignment import decide, describe, probe_offsets, starts
-from hpcdl.studies.microbatch.bench import cuda_peak_extra_bytes, round_times
-from hpcdl.studies.microbatch.cudnn_engines import KernelGraph, graph_for, inputs_at, kernel_operands
-from hpcdl.studies.microbatch.limits import dominated
+from hpcdl.studies.microbatch.choice.algorithms import KERNELS, KernelCall
+from hpcdl.studies.microbatch.choice.bench import cuda_peak_extra_bytes, round_times
+from hpcdl.studies.microbatch.cudnn.alignment import decide, describe, probe_offsets, starts
+from hpcdl.studies.microbatch.cudnn.engines import KernelGraph, graph_for, inputs_at, kernel_operands
+from hpcdl.studies.microbatch.cudnn.limits import dominated
 
 
 def _why(exc: Exception) -> str:
@@ -109,32 +109,56 @@ def benchmark_layer(
                 t0 = time.perf_counter()
                 if shared["ws"].numel() < d.workspace_bytes:
                     shared["ws"] = torch.empty(d.workspace_bytes, dtype=torch.uint8, device=call.x.device)
-
-                def once(n=0, g=g, i=d.index, kernel=kernel, b=b, offs=offsets, out_full=out_full, ws=None):
-                    s = offs[n % len(offs)]  # walk the batch as the executor does
-                    out = out_full if kernel == "backward_filter" else out_full[s : s + b]
-                    return g.run(i, inputs_at(call, kernel, s, b), out, shared["ws"] if ws is None else ws)
-
-                got = {}
-
-                def with_workspace(g=g, i=d.index, once=once, got=got):
-                    got["ran"] = once(0, ws=g.workspace(i))  # the allocation itself is what is measured
-
-                try:
-                    # every address class once, before any timing; the first (sample 0: probes[0] is
-                    # offsets[0]) with a workspace of its own, whose extra peak memory is the plan's
-                    where = 0
-                    measured = cuda_peak_extra_bytes(with_workspace)  # beside the shared buffer
-                    ran = got["ran"]
-                    for s in probes[1:]:
-                        where = s
-                        ran = once(offsets.index(s))
-                except Exception as exc:  # noqa: BLE001 - a built plan may still refuse these tensors
-                    rows.append({**row, "status": "skipped", "reason": f"at sample {where}: {_why(exc)}"})
+                once = _plan_call(call, kernel, b, g, d.index, offsets, out_full, shared)
+                probed, why = _probe(once, g, d.index, offsets, probes)
+                if probed is None:
+                    rows.append({**row, "status": "skipped", "reason": why})
                     continue
-                configs.append((row, once, ran, measured, time.perf_counter() - t0))
+                configs.append((row, once, *probed, time.perf_counter() - t0))
             if progress is not None:
                 progress.update(1)
+    rows += _timed_rows(configs, repeats, warmup, screen_ratio)
+    return rows, graphs
+
+
+def _plan_call(call: KernelCall, kernel: str, b: int, g: KernelGraph, index: int, offsets: list[int],
+               out_full: torch.Tensor, shared: dict):
+    """Plan `index` of `g` as a call: its n-th call runs at the n-th offset (walking the batch as the
+    executor does), into the full result, with the shared workspace unless given its own."""
+
+    def once(n=0, ws=None):
+        s = offsets[n % len(offsets)]
+        out = out_full if kernel == "backward_filter" else out_full[s : s + b]
+        return g.run(index, inputs_at(call, kernel, s, b), out, shared["ws"] if ws is None else ws)
+
+    return once
+
+
+def _probe(once, g: KernelGraph, index: int, offsets: list[int], probes: list[int]):
+    """Every address class once, before any timing; the first (sample 0: probes[0] is offsets[0]) with
+    a workspace of its own, whose extra peak memory is the plan's. Returns ((what ran, that peak), "")
+    or, where the plan refused (a built plan may still refuse these tensors), (None, the reason)."""
+    got = {}
+
+    def with_workspace():
+        got["ran"] = once(0, ws=g.workspace(index))  # the allocation itself is what is measured
+
+    where = 0
+    try:
+        measured = cuda_peak_extra_bytes(with_workspace)  # beside the shared buffer
+        ran = got["ran"]
+        for s in probes[1:]:
+            where = s
+            ran = once(offsets.index(s))
+    except Exception as exc:  # noqa: BLE001 - the binding raises its own types
+        return None, f"at sample {where}: {_why(exc)}"
+    return (ran, measured), ""
+
+
+def _timed_rows(configs: list[tuple], repeats: int, warmup: int, screen_ratio: float | None) -> list[dict]:
+    """The probed plans timed in interleaved rounds (timed_rounds): an "ok" row each, or a "skipped"
+    row for a plan that failed inside the rounds."""
+    rows = []
     failed: dict[int, str] = {}
     fns = [_guarded(c[1], j, failed) for j, c in enumerate(configs)]
     times, walls = timed_rounds(fns, [(c[0]["kernel"], c[0]["micro_batch"]) for c in configs],
@@ -157,7 +181,7 @@ def benchmark_layer(
                 "bench_wall_s": wall + t_wall,
             }
         )
-    return rows, graphs
+    return rows
 
 
 def timed_rounds(fns: list, groups: list, workspaces: list[float], failed: dict[int, str], repeats: int,

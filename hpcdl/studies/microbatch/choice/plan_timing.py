@@ -12,11 +12,11 @@ import statistics
 import torch
 from torch import nn
 
-from hpcdl.studies.microbatch.algorithms import ALGORITHMS, DEFAULT, FUSED, KERNELS, KernelCall
-from hpcdl.studies.microbatch.bench import clock, round_order
-from hpcdl.studies.microbatch.exact import distances, exact
-from hpcdl.studies.microbatch.execute import LayerPlan, MicroBatchedConv2d
-from hpcdl.studies.microbatch.workloads import ConvLayer
+from hpcdl.studies.microbatch.choice.algorithms import ALGORITHMS, DEFAULT, FUSED, KERNELS, KernelCall
+from hpcdl.studies.microbatch.choice.bench import clock, round_order
+from hpcdl.studies.microbatch.choice.exact import distances, exact
+from hpcdl.studies.microbatch.choice.execute import LayerPlan, MicroBatchedConv2d
+from hpcdl.studies.microbatch.common.workloads import ConvLayer
 
 
 def _conv_module(layer: ConvLayer, weight: torch.Tensor) -> nn.Conv2d:

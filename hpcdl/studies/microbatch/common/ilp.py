@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from hpcdl.studies.microbatch.dp import Front, WorkspaceError
+from hpcdl.studies.microbatch.common.dp import Front, WorkspaceError
 
 MiB = 2**20
 

@@ -1,7 +1,7 @@
 """Planning under μ-cuDNN's workspace limits from a table of cuDNN engines (pure: no torch, no GPU).
 
 The input is a benchmark table with one row per (layer, kernel, micro-batch, engine): its time and
-the workspace it needs, as hpcdl.studies.microbatch.cudnn_engines measures them (any table with
+the workspace it needs, as hpcdl.studies.microbatch.cudnn.engines measures them (any table with
 these columns plans the same way, which is what makes the planner testable on the CPU):
 
     layer, kernel, micro_batch, engine, time_s, workspace_bytes   [, status]
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, division_text
-from hpcdl.studies.microbatch.ilp import ILPResult, solve
+from hpcdl.studies.microbatch.common.dp import KernelDP, WorkspaceError, division_text
+from hpcdl.studies.microbatch.common.ilp import ILPResult, solve
 
 MiB = 2**20
 COLUMNS = ("layer", "kernel", "micro_batch", "engine", "time_s", "workspace_bytes")

@@ -1,11 +1,11 @@
 """μ-cuDNN's engine table for a config's networks, on one GPU (issues 27, 42): the `make gpu` step
 
-    python -m hpcdl.studies.microbatch.engine_table --config configs/gpu.yaml \\
+    python -m hpcdl.studies.microbatch.cudnn.engine_table --config configs/gpu.yaml \\
         --out 'tests/data/microbatch_cudnn_{gpu}.csv' --budget-s 55
 
 benchmarks every conv layer of μ-cuDNN's experiment's networks (microbatch.cudnn.networks, or
 microbatch.networks; DeepBench's layers as microbatch.deepbench_layers) at microbatch.batch_size and
-image_size: every cuDNN plan (hpcdl.studies.microbatch.cudnn_bench) of each kernel at each micro-batch
+image_size: every cuDNN plan (hpcdl.studies.microbatch.cudnn.bench) of each kernel at each micro-batch
 size of microbatch.policies, `repeats`/`warmup`/`cudnn.screen_ratio` as configured, TF32 as
 microbatch.cudnn.tf32, plans over the network's largest limit (microbatch.cudnn.limits_mib, DeepBench's
 cudnn.deepbench_limits_mib where set) marked over_limit. `{gpu}` in --out becomes the GPU's slug
@@ -47,10 +47,10 @@ from hpcdl.platform import (
     load_config,
     provenance_path,
 )
-from hpcdl.studies.microbatch.cudnn_plan import cudnn_networks, network_limits_mib
-from hpcdl.studies.microbatch.dp import policy_sizes
-from hpcdl.studies.microbatch.limits import COLUMNS, MiB
-from hpcdl.studies.microbatch.workloads import network
+from hpcdl.studies.microbatch.common.dp import policy_sizes
+from hpcdl.studies.microbatch.common.workloads import network
+from hpcdl.studies.microbatch.cudnn.limits import COLUMNS, MiB
+from hpcdl.studies.microbatch.cudnn.plan import cudnn_networks, network_limits_mib
 
 FIELDS = (
     "network",
@@ -123,7 +123,7 @@ def append_rows(path: Path, rows: list[dict]) -> None:
 
 
 def load(path: str | Path, network_name: str) -> pd.DataFrame:
-    """One network's rows of an engine table, as hpcdl.studies.microbatch.limits plans them."""
+    """One network's rows of an engine table, as hpcdl.studies.microbatch.cudnn.limits plans them."""
     df = pd.read_csv(path, keep_default_na=False, na_values=[""])
     missing = [c for c in ("network", *COLUMNS, "status") if c not in df.columns]
     if missing:
@@ -172,15 +172,15 @@ def record(args: argparse.Namespace, cfg: dict, s: dict, out: Path) -> int:
     import torch
 
     from hpcdl.platform import cuda_record
-    from hpcdl.studies.microbatch.algorithms import KernelCall
-    from hpcdl.studies.microbatch.cudnn_bench import benchmark_layer
-    from hpcdl.studies.microbatch.cudnn_engines import library_record
+    from hpcdl.studies.microbatch.choice.algorithms import KernelCall
+    from hpcdl.studies.microbatch.cudnn.bench import benchmark_layer
+    from hpcdl.studies.microbatch.cudnn.engines import library_record
 
     t0 = time.time()
     todo = layers_of(s)
     meta = {
         "table": out.name,
-        "command": "python -m hpcdl.studies.microbatch.engine_table " + shlex.join(args.argv),
+        "command": "python -m hpcdl.studies.microbatch.cudnn.engine_table " + shlex.join(args.argv),
         "config": str(args.config),
         "config_hash": config_hash(cfg["microbatch"]),
         "setting": s,
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    from hpcdl.studies.microbatch.cudnn_engines import binding
+    from hpcdl.studies.microbatch.cudnn.engines import binding
 
     try:
         binding()  # installed, but a release without choosing plans by index is a setup error

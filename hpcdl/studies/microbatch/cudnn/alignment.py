@@ -12,14 +12,14 @@ Here: the alignment each tensor of a kernel has at every offset a micro-batch of
 benchmark walks offsets k x b; the executor runs a division's steps largest first, which puts a
 power-of-two step at a multiple of its size, see `execution_order`), the alignment a graph must
 declare so that all its plans run at all of them, and the decision, per (plan, micro-batch, offset),
-of what runs and what is skipped, with the reason. hpcdl.studies.microbatch.cudnn_engines applies it.
+of what runs and what is skipped, with the reason. hpcdl.studies.microbatch.cudnn.engines applies it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpcdl.studies.microbatch.workloads import ConvLayer
+from hpcdl.studies.microbatch.common.workloads import ConvLayer
 
 CUDNN_ALIGN = 16  # the frontend's default declaration, and the most any plan here is told to assume
 # cudaMalloc returns addresses aligned to at least 256 bytes (CUDA C++ Programming Guide, "Device

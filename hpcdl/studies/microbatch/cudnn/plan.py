@@ -1,5 +1,5 @@
 """The study's plans over a network's cuDNN engine table under every workspace limit, and their
-rows (pure: no torch, no GPU; hpcdl.studies.microbatch.cudnn_study runs them on CUDA).
+rows (pure: no torch, no GPU; hpcdl.studies.microbatch.cudnn.study runs them on CUDA).
 
 Limits: microbatch.cudnn.limits_mib (DeepBench: cudnn.deepbench_limits_mib where set,
 `network_limits_mib`) plus μ-cuDNN's library default, 64 MiB (spcl/ucudnn README: "workspace limit
@@ -28,9 +28,9 @@ import math
 
 import pandas as pd
 
-from hpcdl.studies.microbatch import limits
-from hpcdl.studies.microbatch.dp import KernelDP, WorkspaceError, division_text
-from hpcdl.studies.microbatch.ilp import solve
+from hpcdl.studies.microbatch.common.dp import KernelDP, WorkspaceError, division_text
+from hpcdl.studies.microbatch.common.ilp import solve
+from hpcdl.studies.microbatch.cudnn import limits
 
 MiB = limits.MiB
 DEFAULT_LIMIT_MIB = 64.0  # μ-cuDNN's library default (spcl/ucudnn README)

@@ -2,13 +2,13 @@
 where microbatch.device resolves to cuda and microbatch.cudnn.engines is true.
 
 1. the engine table: every conv layer's cuDNN plans per kernel and micro-batch size
-   (cudnn_bench.benchmark_layer), over the largest limit marked over_limit;
-2. the plans (cudnn_plan.plan_network, pure): under every limit of the network
-   (cudnn_plan.network_limits_mib: microbatch.cudnn.limits_mib, DeepBench's deepbench_limits_mib where
+   (cudnn.bench.benchmark_layer), over the largest limit marked over_limit;
+2. the plans (cudnn.plan.plan_network, pure): under every limit of the network
+   (cudnn.plan.network_limits_mib: microbatch.cudnn.limits_mib, DeepBench's deepbench_limits_mib where
    set) and the library default (64 MiB), per kernel the undivided baseline, the DP (μ-cuDNN's WR)
    and the ILP (its WD, the limit times the network's kernel calls pooled);
 3. execution: every distinct division of each kernel (baselines and plans alike) run with its
-   cuDNN engines by id (cudnn_engines.run_division), in `rounds` interleaved rounds after `warmup`
+   cuDNN engines by id (cudnn.engines.run_division), in `rounds` interleaved rounds after `warmup`
    calls each, synchronised around every call; its output checked against PyTorch's own kernel
    (cuDNN, TF32 off). A plan equal to its baseline is that one measurement (speedup exactly 1).
 
@@ -18,7 +18,7 @@ includes allocating the kernel's full result (as PyTorch's layers do) and, for a
 gradient, summing the micro-batches' gradients (cuDNN's graph API has no accumulating output).
 
 Returns the rows of raw/cudnn_engines.csv (the engine table) and raw/cudnn_limits.csv (one per
-limit, policy, planner and kernel: cudnn_plan's columns and the measured ones).
+limit, policy, planner and kernel: cudnn.plan's columns and the measured ones).
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ import time
 import pandas as pd
 import torch
 
-from hpcdl.studies.microbatch import cudnn_plan
-from hpcdl.studies.microbatch.algorithms import DEFAULT, KERNELS, KernelCall
-from hpcdl.studies.microbatch.bench import round_order
-from hpcdl.studies.microbatch.cudnn_bench import benchmark_layer
-from hpcdl.studies.microbatch.cudnn_engines import KernelGraph, binding, library_record, run_division
-from hpcdl.studies.microbatch.dp import policy_sizes
-from hpcdl.studies.microbatch.engine_table import FIELDS
-from hpcdl.studies.microbatch.exact import distances, exact, rel_err
-from hpcdl.studies.microbatch.workloads import network
+from hpcdl.studies.microbatch.choice.algorithms import DEFAULT, KERNELS, KernelCall
+from hpcdl.studies.microbatch.choice.bench import round_order
+from hpcdl.studies.microbatch.choice.exact import distances, exact, rel_err
+from hpcdl.studies.microbatch.common.dp import policy_sizes
+from hpcdl.studies.microbatch.common.workloads import network
+from hpcdl.studies.microbatch.cudnn import plan as cudnn_plan
+from hpcdl.studies.microbatch.cudnn.bench import benchmark_layer
+from hpcdl.studies.microbatch.cudnn.engine_table import FIELDS
+from hpcdl.studies.microbatch.cudnn.engines import KernelGraph, binding, library_record, run_division
 
 MiB = cudnn_plan.MiB
 # the raw tables' columns beyond each row's (the task app's), and all of them where nothing ran
@@ -128,7 +128,7 @@ def run_network(
 ) -> dict:
     """One network's engine table, its plans under every limit, each executed and timed against
     its baseline: {"cudnn_engines": rows, "cudnn_limits": rows, "meta": {...}}. `deepbench_layers`:
-    which DeepBench layers (workloads.deepbench); `screen_ratio`: cudnn_bench's (None: every engine
+    which DeepBench layers (workloads.deepbench); `screen_ratio`: cudnn.bench's (None: every engine
     timed `repeats` rounds)."""
     if not torch.cuda.is_available():
         raise RuntimeError("the cuDNN engines study needs CUDA: torch sees no GPU (microbatch.cudnn.engines)")

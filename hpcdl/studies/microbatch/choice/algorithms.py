@@ -9,7 +9,7 @@ the CUDA candidates are these four switches; the kernels cuDNN launched are reco
 
 A kernel is one of forward, backward-data and backward-filter of a layer; `KernelCall` runs one
 kernel of one layer on the micro-batch [start, start + size) with one algorithm, reading from and
-writing into full-batch tensors, exactly as the executor (hpcdl.studies.microbatch.execute) does.
+writing into full-batch tensors, exactly as the executor (hpcdl.studies.microbatch.choice.execute) does.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcdl.platform import resolved_device
-from hpcdl.studies.microbatch.workloads import ConvLayer
+from hpcdl.studies.microbatch.common.workloads import ConvLayer
 
 KERNELS = ("forward", "backward_data", "backward_filter")
 # PyTorch's own backward computes the input and weight gradients in one convolution_backward call;
@@ -83,11 +82,6 @@ ALGORITHMS = {
 }
 # What the framework does when nobody asks: fp32 NCHW, oneDNN on CPU, cuDNN's heuristic on CUDA.
 DEFAULT = {"cpu": "onednn-nchw", "cuda": "cudnn-heuristic-nchw"}
-
-
-def resolve_device(device: str) -> str:
-    """The block's `device`, resolved by the platform's one device mechanism (hpcdl.platform.kit.device)."""
-    return resolved_device(device, "microbatch.device")
 
 
 def candidates(device: str, names: list[str] | None) -> list[str]:
