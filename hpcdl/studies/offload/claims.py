@@ -8,15 +8,19 @@ Every ratio is against 'none' at the same precision (`offload.precision`: every 
 The memory claims are judged on the measured fast-tier peak of the same run (`peak_fast_bytes`: CUDA,
 torch.cuda.max_memory_allocated; CPU, the anonymous RSS high-water mark above the run's start). The tensor
 registry's peak (`peak_accounted_bytes`) is a cross-check in the evidence, flagged where the two ratios
-are more than `cross_check_factor` apart. Both are judged only where the slow tier, measured in the same
-run (tables/tiers.csv, tiers.py), is at least `slow_tier_min_slowdown` times slower than the fast tier in
-both directions; elsewhere (files through the page cache are RAM) they are "not measured on this host"
-(verdicts/gate.py).
+are more than `cross_check_factor` apart. A strategy that holds more fast memory than 'none', or fits
+fewer parameters under the budget, fails its memory or capacity claim whatever the tier.
+
+The slow-tier gate (verdicts/gate.py) covers the memory, capacity and hidden-fraction claims, not the
+weights: where the slow tier, measured in the same run (tables/tiers.csv, tiers.py), is not
+`slow_tier_min_slowdown` times slower than the fast tier in both directions (files through the page
+cache are RAM), a claim that would pass or straddle is "not measured on this host"; a failed one stays
+failed.
 
 The hidden fraction is judged per strategy on the 95 % interval of its measured steps' own fractions
 (hpcdl.platform's intervals): a value at the threshold straddles instead of passing by a hair.
 
-The families live in verdicts/: memory.py, capacity.py, hidden.py, weights.py; the gate in gate.py.
+The families live in verdicts/: memory.py, capacity.py, hidden.py, weights.py, gate.py.
 """
 
 from __future__ import annotations
@@ -64,10 +68,11 @@ def judge(cfg: dict, study_dir: Path) -> list[dict]:
     fails = read_or_empty(StudyDir(study_dir).table("failures"), columns=FAILURE_COLUMNS)
     block = cfg["offload"]
     return [
-        on_this_host(memory.claim_memory(tr, block, fails), host, block),
-        hidden.claim_hidden(tr, block, fails),
+        on_this_host(memory.claim_memory(tr, block, fails), host, block, memory.finding),
+        on_this_host(hidden.claim_hidden(tr, block, fails), host, block, hidden.finding),
         claim_weights(tr, block, fails),
-        on_this_host(capacity.claim_capacity(cap, tr, block, fails), host, block),
-        on_this_host(memory.claim_memory(tr, block, fails, "zero_memory_ratio"), host, block),
-        on_this_host(capacity.claim_capacity(cap, tr, block, fails, "zero_capacity_ratio"), host, block),
+        on_this_host(capacity.claim_capacity(cap, tr, block, fails), host, block, capacity.finding),
+        on_this_host(memory.claim_memory(tr, block, fails, "zero_memory_ratio"), host, block, memory.finding),
+        on_this_host(capacity.claim_capacity(cap, tr, block, fails, "zero_capacity_ratio"), host, block,
+                     capacity.finding),
     ]

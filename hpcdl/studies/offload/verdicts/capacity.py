@@ -1,6 +1,7 @@
 """The capacity claims (capacity_ratio: AxoNN's parameters-per-GPU gain of 'both'; zero_capacity_ratio:
 ZeRO-Offload's model size of 'zero_offload'): the parameters of the largest depth that trains under
-the fast-tier budget, against 'none''s."""
+the fast-tier budget, against 'none''s. A strategy that fits fewer than 'none' fails whatever the tier:
+no slow tier makes a smaller model a gain."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from hpcdl.platform import claim, not_measured, why_point_missing
 from hpcdl.studies.offload.verdicts.common import (
     MEASURED_BY,
     UNKNOWN_MEASURE,
+    failed_whatever_the_tier,
     lacking,
     paper,
     precision_of,
@@ -18,6 +20,17 @@ from hpcdl.studies.offload.verdicts.common import (
 # which strategy each capacity claim compares with 'none', and its threshold's key
 CAPACITY = {"capacity_ratio": ("both", "capacity_min_ratio"),
             "zero_capacity_ratio": ("zero_offload", "zero_capacity_min_ratio")}
+
+
+def finding(c: dict) -> str | None:
+    """What a measured capacity claim found, in numbers (None where it measured no ratio)."""
+    m, s = c["measured"], CAPACITY[c["id"]][0]
+    if f"{s}_max_depth" not in m:
+        return None
+    fewer = "; fewer than 'none' fits" if m["capacity_ratio"] < 1 else ""
+    return (f"'{s}' trains {m[f'{s}_max_depth']} layers under the budget against 'none''s "
+            f"{m['none_max_depth']}, {m['capacity_ratio']:g}x its parameters (the claim: >= "
+            f"{shown(m['threshold'])}x){fewer}")
 
 
 def claim_capacity(cap, tr, block, fails, cid: str = "capacity_ratio") -> dict:
@@ -51,10 +64,10 @@ def claim_capacity(cap, tr, block, fails, cid: str = "capacity_ratio") -> dict:
     if capped and ratio < least:
         return not_measured(cid, statement, f"'{s}' reached offload.capacity.max_depth: its capacity is a "
                             "lower bound", capacity_ratio=round(ratio, 4), threshold=least, **evidence)
-    return claim(
+    c = claim(
         cid,
         statement,
-        ratio >= least,
+        ratio >= least and ratio >= 1,
         capacity_ratio=round(ratio, 4),
         none_max_depth=int(n["max_depth"]),
         **{f"{s}_max_depth": int(b["max_depth"])},
@@ -69,3 +82,4 @@ def claim_capacity(cap, tr, block, fails, cid: str = "capacity_ratio") -> dict:
         threshold=least,
         **evidence,
     )
+    return failed_whatever_the_tier(c, finding(c)) if ratio < 1 else c

@@ -23,6 +23,16 @@ def _step_fractions(r: pd.Series) -> list[float] | None:
     return [v for v in (float(x) for x in text.split()) if np.isfinite(v)]
 
 
+def finding(c: dict) -> str | None:
+    """The strategies whose fraction missed the line, with their pooled fractions (None: none missed)."""
+    m = c["measured"]
+    missed = [s for s, held in m.get("holds", {}).items() if held is False]
+    if not missed:
+        return None
+    return (", ".join(f"'{s}' hides {m['hidden_frac'][s]:g} of its transfer time" for s in missed)
+            + f" (the claim: >= {m['threshold']:g} on its steps' interval)")
+
+
 def claim_hidden(tr, block, fails) -> dict:
     cid = "hidden_fraction"
     least = block["claims"]["hidden_min"]

@@ -1,6 +1,7 @@
 """The fast-tier memory claims (memory_ratio: Myelin's 'both'; zero_memory_ratio: 'zero_offload'): the
 measured peak fast-tier memory against 'none''s at the largest size both ran, the tensor registry's
-ratio beside it as a cross-check."""
+ratio beside it as a cross-check. A strategy that holds more than 'none' (a ratio above 1) fails
+whatever the tier: no slow tier makes holding more a saving."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hpcdl.studies.offload.verdicts.common import (
     DESCRIBED,
     MEASURED_BY,
     UNKNOWN_MEASURE,
+    failed_whatever_the_tier,
     lacking,
     largest_both_ran,
     paper,
@@ -36,6 +38,17 @@ def cross_check(measured: float, accounted: float, factor: float) -> str:
     return f"agree within {factor:g}x ({apart:.2f}x apart)"
 
 
+def finding(c: dict) -> str | None:
+    """What a measured memory claim found, in numbers (None where it measured no ratio)."""
+    m, s = c["measured"], MEMORY[c["id"]][0]
+    if "memory_ratio" not in m:
+        return None
+    more = "; more than 'none' holds" if m["memory_ratio"] > 1 else ""
+    return (f"'{s}' holds {m['memory_ratio']:g} of the measured peak fast-tier memory of 'none' at "
+            f"{m['depth']} layers ({m[f'{s}_peak_fast_bytes']} against {m['none_peak_fast_bytes']} bytes; "
+            f"the claim: <= {shown(m['threshold'])}){more}")
+
+
 def claim_memory(tr, block, fails, cid: str = "memory_ratio") -> dict:
     s, key = MEMORY[cid]
     limit = block["claims"][key] if s in block["strategies"] else block["claims"].get(key)
@@ -59,8 +72,9 @@ def claim_memory(tr, block, fails, cid: str = "memory_ratio") -> dict:
     if not n["peak_fast_bytes"] > 0:
         return not_measured(cid, statement, f"'none' at {depth} layers has no measured peak", **evidence)
     ratio = float(r["peak_fast_bytes"] / n["peak_fast_bytes"])
-    return claim(cid, statement, ratio <= limit,
-                 **_measured(s, r, n, depth, ratio, block["claims"]["cross_check_factor"]), **evidence)
+    c = claim(cid, statement, ratio <= limit and ratio <= 1,
+              **_measured(s, r, n, depth, ratio, block["claims"]["cross_check_factor"]), **evidence)
+    return failed_whatever_the_tier(c, finding(c)) if ratio > 1 else c
 
 
 def _measured(s: str, r: pd.Series, n: pd.Series, depth: int, ratio: float, factor: float) -> dict:

@@ -1,6 +1,6 @@
 """The equal-weights claim (weights_equal): every strategy trains to 'none''s final weights, same seed and
 steps, at every size; bit for bit, or (zero_offload, whose host Adam runs other kernels) within
-tolerance.py's tolerance."""
+tolerance.py's tolerance. Not gated by the slow tier's speed (gate.py): the weights do not depend on it."""
 
 from __future__ import annotations
 
