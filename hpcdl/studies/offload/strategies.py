@@ -30,32 +30,15 @@ def slow_tier(spec: RunSpec, timeline: Timeline, device: str):
 
 def optimizer_for(spec: RunSpec, params, tier, fast: FastTier, timeline: Timeline, dtype, scale: float):
     """The strategy's optimizer: offloaded (optimizer, both), ZeRO-Offload's, or in the fast tier."""
+    # both slow-tier optimizers stream the same buckets through the same tier and registry
+    streamed = (params, tier, fast, timeline, int(spec.bucket_mb * 2**20), spec.lr)
     if spec.strategy in OFFLOADS_OPTIMIZER:
-        return OffloadedAdam(
-            params,
-            tier,
-            fast,
-            timeline,
-            int(spec.bucket_mb * 2**20),
-            spec.lr,
-            foreach=spec.foreach,
-            fused=spec.fused,
-            in_backward=spec.optimizer_in_backward,
-            staging_sets=spec.staging_sets,
-            loss_scale=scale,
-        )
+        return OffloadedAdam(*streamed, foreach=spec.foreach, fused=spec.fused,
+                             in_backward=spec.optimizer_in_backward, staging_sets=spec.staging_sets,
+                             loss_scale=scale)
     if spec.strategy == "zero_offload":
-        return ZeroOffloadAdam(
-            params,
-            tier,
-            fast,
-            timeline,
-            int(spec.bucket_mb * 2**20),
-            spec.lr,
-            host_adam=spec.host_adam,
-            loss_scale=scale,
-            grad_window=spec.grad_window,
-        )
+        return ZeroOffloadAdam(*streamed, host_adam=spec.host_adam, loss_scale=scale,
+                               grad_window=spec.grad_window)
     if dtype != torch.float32:  # mixed precision: fp32 masters and moments in the fast tier
         return MasterAdam(params, fast, spec.lr, foreach=spec.foreach, fused=spec.fused, loss_scale=scale)
     return torch.optim.Adam(
