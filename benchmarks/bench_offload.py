@@ -122,6 +122,88 @@ def _library_adam_rows(n_params: int, repeats: int) -> list[dict]:
     ]
 
 
+def _tier_row(tier: str, ceiling: str, puts, gets, ceiling_w, ceiling_r) -> dict:
+    """A tier's median put / get bandwidth and each over its ceiling measured in the same run."""
+    med = statistics.median
+    return {
+        "tier": tier,
+        "ceiling": ceiling,
+        "put_mib_s": med(puts) / 2**20,
+        "put_over_ceiling": med(puts) / med(ceiling_w),
+        "get_mib_s": med(gets) / 2**20,
+        "get_over_ceiling": med(gets) / med(ceiling_r),
+    }
+
+
+def _file_tier_rows(a, n: int) -> list[dict]:
+    """The file tier in each io_mode against its ceiling (host memcpy; write+fsync / cold read)."""
+    rows = []
+    t = torch.randn(n // 4)
+    for mode in ("page_cache", "dontneed"):
+        puts, gets, cw, cr = [], [], [], []
+        for _ in range(a.repeats):
+            if mode == "page_cache":
+                c = _memcpy_bw(n)
+                cw.append(c)
+                cr.append(c)
+            else:
+                w, r = _disk_bw(a.dir, n)
+                cw.append(w)
+                cr.append(r)
+            tl = Timeline()
+            tier = FileTier(a.dir, tl, mode)
+            try:
+                p, g = _tier_bw(tier, tl, t)
+            finally:
+                tier.close()
+            puts.append(p)
+            gets.append(g)
+        ceiling = "host memcpy" if mode == "page_cache" else "write+fsync / cold read"
+        rows.append(_tier_row(f"file ({mode})", ceiling, puts, gets, cw, cr))
+    return rows
+
+
+def _pinned_tier_rows(a, n: int) -> list[dict]:
+    """The pinned host tier on CUDA streams against a plain pinned copy of the same bytes."""
+    t = torch.randn(n // 4, device="cuda")
+    puts, gets, cw, cr = [], [], [], []
+    for _ in range(a.repeats):
+        w, r = _pinned_bw(n)
+        tl = Timeline(CudaClock(torch))
+        p, g = _tier_bw(PinnedTier(tl, torch.device("cuda")), tl, t)
+        puts.append(p)
+        gets.append(g)
+        cw.append(w)
+        cr.append(r)
+    return [_tier_row("pinned host (CUDA streams)", "plain pinned copy", puts, gets, cw, cr)]
+
+
+def _optimizer_rows(a) -> tuple[list[dict], int]:
+    """The offloaded optimizer step (after backward, so the step is timed alone) over the in-memory
+    Adam step, on the same MLP; and its parameter count."""
+    common = dict(
+        width=a.width,
+        depth=a.depth,
+        batch=256,
+        steps=2 + a.repeats,
+        device=a.device,
+        slow_dir=a.dir,
+        bucket_mb=1.0,
+        optimizer_in_backward=False,
+    )
+    mem = train(RunSpec("none", **common))[0]
+    off = train(RunSpec("optimizer", **common))[0]
+    return [
+        {
+            "params": mem["n_params"],
+            "in_memory_step_s": mem["optimizer_s"] + 0.0,
+            "offloaded_step_s": off["optimizer_s"] + off["exposed_transfer_s"],
+            "offloaded_over_in_memory": (off["optimizer_s"] + off["exposed_transfer_s"]) / mem["optimizer_s"],
+            "weights_equal": mem["weights_sha256"] == off["weights_sha256"],
+        }
+    ], mem["n_params"]
+
+
 def main(argv=None) -> int:
     ap = parser(__doc__.splitlines()[0])
     ap.add_argument("--size-mib", type=float, default=64.0)
@@ -135,86 +217,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     Path(a.dir).mkdir(parents=True, exist_ok=True)
     n = int(a.size_mib * 2**20) // 4 * 4
-    med = statistics.median
-    rows = []
-    if a.device == "cpu":
-        t = torch.randn(n // 4)
-        for mode in ("page_cache", "dontneed"):
-            puts, gets, cw, cr = [], [], [], []
-            for _ in range(a.repeats):
-                if mode == "page_cache":
-                    c = _memcpy_bw(n)
-                    cw.append(c)
-                    cr.append(c)
-                else:
-                    w, r = _disk_bw(a.dir, n)
-                    cw.append(w)
-                    cr.append(r)
-                tl = Timeline()
-                tier = FileTier(a.dir, tl, mode)
-                try:
-                    p, g = _tier_bw(tier, tl, t)
-                finally:
-                    tier.close()
-                puts.append(p)
-                gets.append(g)
-            ceiling = "host memcpy" if mode == "page_cache" else "write+fsync / cold read"
-            rows.append(
-                {
-                    "tier": f"file ({mode})",
-                    "ceiling": ceiling,
-                    "put_mib_s": med(puts) / 2**20,
-                    "put_over_ceiling": med(puts) / med(cw),
-                    "get_mib_s": med(gets) / 2**20,
-                    "get_over_ceiling": med(gets) / med(cr),
-                }
-            )
-    else:
-        t = torch.randn(n // 4, device="cuda")
-        puts, gets, cw, cr = [], [], [], []
-        for _ in range(a.repeats):
-            w, r = _pinned_bw(n)
-            tl = Timeline(CudaClock(torch))
-            p, g = _tier_bw(PinnedTier(tl, torch.device("cuda")), tl, t)
-            puts.append(p)
-            gets.append(g)
-            cw.append(w)
-            cr.append(r)
-        rows.append(
-            {
-                "tier": "pinned host (CUDA streams)",
-                "ceiling": "plain pinned copy",
-                "put_mib_s": med(puts) / 2**20,
-                "put_over_ceiling": med(puts) / med(cw),
-                "get_mib_s": med(gets) / 2**20,
-                "get_over_ceiling": med(gets) / med(cr),
-            }
-        )
+    rows = _file_tier_rows(a, n) if a.device == "cpu" else _pinned_tier_rows(a, n)
     emit(rows, None)
-    # optimizer step: offloaded (after backward, so the step is timed alone) / in-memory Adam
-    common = dict(
-        width=a.width,
-        depth=a.depth,
-        batch=256,
-        steps=2 + a.repeats,
-        device=a.device,
-        slow_dir=a.dir,
-        bucket_mb=1.0,
-        optimizer_in_backward=False,
-    )
-    mem = train(RunSpec("none", **common))[0]
-    off = train(RunSpec("optimizer", **common))[0]
-    opt_rows = [
-        {
-            "params": mem["n_params"],
-            "in_memory_step_s": mem["optimizer_s"] + 0.0,
-            "offloaded_step_s": off["optimizer_s"] + off["exposed_transfer_s"],
-            "offloaded_over_in_memory": (off["optimizer_s"] + off["exposed_transfer_s"]) / mem["optimizer_s"],
-            "weights_equal": mem["weights_sha256"] == off["weights_sha256"],
-        }
-    ]
+    opt_rows, n_params = _optimizer_rows(a)
     emit(opt_rows, None)
-    lib_rows = _library_adam_rows(mem["n_params"], a.repeats)
+    lib_rows = _library_adam_rows(n_params, a.repeats)
     if lib_rows:
         emit(lib_rows, None)
     if a.csv:

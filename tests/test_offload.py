@@ -106,6 +106,25 @@ def test_points_run_on_the_device_the_app_resolved(test_config):
     assert all("tier_probe" not in p["spec"] for p in capacity_points(cfg, "cpu"))
 
 
+def test_a_point_runs_on_the_device_it_carries_and_is_not_resolved_again(tmp_path, monkeypatch):
+    """The worker takes the point's device as the app resolved it; an unresolved or absent one is an
+    error naming offload.device, not a second resolution."""
+    from hpcdl.platform.kit import device as device_mod
+    from hpcdl.studies.offload import compute
+
+    def resolved_again(*args):
+        raise AssertionError("the worker resolved the device again")
+
+    monkeypatch.setattr(device_mod, "resolve", resolved_again)
+    rec, _ = train(_spec(tmp_path, "none", steps=2))
+    assert rec["device"] == "cpu"
+    with pytest.raises(ValueError, match=r"device is 'auto', not a resolved device.*offload.device"):
+        train(_spec(tmp_path, "none", device="auto"))
+    point = {"strategy": "none", "width": W, "depth": 2, "batch": B, "steps": 2, "slow_dir": str(tmp_path)}
+    with pytest.raises(ValueError, match=r"lacks 'device' \(the resolved offload.device"):
+        compute.measure_point(point)
+
+
 def test_fast_tier_accounts_every_kind_and_offload_lowers_the_peak(tmp_path):
     depth = 6
     n = depth * (W * W + W)
@@ -176,18 +195,18 @@ def test_budget_is_enforced_on_the_measured_peak_and_capacity_is_decided_by_tria
 
 
 def test_the_measured_peak_alone_fails_a_trial_the_registry_would_pass(tmp_path, monkeypatch):
-    from hpcdl.studies.offload import train as train_mod
+    from hpcdl.studies.offload import process_memory
 
     spec = _spec(tmp_path, "none", width=128, depth=2, steps=2, warmup_steps=0, budget_mb=4, trim_heap=True)
     rec, _ = train(spec)
     assert rec["peak_accounted_bytes"] < 4 << 20 and rec["peak_fast_bytes"] < 4 << 20
-    real, calls = train_mod.rss_bytes, []
+    real, calls = process_memory.rss_bytes, []
 
     def held_more():  # after the run's start the process holds 8 MiB the registry does not count
         calls.append(1)
         return real() + (8 << 20 if len(calls) > 1 else 0)
 
-    monkeypatch.setattr(train_mod, "rss_bytes", held_more)
+    monkeypatch.setattr(process_memory, "rss_bytes", held_more)
     with pytest.raises(BudgetExceeded, match="anonymous RSS high-water mark"):
         train(spec)
 

@@ -14,7 +14,7 @@ from references import apply_exchange
 from hpcdl.platform.kit.config import ConfigError, validate_config
 from hpcdl.platform.kit.device import Placement, dist_backend, visible_gpus
 from hpcdl.platform.kit.rank_runtime.launch import RankFailure, run_ranks
-from hpcdl.studies.shuffle import compute, partition, tables, train
+from hpcdl.studies.shuffle import compute, partition, rank_state, tables
 from hpcdl.studies.shuffle import data as shuffle_data
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
@@ -85,16 +85,16 @@ def test_a_point_records_the_device_it_ran_on_through_to_the_tables(tiny_data):
 def test_the_device_exchange_needs_one_gpu_per_rank_and_says_what_to_change():
     shared = Placement("cuda", "cuda:0", "cpu", "gloo", shared=True)
     with pytest.raises(ValueError, match=r"exchange_device: device .*shared GPU.*exchange_device: host"):
-        train._Where(shared, "device", "partial")
-    assert train._Where(shared, "device", "local").samples_on == "device"   # no exchange, no NCCL needed
-    assert train._Where(shared, "host", "partial").samples_on == "host"
+        rank_state.Where(shared, "device", "partial")
+    assert rank_state.Where(shared, "device", "local").samples_on == "device"   # no exchange, no NCCL needed
+    assert rank_state.Where(shared, "host", "partial").samples_on == "host"
     own = Placement("cuda", "cuda:1", "cuda:1", "nccl")
-    where = train._Where(own, "device", "partial")
+    where = rank_state.Where(own, "device", "partial")
     assert (where.samples_on, str(where.samples), str(where.comm)) == ("device", "cuda:1", "cuda:1")
     cpu = Placement("cpu", "cpu", "cpu", "gloo")
-    assert train._Where(cpu, "device", "partial").samples_on == "host"
+    assert rank_state.Where(cpu, "device", "partial").samples_on == "host"
     with pytest.raises(ValueError, match="exchange_device must be one of"):
-        train._Where(cpu, "gpu", "partial")
+        rank_state.Where(cpu, "gpu", "partial")
 
 
 def test_exchange_device_is_a_config_key_with_host_by_default(test_config):
@@ -119,10 +119,10 @@ def test_task_app_refuses_cuda_without_a_gpu_before_writing(write_config, tmp_pa
 def test_batches_never_leave_one_sample_alone():
     """Batch norm cannot train on one sample, and ranks whose partitions differ by one sample must
     take as many steps (DDP all-reduces once per step on every rank)."""
-    assert [(s.start, s.stop) for s in train._batches(101, 50)] == [(0, 50), (50, 101)]
-    assert len(train._batches(101, 50)) == len(train._batches(100, 50)) == 2
-    assert [(s.start, s.stop) for s in train._batches(7, 3)] == [(0, 3), (3, 7)]
-    assert [(s.start, s.stop) for s in train._batches(1, 3)] == [(0, 1)]
+    assert [(s.start, s.stop) for s in rank_state.batches(101, 50)] == [(0, 50), (50, 101)]
+    assert len(rank_state.batches(101, 50)) == len(rank_state.batches(100, 50)) == 2
+    assert [(s.start, s.stop) for s in rank_state.batches(7, 3)] == [(0, 3), (3, 7)]
+    assert [(s.start, s.stop) for s in rank_state.batches(1, 3)] == [(0, 1)]
 
 
 # ---- CUDA --------------------------------------------------------------------------------------

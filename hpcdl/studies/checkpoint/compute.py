@@ -174,18 +174,7 @@ def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: 
             d2h_after = d2h_ceiling(flat, pinned) if pinned is not None else 0.0
             # after the save is durable, so the extra copies neither warm nor contend with its own
             extra = _snapshot_passes(ckpt, flat, snapshot_passes - 1) if ckpt is not None else []
-            if cold_load:
-                integrity.evict_from_page_cache(timing.path)
-            t0 = time.perf_counter()
-            with PeakRSS(rss_interval_s) as load_mem:
-                manifest = integrity.verify(timing.path)
-                t1 = time.perf_counter()
-                back = saver.read(timing.path, manifest)
-                if cuda:  # restored where the state lives
-                    back = on_device(back, device)
-            load_s = time.perf_counter() - t0
-            ok = back.keys() == flat.keys() and all(torch.equal(back[k], flat[k]) for k in flat)
-            del back
+            load = _timed_load(timing.path, flat, device, cold_load, rss_interval_s)
             shutil.rmtree(timing.path)
             integrity.fsync_dir(root)  # the deletion's journal commit must not land in the next timing
             rows.append({
@@ -193,7 +182,7 @@ def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: 
                 "n_params": n_params, "repeat": rep,
                 "state_bytes": nbytes, "file_bytes": timing.file_bytes,
                 "blocking_s": timing.blocking_s, "durable_s": timing.durable_s,
-                "commit_s": timing.commit_s, "load_s": load_s, "verify_s": t1 - t0,
+                "commit_s": timing.commit_s, "load_s": load["load_s"], "verify_s": load["verify_s"],
                 "d2h_s": timing.d2h_s, "snapshot_s": timing.snapshot_s, "persist_s": timing.persist_s,
                 "snapshot_passes_s": (" ".join(f"{t:.6g}" for t in [timing.snapshot_s, *extra])
                                       if ckpt is not None else ""),
@@ -201,14 +190,32 @@ def run_point(fmt: str, mode: str, n_params: int, scratch_dir: str, *, repeats: 
                 "write_bw_bytes_per_s": timing.file_bytes / timing.durable_s,
                 "ceiling": CEILINGS[device] if ckpt is None else "",
                 "save_peak_extra_rss_bytes": save_mem.peak_extra_bytes,
-                "load_peak_extra_rss_bytes": load_mem.peak_extra_bytes,
-                "roundtrip_ok": bool(ok), "cold_load": bool(cold_load),
+                "load_peak_extra_rss_bytes": load["peak_extra_rss_bytes"],
+                "roundtrip_ok": load["ok"], "cold_load": bool(cold_load),
                 "_d2h": (d2h_before, d2h_after),
             })
         after = storage() if ckpt is None else None
         return [_with_ceiling(r, nbytes, before, after, pinned is not None) for r in rows]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _timed_load(path: Path, flat: dict, device: str, cold_load: bool, rss_interval_s: float) -> dict:
+    """A saved checkpoint verified and read back (cold where asked, restored onto `device`), timed;
+    whether it round-tripped bit for bit."""
+    if cold_load:
+        integrity.evict_from_page_cache(path)
+    t0 = time.perf_counter()
+    with PeakRSS(rss_interval_s) as load_mem:
+        manifest = integrity.verify(path)
+        t1 = time.perf_counter()
+        back = saver.read(path, manifest)
+        if device == "cuda":  # restored where the state lives
+            back = on_device(back, device)
+    load_s = time.perf_counter() - t0
+    ok = back.keys() == flat.keys() and all(torch.equal(back[k], flat[k]) for k in flat)
+    return {"load_s": load_s, "verify_s": t1 - t0, "ok": bool(ok),
+            "peak_extra_rss_bytes": load_mem.peak_extra_bytes}
 
 
 def _with_ceiling(row: dict, nbytes: int, before: fio.Moment | None, after: fio.Moment | None,

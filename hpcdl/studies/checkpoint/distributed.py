@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -65,12 +66,29 @@ def _local_bytes(state: dict) -> int:
     return sum(t.to_local().numel() * t.to_local().element_size() for t in state.values())
 
 
+@dataclass
+class _RankRounds:
+    """What each of a rank's save/load rounds works on (rank_point)."""
+
+    st: dict
+    root: Path
+    rank: int
+    place: object  # hpcdl.platform's Placement of this rank
+    pinned: object  # saver.Snapshot on CUDA (the D2H ceiling's buffers), else None
+    local_bytes: int
+    rss_interval_s: float
+    cold_load: bool
+
+    @property
+    def cuda(self) -> bool:
+        return self.place.device == "cuda"
+
+
 def rank_point(n_params: int, scratch_dir: str, repeats: int = 1, seed: int = 0,
                cold_load: bool = True, rss_interval_s: float = 0.002) -> list[dict]:
     """Per-rank timings of `repeats` DCP save/load rounds (called on every rank), on the device the
     rank runtime placed the rank on."""
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
 
     from hpcdl.platform import current_placement
@@ -86,75 +104,93 @@ def rank_point(n_params: int, scratch_dir: str, repeats: int = 1, seed: int = 0,
     if pinned is not None:
         pinned.prepare(_locals(st))
         torch.cuda.synchronize()
-
-    def sync() -> None:  # clocks read after GPU work read its end
-        if cuda:
-            torch.cuda.synchronize()
-
     root = Path(scratch_dir) / f"dcp-ranks{world}-{n_params}"
     if rank == 0:
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
     dist.barrier()
-    rows = []
+    run = _RankRounds(st, root, rank, place, pinned, local_bytes, rss_interval_s, cold_load)
     try:
-        for rep in range(repeats):
-            dist.barrier()
-            d2h_s = d2h_ceiling(_locals(st), pinned) if pinned is not None else 0.0
-            storage_s = storage_ceiling(root / f"ceiling-{rank}", local_bytes)
-            dist.barrier()
-            ceiling_all_s = _max_over_ranks(d2h_s + storage_s, place.comm)
-            d2h_all_s = _max_over_ranks(d2h_s, place.comm) if cuda else float("nan")
-
-            name = f"rep-{rep:03d}"
-            tmp_holder = [str(integrity.new_tmp_dir(root, name)) if rank == 0 else None]
-            dist.broadcast_object_list(tmp_holder, src=0)
-            tmp = Path(tmp_holder[0])
-            warm_pages(root, local_bytes)  # as the probe did before its timed write
-            dist.barrier()
-            t0 = time.perf_counter()
-            with PeakRSS(rss_interval_s) as save_mem:
-                dcp.save(st, storage_writer=dcp.FileSystemWriter(str(tmp)))  # fsyncs its files
-                durable_local = time.perf_counter() - t0
-                dist.barrier()
-                durable_s = time.perf_counter() - t0  # rank 0's below includes its fsync sweep
-                if rank == 0:
-                    c = integrity.commit(tmp, root / name, "dcp")
-                    file_bytes, durable_s = c.file_bytes, c.durable_at - t0
-                dist.barrier()
-            commit_s = time.perf_counter() - t0
-            path = root / name
-            if rank == 0 and cold_load:
-                integrity.evict_from_page_cache(path)
-            dist.barrier()
-            t1 = time.perf_counter()
-            with PeakRSS(rss_interval_s) as load_mem:
-                if rank == 0:
-                    integrity.verify(path)
-                dist.barrier()
-                verify_s = time.perf_counter() - t1
-                back = {k: _empty_like_dtensor(v) for k, v in st.items()}
-                dcp.load(back, storage_reader=dcp.FileSystemReader(str(path)))
-                sync()
-                dist.barrier()
-            load_s = time.perf_counter() - t1
-            ok = all(torch.equal(back[k].to_local(), st[k].to_local()) for k in st)
-            del back
-            if rank == 0:
-                shutil.rmtree(path)
-                integrity.fsync_dir(root)
-            rows.append({"repeat": rep, "rank": rank, "local_bytes": local_bytes, "placement": place.label,
-                         "d2h_ceiling_s": d2h_all_s,
-                         "file_bytes": file_bytes if rank == 0 else None,
-                         "durable_local_s": durable_local, "durable_s": durable_s, "commit_s": commit_s,
-                         "verify_s": verify_s, "load_s": load_s, "ceiling_s": ceiling_all_s,
-                         "save_peak_extra_rss_bytes": save_mem.peak_extra_bytes,
-                         "load_peak_extra_rss_bytes": load_mem.peak_extra_bytes, "roundtrip_ok": ok})
+        rows = [_round(run, rep) for rep in range(repeats)]
         dist.barrier()
     finally:
         if rank == 0:
             shutil.rmtree(root, ignore_errors=True)
     return rows
+
+
+def _round(run: _RankRounds, rep: int) -> dict:
+    """One round: the ceilings, then a timed save and a timed, checked load; this rank's row."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    d2h_s = d2h_ceiling(_locals(run.st), run.pinned) if run.pinned is not None else 0.0
+    storage_s = storage_ceiling(run.root / f"ceiling-{run.rank}", run.local_bytes)
+    dist.barrier()
+    ceiling_all_s = _max_over_ranks(d2h_s + storage_s, run.place.comm)
+    d2h_all_s = _max_over_ranks(d2h_s, run.place.comm) if run.cuda else float("nan")
+    name = f"rep-{rep:03d}"
+    save = _timed_save(run, name)
+    load = _timed_load(run, run.root / name)
+    if run.rank == 0:
+        shutil.rmtree(run.root / name)
+        integrity.fsync_dir(run.root)
+    return {"repeat": rep, "rank": run.rank, "local_bytes": run.local_bytes, "placement": run.place.label,
+            "d2h_ceiling_s": d2h_all_s, "file_bytes": save["file_bytes"],
+            "durable_local_s": save["durable_local_s"], "durable_s": save["durable_s"],
+            "commit_s": save["commit_s"], "verify_s": load["verify_s"], "load_s": load["load_s"],
+            "ceiling_s": ceiling_all_s, "save_peak_extra_rss_bytes": save["peak_extra_rss_bytes"],
+            "load_peak_extra_rss_bytes": load["peak_extra_rss_bytes"], "roundtrip_ok": load["ok"]}
+
+
+def _timed_save(run: _RankRounds, name: str) -> dict:
+    """Every rank writes its shards through DCP into rank 0's staging directory; rank 0 seals it."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    tmp_holder = [str(integrity.new_tmp_dir(run.root, name)) if run.rank == 0 else None]
+    dist.broadcast_object_list(tmp_holder, src=0)
+    tmp = Path(tmp_holder[0])
+    warm_pages(run.root, run.local_bytes)  # as the probe did before its timed write
+    dist.barrier()
+    file_bytes = None
+    t0 = time.perf_counter()
+    with PeakRSS(run.rss_interval_s) as save_mem:
+        dcp.save(run.st, storage_writer=dcp.FileSystemWriter(str(tmp)))  # fsyncs its files
+        durable_local = time.perf_counter() - t0
+        dist.barrier()
+        durable_s = time.perf_counter() - t0  # rank 0's below includes its fsync sweep
+        if run.rank == 0:
+            c = integrity.commit(tmp, run.root / name, "dcp")
+            file_bytes, durable_s = c.file_bytes, c.durable_at - t0
+        dist.barrier()
+    return {"file_bytes": file_bytes, "durable_local_s": durable_local, "durable_s": durable_s,
+            "commit_s": time.perf_counter() - t0, "peak_extra_rss_bytes": save_mem.peak_extra_bytes}
+
+
+def _timed_load(run: _RankRounds, path: Path) -> dict:
+    """Rank 0 verifies the sealed checkpoint, every rank loads its shards back (cold where asked)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    if run.rank == 0 and run.cold_load:
+        integrity.evict_from_page_cache(path)
+    dist.barrier()
+    t1 = time.perf_counter()
+    with PeakRSS(run.rss_interval_s) as load_mem:
+        if run.rank == 0:
+            integrity.verify(path)
+        dist.barrier()
+        verify_s = time.perf_counter() - t1
+        back = {k: _empty_like_dtensor(v) for k, v in run.st.items()}
+        dcp.load(back, storage_reader=dcp.FileSystemReader(str(path)))
+        if run.cuda:  # clocks read after GPU work read its end
+            torch.cuda.synchronize()
+        dist.barrier()
+    load_s = time.perf_counter() - t1
+    ok = all(torch.equal(back[k].to_local(), st.to_local()) for k, st in run.st.items())
+    return {"verify_s": verify_s, "load_s": load_s, "ok": ok,
+            "peak_extra_rss_bytes": load_mem.peak_extra_bytes}
 
 
 def _empty_like_dtensor(t):

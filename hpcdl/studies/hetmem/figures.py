@@ -32,8 +32,16 @@ def draw(cfg: dict, study_dir: Path) -> None:
              else f"{block['tiers']['fast']['name']} vs {block['tiers']['slow']['name']}")
     ref = "MEASURED on the GPU" if hw else "SIMULATED two-tier"
 
-    fig, ax = plt.subplots(figsize=(5.5, 5))
     v = val[val["sample_every"].eq(n)] if not val.empty else val
+    _plot_parity(plt, v, hw, n, tiers, ref, run.figure("parity"))
+    _plot_error(plt, v, errs, hw, block["error_ceiling"], run.figure("error_vs_sampling"))
+    _plot_policies(plt, pol, hw, run.figures)
+    _plot_cost(plt, speed, hw, run.figure("estimate_vs_reference_time"))
+
+
+def _plot_parity(plt, v, hw: bool, n: int, tiers: str, ref: str, path: Path) -> None:
+    """Each app's estimate against its reference runtime, at sampling period `n`."""
+    fig, ax = plt.subplots(figsize=(5.5, 5))
     if v.empty:
         mark_no_data(ax, "no validation rows (every app failed)")
     else:
@@ -51,11 +59,14 @@ def draw(cfg: dict, study_dir: Path) -> None:
     ax.set_ylabel("object-granularity estimate, bytes counted (µs)" if hw
                   else f"differential-tracing estimate, N={n} (µs)")
     ax.set_title(f"Estimate vs {'measured' if hw else 'simulated'} reference ({tiers})", fontsize=10)
-    save_figure(fig, run.figure("parity"))
+    save_figure(fig, path)
 
+
+def _plot_error(plt, v, errs, hw: bool, ceiling: float, path: Path) -> None:
+    """The estimator's error: vs the sampling rate (simulated), or vs the objects' share (GPU)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     if hw:
-        _error_vs_share(ax, v, block["error_ceiling"])
+        _error_vs_share(ax, v, ceiling)
     elif errs.empty:
         mark_no_data(ax, "no validation rows")
     else:
@@ -69,17 +80,18 @@ def draw(cfg: dict, study_dir: Path) -> None:
                 color="k" if app == "all" else None,
                 label=app,
             )
-        ax.axhline(100 * block["error_ceiling"], color="firebrick", ls=":", label="claim ceiling")
+        ax.axhline(100 * ceiling, color="firebrick", ls=":", label="claim ceiling")
         ax.set_xscale("log")
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))  # inside, it hid a curve
     if not hw:  # the GPU's axes are _error_vs_share's
         ax.set_xlabel("sampling period N (1 in N LLC misses sampled)")
         ax.set_ylabel("mean |error| vs simulated reference (%)")
         ax.set_title("Estimator error vs sampling rate (reference simulated)", fontsize=10)
-    save_figure(fig, run.figure("error_vs_sampling"))
+    save_figure(fig, path)
 
-    _plot_policies(plt, pol, hw, run.figures)
 
+def _plot_cost(plt, speed, hw: bool, path: Path) -> None:
+    """The cost of one estimate against one run of a placement."""
     fig, ax = plt.subplots(figsize=(6, 4))
     if speed.empty:
         mark_no_data(ax, "no timings")
@@ -104,7 +116,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
     ax.set_ylabel("wall time per placement (s, log)")
     ax.set_title("Cost of one estimate vs one hardware run of a placement (GPU)" if hw
                  else "Cost of one estimate vs one native run of the app", fontsize=10)
-    save_figure(fig, run.figure("estimate_vs_reference_time"))
+    save_figure(fig, path)
 
 
 def _error_vs_share(ax, v, ceiling: float) -> None:

@@ -30,8 +30,15 @@ def draw(cfg: dict, study_dir: Path) -> None:
     run = StudyDir(study_dir)
     tr, cap = read_tables(run.root, "tradeoff", "capacity")
     tier = _tier_label(tr)
+    _plot_tradeoff(plt, tr, tier, run.figure("tradeoff"))
+    _plot_breakdown(plt, tr, tier, run.figure("breakdown"))
+    _plot_capacity(plt, cap, tr, run.figure("capacity"))
+    # one step's timeline: compute vs transfer lanes
+    _plot_timeline(plt, read_or_empty(run.raw_table("timeline")), tr, run.figure("timeline"))
 
-    # 1. peak fast-tier memory vs step time, one point per size
+
+def _plot_tradeoff(plt, tr, tier: str, path: Path) -> None:
+    """Peak fast-tier memory vs step time, one point per size."""
     fig, ax = plt.subplots(figsize=(7, 4.6))
     for s in [s for s in ORDER if not tr.empty and s in set(tr["strategy"])]:
         d = tr[tr["strategy"] == s].sort_values("depth")
@@ -62,9 +69,11 @@ def draw(cfg: dict, study_dir: Path) -> None:
         axis.set_minor_formatter(NullFormatter())
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    save_figure(fig, run.figure("tradeoff"))
+    save_figure(fig, path)
 
-    # 2. stacked step-time breakdown at every depth
+
+def _plot_breakdown(plt, tr, tier: str, path: Path) -> None:
+    """The stacked step-time breakdown at every depth."""
     parts = [
         ("forward_s", "forward", "C0"),
         ("backward_s", "backward", "C2"),
@@ -86,9 +95,11 @@ def draw(cfg: dict, study_dir: Path) -> None:
     ax.set(ylabel="time per step (ms, median step)", title=f"Step time split\n{tier}")
     ax.title.set_fontsize(9)
     ax.grid(True, axis="y", alpha=0.3)
-    save_figure(fig, run.figure("breakdown"))
+    save_figure(fig, path)
 
-    # 3. largest trainable model per strategy under the budget
+
+def _plot_capacity(plt, cap, tr, path: Path) -> None:
+    """The largest trainable model per strategy under the budget."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     if not cap.empty:
         c = cap.set_index("strategy").reindex([s for s in ORDER if s in set(cap["strategy"])])
@@ -109,10 +120,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
         mark_no_data(ax, "no successful capacity search in this run")
     ax.set(xlabel="strategy", ylabel="parameters that train (millions)")
     ax.margins(y=0.2)
-    save_figure(fig, run.figure("capacity"))
-
-    # 4. one step's timeline: compute vs transfer lanes
-    _plot_timeline(plt, read_or_empty(run.raw_table("timeline")), tr, run.figure("timeline"))
+    save_figure(fig, path)
 
 
 TIMELINE_COLORS = {"forward": "C0", "backward": "C2", "optimizer": "C1", "optimizer_update": "C5",

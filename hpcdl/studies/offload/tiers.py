@@ -12,9 +12,9 @@ its own process and slow-tier directory, right after its training run (`measure`
                 (read: slow -> fast) of the same bytes, each waited for (its Ticket)
 
 Each direction `rounds` times after one untimed round; a point records the median. The tables stage
-writes them to tables/tiers.csv (`table`), and the memory and capacity claims are "not measured on
-this host" where the slow tier is not slower than the fast one by `slow_tier_min_slowdown` in both
-directions (`too_fast`).
+writes them to tables/tiers.csv (`table`), and the slow-tier gate (verdicts/gate.py) makes the memory,
+capacity and hidden-fraction claims that would pass "not measured on this host" where the slow tier is
+not slower than the fast one by `slow_tier_min_slowdown` in both directions (`too_fast`).
 """
 
 from __future__ import annotations

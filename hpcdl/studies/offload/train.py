@@ -16,30 +16,26 @@ each is compared with `none` at its own precision.
 Per step the timeline (timeline.py) holds the forward / backward / optimizer phases, every
 transfer and every wait; the record gives the median step's phases, and the hidden fraction
 pooled over every measured step.
+
+The run's settings are a RunSpec (runspec.py), on the device the point carries, resolved once by the
+task app; each strategy's slow tier and optimizer come from strategies.py, one step and its times from
+step.py, the process's memory from process_memory.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
 import hashlib
-import os
-import threading
-import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from hpcdl.platform import resolved_device
+from hpcdl.studies.offload import process_memory
 from hpcdl.studies.offload.accounting import BudgetExceeded, FastTier
 from hpcdl.studies.offload.activations import SavedActivations
 from hpcdl.studies.offload.checks import largest_tensor
 from hpcdl.studies.offload.model import build_mlp, make_batch, n_params
 from hpcdl.studies.offload.optimizer import OffloadedAdam
 from hpcdl.studies.offload.precision import (
-    MasterAdam,
     check_finite,
     dtype_of,
     format_sample,
@@ -47,120 +43,36 @@ from hpcdl.studies.offload.precision import (
     loss_scale_of,
     sample_positions,
 )
-from hpcdl.studies.offload.slowtier import FileTier, PinnedTier
+from hpcdl.studies.offload.process_memory import PeakRss, trim_heap, warm_process
+from hpcdl.studies.offload.runspec import RunSpec
+from hpcdl.studies.offload.step import one_step, pooled_hidden_fraction, step_times
+from hpcdl.studies.offload.strategies import (
+    NEEDS_TIER,
+    OFFLOADS_ACTIVATIONS,
+    STRATEGIES,
+    optimizer_for,
+    slow_tier,
+)
 from hpcdl.studies.offload.timeline import CpuClock, CudaClock, Timeline
-from hpcdl.studies.offload.zero import ZeroOffloadAdam
 
-STRATEGIES = ("none", "optimizer", "activations", "both", "save_on_cpu", "zero_offload")
-OFFLOADS_OPTIMIZER = {"optimizer", "both"}
-OFFLOADS_ACTIVATIONS = {"activations", "both"}
-NEEDS_TIER = OFFLOADS_OPTIMIZER | OFFLOADS_ACTIVATIONS | {"zero_offload"}
 MEASURED_BY = {True: "torch.cuda.max_memory_allocated", False: "anonymous RSS high-water mark"}
-
-
-def resolve_device(device: str) -> str:
-    """The block's `device`, resolved by the platform's one device mechanism (hpcdl.platform.kit.device)."""
-    return resolved_device(device, "offload.device")
 
 
 def tier_name(device: str) -> str:
     return "gpu>pinned_host" if device == "cuda" else "ram>file"
 
 
-@dataclass
-class RunSpec:
-    strategy: str
-    width: int
-    depth: int
-    batch: int
-    steps: int
-    seed: int = 0
-    lr: float = 1e-3
-    device: str = "cpu"
-    slow_dir: str = "."
-    io_mode: str = "page_cache"
-    bucket_mb: float = 1.0
-    prefetch_depth: int = 2
-    write_window: int = 2
-    budget_mb: float | None = None
-    foreach: bool = True
-    fused: bool = False
-    optimizer_in_backward: bool = True
-    staging_sets: int = 3
-    warmup_steps: int = 1
-    rss_interval_s: float = 0.002
-    trim_heap: bool = True  # gc + malloc_trim first, so that peak RSS starts from a clean heap
-    copy_cores: int = 0  # CPU: cores of the task kept for the slow tier's copy threads (compute_threads)
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (precision.py)
-    loss_scale: float = 65536.0  # fp16 only: the static loss scale (a power of two)
-    host_adam: str = "fused"  # zero_offload: torch's CPU Adam on the host (fused | foreach | forloop)
-    grad_window: int = 2  # zero_offload on CPU: gradient buckets whose copy to the host may be in flight
+RESOLVED = ("cpu", "cuda")
 
 
-def rss_bytes() -> int:
-    """The process's anonymous resident bytes now (resident - file-backed/shared, Linux /proc; no psutil,
-    so the GPU probe needs only torch). Library code paged in on first use is file-backed and not
-    memory the training holds, so it is left out; heap, tensors, thread stacks and arenas count."""
-    with open("/proc/self/statm") as f:
-        fields = f.read().split()
-    return (int(fields[1]) - int(fields[2])) * _PAGE
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-class _PeakRss:
-    """The process's resident set sampled on a thread, for the peak during a run."""
-
-    def __init__(self, interval_s: float):
-        self.interval = interval_s
-        self.peak = rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss_bytes())
-            self._stop.wait(self.interval)
-
-    def restart(self) -> None:
-        self.peak = rss_bytes()
-
-    def now(self) -> int:
-        """The peak so far, this instant included (a step's end: no sample can miss what it holds)."""
-        self.peak = max(self.peak, rss_bytes())
-        return self.peak
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss_bytes())
-        return False
-
-
-_WARM = []
-
-
-def _warm_process() -> None:
-    """One Adam step on a 4-element tensor, once per process: torch.optim's first step imports modules
-    (tens of MiB of Python objects) that would otherwise count as the memory of whichever run is first
-    in a worker process."""
-    if not _WARM:
-        p = torch.nn.Parameter(torch.zeros(4))
-        opt = torch.optim.Adam([p])
-        p.sum().backward()
-        opt.step()
-        _WARM.append(True)
-
-
-def _trim_heap() -> None:
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+def point_device(spec: RunSpec) -> str:
+    """The device the point carries, already resolved: the task app resolves `offload.device` once
+    (hpcdl.platform's device mechanism) and every point it makes names the result (sweep.py)."""
+    if spec.device not in RESOLVED:
+        raise ValueError(f"an offload point's device is {spec.device!r}, not a resolved device "
+                         f"({' or '.join(RESOLVED)}): the task app resolves offload.device once and "
+                         "every point carries the result (sweep.sweep_points)")
+    return spec.device
 
 
 def weights_digest(model) -> str:
@@ -183,12 +95,154 @@ def compute_threads(available: int, copy_cores: int, cuda: bool) -> int:
 def train(spec: RunSpec, keep_weights: bool = False) -> tuple:
     """`_train` on `compute_threads` intra-op threads (restored after); the record names them."""
     before = torch.get_num_threads()
-    threads = compute_threads(before, spec.copy_cores, resolve_device(spec.device) == "cuda")
+    threads = compute_threads(before, spec.copy_cores, point_device(spec) == "cuda")
     torch.set_num_threads(threads)
     try:
         return _train(spec, keep_weights)
     finally:
         torch.set_num_threads(before)
+
+
+def _checked_device(spec: RunSpec) -> str:
+    """The point's device, once its strategy is known and means something there."""
+    if spec.strategy not in STRATEGIES:
+        raise ValueError(f"unknown offload strategy {spec.strategy!r}; known: {STRATEGIES}")
+    device = point_device(spec)
+    if spec.strategy == "save_on_cpu" and device != "cuda":
+        raise ValueError(
+            "strategy 'save_on_cpu' needs CUDA (on CPU the saved tensors are already on the CPU)"
+        )
+    return device
+
+
+def _clean_start(spec: RunSpec, cuda: bool) -> int:
+    """Warm the process and clear what earlier runs left; on CUDA the model-free baseline the
+    allocator's peak is measured above (0 on CPU, where the RSS at the run's start is)."""
+    warm_process()
+    if spec.trim_heap:
+        trim_heap()
+    if not cuda:
+        return 0
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+@dataclass
+class _FastPeak:
+    """The fast tier's measured peak: CUDA, torch.cuda.max_memory_allocated above the model-free
+    baseline; CPU, the anonymous RSS high-water mark above the run's start."""
+
+    cuda: bool
+    cuda_base: int
+    rss: PeakRss
+    rss0: int
+
+    def now(self) -> int:
+        return torch.cuda.max_memory_allocated() - self.cuda_base if self.cuda else self.rss.now() - self.rss0
+
+    def restart(self) -> None:
+        self.rss.restart()
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+
+
+def _build_model(spec: RunSpec, fast: FastTier, device: str, dtype):
+    """The model in the fast tier, its parameters (and each step's new gradients) charged to the
+    registry; the sampled positions its final weights are recorded at."""
+    fast.check_single(*largest_tensor({"model": {"width": spec.width, "batch": spec.batch}}))
+    model = build_mlp(spec.width, spec.depth, spec.seed, device).to(dtype)
+    params = list(model.parameters())
+    positions = sample_positions(params)
+
+    def charge_grad(p):  # a new gradient tensor each step (zero_grad sets them to None)
+        fast.track(p.grad, "gradients")
+
+    for p in params:
+        fast.track(p, "parameters")
+        p.register_post_accumulate_grad_hook(charge_grad)
+    return model, params, positions
+
+
+@dataclass
+class _Run:
+    """What a run's steps work on, built by `_train`."""
+
+    spec: RunSpec
+    device: str
+    dtype: torch.dtype
+    scale: float
+    budget: int | None
+    fast: FastTier
+    peak: _FastPeak
+    timeline: Timeline
+    model: torch.nn.Module
+    params: list
+    opt: object
+    saved: SavedActivations
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
+
+
+def _check_budget(run: _Run) -> None:
+    peak = run.peak.now()
+    if peak > run.budget:
+        raise BudgetExceeded(
+            f"fast tier over budget: {MEASURED_BY[run.cuda]} {peak}"
+            f" bytes > offload.budget_mb = {run.budget} bytes"
+        )
+
+
+def _steps(run: _Run) -> tuple[list, tuple]:
+    """Every step trained; the measured ones' (wall time, timeline log), and the last step's batch
+    and loss (held by the caller until the run's end, as they were when this loop was inline)."""
+    spec, measured, last = run.spec, [], ()
+    for step in range(spec.steps):
+        if step == spec.warmup_steps and step > 0:
+            # the peak, like the times, is of the measured steps: a first step's one-off
+            # allocations (library workspaces, the allocator's first mappings) depend on what
+            # ran before in the process; what warm-up left resident still counts (above rss0)
+            run.peak.restart()
+        x, y = make_batch(spec.width, spec.batch, spec.seed, step, run.device)
+        wall, log, loss = one_step(run.model, run.opt, run.saved, run.timeline, x.to(run.dtype), y,
+                                   spec.strategy, run.cuda, run.scale)
+        last = (x, y, loss)
+        if spec.precision == "fp16":
+            check_finite(loss, run.params, step, spec.precision, run.scale)
+        if isinstance(run.opt, torch.optim.Adam) and step == 0:
+            for st in run.opt.state.values():  # created by the first step: charge them now
+                run.fast.track(st["exp_avg"], "optimizer_state")
+                run.fast.track(st["exp_avg_sq"], "optimizer_state")
+        if run.budget is not None:
+            _check_budget(run)
+        if step >= spec.warmup_steps:
+            measured.append((wall, log))
+    return measured, last
+
+
+def _settled(run: _Run, tier, measured: list) -> list:
+    """Each measured step's times and timeline rows, once every copy the steps issued has completed."""
+    run.timeline.stop()  # what follows belongs to no step
+    if isinstance(run.opt, OffloadedAdam):
+        run.opt.finish()
+    if tier is not None:
+        tier.sync()
+    per_step = []
+    for wall, log in measured:
+        log.resolve()
+        per_step.append((step_times(wall, log), log.rows()))
+    return per_step
+
+
+def _close(opt, tier) -> None:
+    if hasattr(opt, "close"):
+        opt.close()  # zero_offload: its host buffers live in the tier's run directory
+    if tier is not None:
+        tier.close()
 
 
 def _train(spec: RunSpec, keep_weights: bool = False) -> tuple:
@@ -201,84 +255,26 @@ def _train(spec: RunSpec, keep_weights: bool = False) -> tuple:
     spec.budget_mb (checked after each step); on CPU the registry also stops a run early when the
     tensors it accounts alone exceed the budget.
     """
-    if spec.strategy not in STRATEGIES:
-        raise ValueError(f"unknown offload strategy {spec.strategy!r}; known: {STRATEGIES}")
-    device = resolve_device(spec.device)
+    device = _checked_device(spec)
     cuda = device == "cuda"
-    if spec.strategy == "save_on_cpu" and not cuda:
-        raise ValueError(
-            "strategy 'save_on_cpu' needs CUDA (on CPU the saved tensors are already on the CPU)"
-        )
     dtype = dtype_of(spec.precision)
     scale = loss_scale_of(spec.precision, spec.loss_scale)
     budget = None if spec.budget_mb is None else int(spec.budget_mb * 2**20)
-    _warm_process()
-    if spec.trim_heap:
-        _trim_heap()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        cuda_base = torch.cuda.memory_allocated()
+    cuda_base = _clean_start(spec, cuda)
     # the measured peak is the enforced fast-tier measure; on CPU the registry (a lower bound: it
     # misses kernel temporaries and allocator slack) also aborts early a run that cannot fit
     fast = FastTier(None if cuda else budget)
     timeline = Timeline(CudaClock(torch) if cuda else CpuClock())
     tier = None
-    rss0 = rss_bytes()
-    with _PeakRss(spec.rss_interval_s) as rss:
-        fast.check_single(*largest_tensor({"model": {"width": spec.width, "batch": spec.batch}}))
-        model = build_mlp(spec.width, spec.depth, spec.seed, device).to(dtype)
-        params = list(model.parameters())
-        positions = sample_positions(params)
-
-        def charge_grad(p):  # a new gradient tensor each step (zero_grad sets them to None)
-            fast.track(p.grad, "gradients")
-
-        for p in params:
-            fast.track(p, "parameters")
-            p.register_post_accumulate_grad_hook(charge_grad)
+    rss0 = process_memory.rss_bytes()
+    with PeakRss(spec.rss_interval_s) as rss:
+        peak = _FastPeak(cuda, cuda_base, rss, rss0)
+        model, params, positions = _build_model(spec, fast, device, dtype)
         opt = None
         try:
             if spec.strategy in NEEDS_TIER:
-                tier = (
-                    PinnedTier(timeline, torch.device(device))
-                    if cuda
-                    else FileTier(spec.slow_dir, timeline, spec.io_mode)
-                )
-            if spec.strategy in OFFLOADS_OPTIMIZER:
-                opt = OffloadedAdam(
-                    params,
-                    tier,
-                    fast,
-                    timeline,
-                    int(spec.bucket_mb * 2**20),
-                    spec.lr,
-                    foreach=spec.foreach,
-                    fused=spec.fused,
-                    in_backward=spec.optimizer_in_backward,
-                    staging_sets=spec.staging_sets,
-                    loss_scale=scale,
-                )
-            elif spec.strategy == "zero_offload":
-                opt = ZeroOffloadAdam(
-                    params,
-                    tier,
-                    fast,
-                    timeline,
-                    int(spec.bucket_mb * 2**20),
-                    spec.lr,
-                    host_adam=spec.host_adam,
-                    loss_scale=scale,
-                    grad_window=spec.grad_window,
-                )
-            elif dtype != torch.float32:  # mixed precision: fp32 masters and moments in the fast tier
-                opt = MasterAdam(params, fast, spec.lr, foreach=spec.foreach, fused=spec.fused,
-                                 loss_scale=scale)
-            else:
-                opt = torch.optim.Adam(
-                    params, lr=spec.lr, foreach=False if spec.fused else spec.foreach, fused=spec.fused
-                )
+                tier = slow_tier(spec, timeline, device)
+            opt = optimizer_for(spec, params, tier, fast, timeline, dtype, scale)
             saved = SavedActivations(
                 fast,
                 params,
@@ -288,54 +284,26 @@ def _train(spec: RunSpec, keep_weights: bool = False) -> tuple:
                 write_window=spec.write_window,
                 device=device,
             )
-            measured = []
-            for step in range(spec.steps):
-                if step == spec.warmup_steps and step > 0:
-                    # the peak, like the times, is of the measured steps: a first step's one-off
-                    # allocations (library workspaces, the allocator's first mappings) depend on what
-                    # ran before in the process; what warm-up left resident still counts (above rss0)
-                    rss.restart()
-                    if cuda:
-                        torch.cuda.synchronize()
-                        torch.cuda.reset_peak_memory_stats()
-                x, y = make_batch(spec.width, spec.batch, spec.seed, step, device)
-                wall, log, loss = _one_step(model, opt, saved, timeline, x.to(dtype), y, spec.strategy, cuda,
-                                            scale)
-                if spec.precision == "fp16":
-                    check_finite(loss, params, step, spec.precision, scale)
-                if isinstance(opt, torch.optim.Adam) and step == 0:
-                    for st in opt.state.values():  # created by the first step: charge them now
-                        fast.track(st["exp_avg"], "optimizer_state")
-                        fast.track(st["exp_avg_sq"], "optimizer_state")
-                if budget is not None:
-                    peak = torch.cuda.max_memory_allocated() - cuda_base if cuda else rss.now() - rss0
-                    if peak > budget:
-                        raise BudgetExceeded(
-                            f"fast tier over budget: {MEASURED_BY[cuda]} {peak}"
-                            f" bytes > offload.budget_mb = {budget} bytes"
-                        )
-                if step >= spec.warmup_steps:
-                    measured.append((wall, log))
+            run = _Run(spec, device, dtype, scale, budget, fast, peak, timeline, model, params, opt, saved)
+            measured, _last = _steps(run)
             # the fast tier's measured peak over the steps (what the budget was checked on); the
             # weights' flush and digest after them are not training (peak_rss_bytes covers them)
-            peak_fast = torch.cuda.max_memory_allocated() - cuda_base if cuda else rss.now() - rss0
-            timeline.stop()  # what follows belongs to no step
-            if isinstance(opt, OffloadedAdam):
-                opt.finish()
-            if tier is not None:
-                tier.sync()
-            per_step = []
-            for wall, log in measured:  # every copy a step issued has completed now
-                log.resolve()
-                per_step.append((_record(wall, log), log.rows()))
+            peak_fast = peak.now()
+            per_step = _settled(run, tier, measured)
             digest = weights_digest(model)
             sample = format_sample(gather(params, positions))
             weights = [p.detach().cpu().clone() for p in params] if keep_weights else None
         finally:
-            if hasattr(opt, "close"):
-                opt.close()  # zero_offload: its host buffers live in the tier's run directory
-            if tier is not None:
-                tier.close()
+            _close(opt, tier)
+    out, tl_rows = _record(spec, device, scale, fast, peak, per_step, peak_fast, digest, sample)
+    return (out, tl_rows, weights) if keep_weights else (out, tl_rows)
+
+
+def _record(spec: RunSpec, device: str, scale: float, fast: FastTier, peak: _FastPeak, per_step: list,
+            peak_fast: int, digest: str, sample: str) -> tuple[dict, list]:
+    """The run's record, and its median step's timeline rows."""
+    cuda = device == "cuda"
+    rss, rss0 = peak.rss, peak.rss0
     # the median step (by step time), whole: its phases add up to its step time
     med, tl_rows = (
         sorted(per_step, key=lambda r: r[0]["step_s"])[(len(per_step) - 1) // 2] if per_step else ({}, [])
@@ -367,7 +335,7 @@ def _train(spec: RunSpec, keep_weights: bool = False) -> tuple:
         "peak_rss_bytes": rss.peak,
         "peak_extra_rss_bytes": rss.peak - rss0,
         **{k: v for k, v in med.items() if k != "step"},
-        "hidden_frac": _pooled_hidden_fraction([r for r, _ in per_step]),
+        "hidden_frac": pooled_hidden_fraction([r for r, _ in per_step]),
         # each measured step's own fraction, for the claim's interval (space-separated; nan: no transfer)
         "hidden_frac_steps": " ".join(f"{r['hidden_frac']:.6f}" for r, _ in per_step),
         "weights_sha256": digest,
@@ -375,69 +343,4 @@ def _train(spec: RunSpec, keep_weights: bool = False) -> tuple:
         # tolerance.py where a strategy's update runs other kernels than none's (zero_offload)
         "weights_sample": sample,
     }
-    return (out, tl_rows, weights) if keep_weights else (out, tl_rows)
-
-
-def _pooled_hidden_fraction(records: list[dict]) -> float:
-    """1 - exposed / transfer time summed over every measured step: one step holds a few dozen
-    transfers, so its own fraction swings with one late copy; the pooled one is what a run hides."""
-    total = sum(r["transfer_s"] for r in records)
-    if not records or total <= 0:
-        return float("nan")
-    return min(1.0, max(0.0, 1.0 - sum(r["exposed_transfer_s"] for r in records) / total))
-
-
-def _one_step(model, opt, saved, tl: Timeline, x, y, strategy, cuda, scale: float = 1.0):
-    """One training step; its wall time, its timeline log (resolved later) and its loss. Below fp32
-    the loss is computed in fp32 (the output cast up, as autocast does) and, under fp16, scaled."""
-    stream = torch.cuda.current_stream() if cuda else None
-    log = tl.start()
-    saved.begin_step()
-    wall0 = time.perf_counter()
-    hooks = torch.autograd.graph.save_on_cpu(pin_memory=True) if strategy == "save_on_cpu" else saved.hooks()
-    with tl.phase("forward", stream):
-        with hooks:
-            out = model(x)
-            loss = F.mse_loss(out, y) if out.dtype == torch.float32 else F.mse_loss(out.float(), y.float())
-    with tl.phase("backward", stream):
-        if isinstance(opt, OffloadedAdam):
-            opt.prefetch()
-        (loss if scale == 1.0 else loss * scale).backward()
-    with tl.phase("optimizer", stream):
-        opt.step()
-        opt.zero_grad()
-    saved.end_step()
-    if cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - wall0, log, loss.detach()
-
-
-def _record(wall: float, log) -> dict:
-    """A step's times: each phase without the waits inside it, the exposed and total transfer time."""
-    waits = [s for s in log.spans if s.lane == "wait"]
-    phases = {
-        s.kind: s for s in log.spans if s.lane == "compute" and s.kind in ("forward", "backward", "optimizer")
-    }
-
-    updates = [s for s in log.spans if s.lane == "compute" and s.kind == "optimizer_update"]
-
-    def inside(spans, ph):
-        return sum(w.end_s - w.start_s for w in spans if w.start_s >= ph.start_s and w.end_s <= ph.end_s)
-
-    def compute_in(ph):
-        return ph.end_s - ph.start_s - inside(waits, ph)
-
-    # bucket updates run inside backward (optimizer in_backward): they count as optimizer time
-    in_bwd = inside(updates, phases["backward"])
-    hidden = log.hidden_fraction()
-    return {
-        "step_s": wall,
-        "forward_s": compute_in(phases["forward"]),
-        "backward_s": compute_in(phases["backward"]) - in_bwd,
-        "optimizer_s": compute_in(phases["optimizer"]) + in_bwd,
-        "exposed_transfer_s": log.exposed_s(),
-        "transfer_s": log.transfer_s(),
-        "hidden_frac": float("nan") if hidden is None else hidden,
-        "bytes_to_slow": log.bytes("to_slow"),
-        "bytes_from_slow": log.bytes("from_slow"),
-    }
+    return out, tl_rows

@@ -22,6 +22,9 @@ def _order(labels) -> list[str]:
     return sorted(set(labels), key=key)
 
 
+STYLES = ["-", "--", ":", "-."]  # one per world size
+
+
 def draw(cfg: dict, study_dir: Path) -> None:
     plt = pyplot()
     run = StudyDir(study_dir)
@@ -30,7 +33,6 @@ def draw(cfg: dict, study_dir: Path) -> None:
     plain = epochs[~epochs["point"].str.startswith("kakurenbo-")]
     plain_final = plain_runs(final)
     sizes = sorted(plain["world_size"].unique())
-    styles = ["-", "--", ":", "-."]
 
     # 1. validation accuracy vs epoch, one panel per partitioning
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
@@ -40,7 +42,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
         sub = plain[plain["partitioning"].eq(part)]
         for (lbl, m), g in sub.groupby(["label", "world_size"]):
             curve = g.groupby("epoch")["val_acc"].mean()
-            ax.plot(curve.index + 1, 100 * curve.values, styles[sizes.index(m) % 4], color=colors[lbl],
+            ax.plot(curve.index + 1, 100 * curve.values, STYLES[sizes.index(m) % 4], color=colors[lbl],
                     marker="o", ms=3, label=f"{lbl}, M={m}")
         ax.set_title(f"{part} partitioning (mean over seeds)")
         ax.set_xlabel("epoch")
@@ -51,20 +53,7 @@ def draw(cfg: dict, study_dir: Path) -> None:
     save_figure(fig, run.figure("acc_vs_epoch"))
     plt.close(fig)
 
-    # 2. final accuracy vs Q (Q on a categorical axis: 0 = local, 1 = global)
-    qs = sorted(plain_final["q"].unique())
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for (part, m), g in plain_final.groupby(["partitioning", "world_size"]):
-        acc = g.groupby("q")["final_val_acc"].mean()
-        ax.plot([qs.index(q) for q in acc.index], 100 * acc.values, styles[sizes.index(m) % 4], marker="o",
-                color="tab:blue" if part == "random" else "tab:red", label=f"{part}, M={m}")
-    ax.set_xticks(range(len(qs)), [f"{q:g}" for q in qs])
-    ax.set_xlabel("shuffle fraction Q (0 = local, 1 = global)")
-    ax.set_ylabel("final validation accuracy (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    save_figure(fig, run.figure("final_acc_vs_q"))
-    plt.close(fig)
+    _final_acc_figure(plt, plain_final, sizes, run)
 
     # 3. stacked time per epoch vs Q, one panel per M (random partitioning)
     fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4), squeeze=False, sharey=True)
@@ -86,7 +75,30 @@ def draw(cfg: dict, study_dir: Path) -> None:
     save_figure(fig, run.figure("time_per_epoch_vs_q"))
     plt.close(fig)
 
-    # 4. bytes exchanged per epoch vs Q, against Q * N samples
+    _bytes_figure(plt, cfg, plain_final, sizes, run)
+    _gap_figure(plt, cfg, run)
+    _kakurenbo_figure(plt, cfg, run)
+
+
+def _final_acc_figure(plt, plain_final, sizes: list, run: StudyDir) -> None:
+    """Final accuracy vs Q (Q on a categorical axis: 0 = local, 1 = global)."""
+    qs = sorted(plain_final["q"].unique())
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for (part, m), g in plain_final.groupby(["partitioning", "world_size"]):
+        acc = g.groupby("q")["final_val_acc"].mean()
+        ax.plot([qs.index(q) for q in acc.index], 100 * acc.values, STYLES[sizes.index(m) % 4], marker="o",
+                color="tab:blue" if part == "random" else "tab:red", label=f"{part}, M={m}")
+    ax.set_xticks(range(len(qs)), [f"{q:g}" for q in qs])
+    ax.set_xlabel("shuffle fraction Q (0 = local, 1 = global)")
+    ax.set_ylabel("final validation accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(fig, run.figure("final_acc_vs_q"))
+    plt.close(fig)
+
+
+def _bytes_figure(plt, cfg: dict, plain_final, sizes: list, run: StudyDir) -> None:
+    """Bytes exchanged per epoch vs Q, against Q * N samples."""
     fig, ax = plt.subplots(figsize=(6, 4))
     n = cfg["shuffle"]["n_train"]
     for m, g in plain_final.groupby("world_size"):
@@ -101,9 +113,6 @@ def draw(cfg: dict, study_dir: Path) -> None:
     ax.legend(fontsize=8)
     save_figure(fig, run.figure("bytes_vs_q"))
     plt.close(fig)
-
-    _gap_figure(plt, cfg, run)
-    _kakurenbo_figure(plt, cfg, run)
 
 
 def _gap_figure(plt, cfg: dict, run: StudyDir) -> None:

@@ -41,6 +41,8 @@ clearly below 1 (beyond the run-to-run spread of three runs) makes `device` the 
 
 Timing on CUDA: a phase's time is read after the rank's compute stream is synchronised, so each
 phase holds its own GPU work (the exchange runs on other streams and is not waited for there).
+
+Where a rank computes and holds its samples, and its per-epoch bookkeeping: rank_state.py.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
@@ -56,110 +59,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from hpcdl.platform import Placement, current_placement
+from hpcdl.platform import current_placement
 from hpcdl.studies.shuffle import exchange_plan, kakurenbo, partition
 from hpcdl.studies.shuffle import model as model_mod
 from hpcdl.studies.shuffle.exchange import BackgroundExchange, DeviceExchange, ExchangeError
+from hpcdl.studies.shuffle.rank_state import Held, Stopwatch, Where, batches, host_ids
 
 STRATEGIES = ("global", "local", "partial")
-EXCHANGE_DEVICES = ("host", "device")
 
 
-class _Where:
-    """Where this rank computes, where it holds its samples, and how tensors get between them."""
-
-    def __init__(self, place: Placement, exchange_device: str, strategy: str):
-        if exchange_device not in EXCHANGE_DEVICES:
-            raise ValueError(f"exchange_device must be one of {EXCHANGE_DEVICES}, got {exchange_device!r}")
-        self.label = place.label
-        self.compute, self.comm = torch.device(place.compute), torch.device(place.comm)
-        self.cuda = self.compute.type == "cuda"
-        on_gpu = exchange_device == "device" and self.cuda
-        if on_gpu and strategy == "partial" and place.backend != "nccl":
-            raise ValueError(
-                f"shuffle.exchange_device: device exchanges CUDA tensors over NCCL, but this rank runs "
-                f"{place.label}: ranks sharing a GPU talk over gloo; set shuffle.exchange_device: host, "
-                f"or run one rank per GPU (gpu_sharing: false)")
-        self.samples = self.compute if on_gpu else torch.device("cpu")
-        self.samples_on = "device" if on_gpu else "host"
-
-    def sync(self) -> None:
-        """Wait for the compute stream's work, so a clock read after it times that work (CUDA)."""
-        if self.cuda:
-            torch.cuda.current_stream(self.compute).synchronize()
-
-    def batch(self, src, idx: np.ndarray) -> torch.Tensor:
-        """Rows `idx` of `src` (a numpy array or memmap, or a tensor of held samples), on the compute
-        device."""
-        if isinstance(src, torch.Tensor) and src.device == self.compute:
-            return src[torch.from_numpy(idx).to(self.compute)]
-        if not self.cuda:
-            return torch.from_numpy(np.ascontiguousarray(src[idx]))
-        # host memory -> GPU: gathered into pinned memory, the copy runs asynchronously
-        if isinstance(src, torch.Tensor):
-            host = torch.empty((len(idx), *src.shape[1:]), dtype=src.dtype, pin_memory=True)
-            torch.index_select(src, 0, torch.from_numpy(idx), out=host)
-        else:
-            host = torch.from_numpy(np.ascontiguousarray(src[idx])).pin_memory()
-        return host.to(self.compute, non_blocking=True)
-
-    def on_comm(self, t: torch.Tensor, op) -> None:
-        """Run the in-place collective `op` on the default group over `t`, staged on the comm device
-        where it differs from t's (a shared GPU talks over gloo through host memory)."""
-        if t.device == self.comm:
-            op(t)
-            return
-        staged = t.to(self.comm)
-        op(staged)
-        t.copy_(staged)
-
-
-class _Stopwatch:
-    def __init__(self, sync=None):
-        self.t = {}
-        self._sync = sync or (lambda: None)
-
-    def add(self, key: str, t0: float) -> float:
-        self._sync()
-        now = time.perf_counter()
-        self.t[key] = self.t.get(key, 0.0) + now - t0
-        return now
-
-
-def _host_ids(idx) -> np.ndarray:
-    return idx.cpu().numpy() if isinstance(idx, torch.Tensor) else np.asarray(idx)
-
-
-class _Held:
-    """What a rank holds, counted from its buffers: distinct sample ids, and sample rows in memory
-    (a staged copy of a sample being sent is a second row of the same sample)."""
-
-    def __init__(self, samples: int, rows: int):
-        self.samples, self.rows = samples, rows
-
-    @classmethod
-    def count(cls, buffers) -> _Held:
-        """`buffers`: (data, ids) pairs; data's first axis must match its ids row for row."""
-        ids = []
-        for data, idx in buffers:
-            if len(data) != len(idx):
-                raise RuntimeError(f"buffer holds {len(data)} samples but {len(idx)} ids")
-            ids.append(_host_ids(idx).ravel())
-        all_ids = np.concatenate(ids) if ids else np.empty(0, dtype=np.int64)
-        return cls(int(len(np.unique(all_ids))), int(len(all_ids)))
-
-
-def _batches(n: int, batch_size: int) -> list[slice]:
-    # drop nothing: the last, smaller batch still trains (every rank has the same count); a last batch
-    # of one sample joins the one before, since batch norm cannot train on one sample (KAKURENBO's
-    # hiding leaves any count of visible samples)
-    cuts = list(range(0, n, batch_size)) + [n]
-    if len(cuts) > 2 and cuts[-1] - cuts[-2] == 1:
-        del cuts[-2]
-    return [slice(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
-
-
-def _validate(net, val: tuple[torch.Tensor, torch.Tensor], where: _Where) -> tuple[float, float]:
+def _validate(net, val: tuple[torch.Tensor, torch.Tensor], where: Where) -> tuple[float, float]:
     # DDP evaluates with rank 0's buffers (BN running stats): make that explicit.
     for buf in net.module.buffers():
         where.on_comm(buf, lambda t: dist.broadcast(t, 0))
@@ -192,7 +101,7 @@ def train_rank(*, data: dict, strategy: str, q: float, partitioning: str, alpha:
         kakurenbo.check_fraction(run["kakurenbo_fraction"])
         if run["kakurenbo_fraction"] > 0 and strategy != "global":
             raise ValueError("KAKURENBO is run on top of global shuffling (strategy 'global')")
-    where = _Where(current_placement(), exchange_device, strategy)
+    where = Where(current_placement(), exchange_device, strategy)
     timeout = float(exchange_timeout_s or os.environ.get("HPCDL_COLLECTIVE_TIMEOUT_S", "60"))
     shared = _Shared(data, timeout, host_exchange=strategy == "partial" and where.samples_on == "host")
     records, ids = [], None
@@ -224,153 +133,219 @@ class _Shared:
                        else None)
         self._val = None
 
-    def val(self, rank: int, m: int, where: _Where) -> tuple[torch.Tensor, torch.Tensor]:
+    def val(self, rank: int, m: int, where: Where) -> tuple[torch.Tensor, torch.Tensor]:
         if self._val is None:
             xs = torch.from_numpy(np.ascontiguousarray(self.x_val[rank::m])).to(where.compute)
             self._val = (xs, torch.from_numpy(self.y_val[rank::m]).to(where.compute))
         return self._val
 
 
-def _train_one(shared: _Shared, where: _Where, *, strategy: str, q: float, partitioning: str, alpha: float,
+class _Partition:
+    """This rank's partition (local, partial): its samples, labels and global ids where the rank holds
+    them (`Where.samples`); a partial exchange overwrites rows of all three in place."""
+
+    def __init__(self, ids: np.ndarray, shared: _Shared, where: Where):
+        self.x = torch.from_numpy(np.ascontiguousarray(shared.x_file[ids])).to(where.samples)
+        self.y = torch.from_numpy(shared.y_all[ids]).to(where.samples)
+        self.ids = torch.from_numpy(ids.astype(np.int64)).to(where.samples)
+
+
+@dataclass
+class _Run:
+    """One training run of a point on this rank: what its epochs share."""
+
+    shared: _Shared
+    where: Where
+    net: DistributedDataParallel
+    opt: torch.optim.Optimizer
+    strategy: str
+    q: float
+    seed: int
+    fraction: float  # KAKURENBO's
+    epochs: int
+    batch_size: int
+    lr: float
+    kill: dict
+    sizes: list
+    k: int  # samples sent and received each epoch (partial), else 0
+    part: _Partition | None  # None: global, read from the shared file
+    initial_load_s: float
+    rank: int
+    m: int
+    stats: np.ndarray  # last loss, correct, confidence per sample (KAKURENBO)
+
+
+def _train_one(shared: _Shared, where: Where, *, strategy: str, q: float, partitioning: str, alpha: float,
                seed: int, kakurenbo_fraction: float, epochs: int, batch_size: int, lr: float, momentum: float,
                model: dict, kill: dict) -> tuple[list[dict], np.ndarray | None]:
     rank, m = dist.get_rank(), dist.get_world_size()
-    timeout, xgroup = shared.timeout, shared.xgroup
-    x_file, y_all = shared.x_file, shared.y_all
     torch.manual_seed(seed)
-    n = len(y_all)
+    n = len(shared.y_all)
     sizes = partition.partition_sizes(n, m)
     module = model_mod.build(model["kind"], model["width"], model["depth"]).to(where.compute)
     net = DistributedDataParallel(module, device_ids=[where.compute.index] if where.cuda else None)
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
 
     load0 = time.perf_counter()
-    if strategy == "global":
-        ids = None
-    else:
-        ids = partition.make_partition(partitioning, y_all, m, seed, alpha)[rank]
-        x_part = torch.from_numpy(np.ascontiguousarray(x_file[ids])).to(where.samples)
-        y_part = torch.from_numpy(y_all[ids]).to(where.samples)
-        ids_part = torch.from_numpy(ids.astype(np.int64)).to(where.samples)
+    part = None
+    if strategy != "global":
+        ids = partition.make_partition(partitioning, shared.y_all, m, seed, alpha)[rank]
+        part = _Partition(ids, shared, where)
     where.sync()
     initial_load_s = time.perf_counter() - load0
     k = exchange_plan.exchange_count(n, m, q) if strategy == "partial" else 0
-
-    stats = np.zeros((3, n))          # last loss, correct, confidence per sample (KAKURENBO)
+    stats = np.zeros((3, n))
     stats[0] = np.inf
-    records = []
-    for epoch in range(epochs):
-        sw = _Stopwatch(where.sync)
-        wall0 = time.perf_counter()
-        hidden = np.zeros(n, dtype=bool)
-        hiding = None
-        if kakurenbo_fraction > 0:
+    run = _Run(shared, where, net, opt, strategy, q, seed, kakurenbo_fraction, epochs, batch_size, lr, kill,
+               sizes, k, part, initial_load_s, rank, m, stats)
+    records = [_epoch(run, epoch) for epoch in range(epochs)]
+    return records, (host_ids(part.ids).copy() if part is not None else None)
+
+
+def _epoch(run: _Run, epoch: int) -> dict:
+    """One epoch: train on this rank's order (the exchange in flight), wait for the exchange, validate;
+    its record."""
+    where, k = run.where, run.k
+    sw = Stopwatch(where.sync)
+    wall0 = time.perf_counter()
+    hidden, hiding = _hide(run, sw)
+    # cosine decay settles the last epochs, so "final accuracy" is not one noisy step's luck
+    epoch_lr = (run.lr * 0.5 * (1 + np.cos(np.pi * epoch / run.epochs))
+                * kakurenbo.lr_scale(float(hidden.mean())))
+    for g in run.opt.param_groups:
+        g["lr"] = epoch_lr
+    order, plan, ex = _order_and_exchange(run, epoch, hidden)
+    loss_sum, steps = _train_steps(run, epoch, order, hidden, sw, ex)
+    held, outcome, exposed = _exchanged(run, order, plan, ex)
+    where.sync()
+    epoch_s = time.perf_counter() - wall0
+    val0 = time.perf_counter()
+    val_acc, val_loss = _validate(run.net, run.shared.val(run.rank, run.m, where), where)
+    t = sw.t
+    return {
+        "epoch": epoch, "rank": run.rank, "world_size": run.m,
+        "device": where.label, "exchange_device": where.samples_on,
+        "train_loss": loss_sum / max(1, steps), "val_acc": val_acc, "val_loss": val_loss,
+        "samples_trained": len(order), "samples_sent": k if ex else 0, "samples_recv": k if ex else 0,
+        "bytes_sent": outcome.bytes_sent if outcome else 0,
+        "bytes_recv": outcome.bytes_recv if outcome else 0,
+        "exchange_s": outcome.time_s if outcome else 0.0, "exposed_exchange_s": exposed,
+        "load_s": t.get("load_s", 0.0) + (run.initial_load_s if epoch == 0 else 0.0),
+        "fwd_bwd_s": t.get("fwd_bwd_s", 0.0), "update_s": t.get("update_s", 0.0),
+        "hidden_forward_s": t.get("hidden_forward_s", 0.0), "record_s": t.get("record_s", 0.0),
+        "select_s": t.get("select_s", 0.0),
+        "compute_s": t.get("fwd_bwd_s", 0.0) + t.get("update_s", 0.0) + t.get("hidden_forward_s", 0.0),
+        "epoch_s": epoch_s, "val_s": time.perf_counter() - val0,
+        "samples_held": held.samples, "held_rows": held.rows,
+        "hidden": int(hidden.sum()), "n_train": len(run.shared.y_all),
+        "moved_back": hiding.moved_back if hiding else 0, "lr": epoch_lr,
+        "partition_skew_tv": (partition.label_skew(run.shared.y_all, [host_ids(run.part.ids)])
+                              if run.part is not None else float("nan")),
+    }
+
+
+def _hide(run: _Run, sw: Stopwatch):
+    """KAKURENBO's hidden samples this epoch (none without it) and its selection."""
+    hidden = np.zeros(len(run.shared.y_all), dtype=bool)
+    hiding = None
+    if run.fraction > 0:
+        t0 = time.perf_counter()
+        hiding = kakurenbo.select_hidden(run.stats[0], run.stats[1], run.stats[2], run.fraction)
+        hidden = hiding.hidden
+        sw.add("select_s", t0)
+    return hidden, hiding
+
+
+def _order_and_exchange(run: _Run, epoch: int, hidden: np.ndarray):
+    """The epoch's sample order on this rank, its exchange plan (local, partial) and, where samples
+    move, the exchange, issued now."""
+    if run.strategy == "global":
+        visible = np.flatnonzero(~hidden)
+        order = visible[exchange_plan.global_indices(len(visible), run.m, run.seed, epoch, run.rank)]
+        return order, None, None
+    p = exchange_plan.rank_plan(run.sizes, run.q, run.seed, epoch, run.rank)
+    if run.k == 0:
+        return p.order, p, None
+    # issued before the epoch's first step: on the device path, before DDP's all-reduces
+    where, part = run.where, run.part
+    pos = torch.from_numpy(p.send_pos).to(where.samples)
+    die = run.kill.get("rank") == run.rank and run.kill.get("epoch") == epoch
+    if where.samples_on == "device":
+        ex = DeviceExchange(part.x[pos], part.y[pos], part.ids[pos], p.send_counts, p.recv_counts, epoch,
+                            die_before_send=die)
+    else:
+        ex = BackgroundExchange(part.x[pos], part.y[pos], part.ids[pos], p.send_counts, p.recv_counts,
+                                run.shared.xgroup, epoch, die_before_send=die)
+    return p.order, p, ex
+
+
+def _train_steps(run: _Run, epoch: int, order: np.ndarray, hidden: np.ndarray, sw: Stopwatch, ex):
+    """The epoch's steps over `order` (KAKURENBO's per-sample records kept and merged); the summed
+    loss and the step count. A peer lost while the exchange is in flight is an ExchangeError."""
+    where, part, net, opt = run.where, run.part, run.net, run.opt
+    loss_sum, steps = 0.0, 0
+    seen = {"ids": [], "loss": [], "correct": [], "conf": []}
+    try:
+        for sl in batches(len(order), run.batch_size):
             t0 = time.perf_counter()
-            hiding = kakurenbo.select_hidden(stats[0], stats[1], stats[2], kakurenbo_fraction)
-            hidden = hiding.hidden
-            sw.add("select_s", t0)
-        # cosine decay settles the last epochs, so "final accuracy" is not one noisy step's luck
-        epoch_lr = lr * 0.5 * (1 + np.cos(np.pi * epoch / epochs)) * kakurenbo.lr_scale(float(hidden.mean()))
-        for g in opt.param_groups:
-            g["lr"] = epoch_lr
-        ex = None
-        if strategy == "global":
-            visible = np.flatnonzero(~hidden)
-            order = visible[exchange_plan.global_indices(len(visible), m, seed, epoch, rank)]
-        else:
-            p = exchange_plan.rank_plan(sizes, q, seed, epoch, rank)
-            order = p.order
-            if k > 0:
-                # issued before the epoch's first step: on the device path, before DDP's all-reduces
-                pos = torch.from_numpy(p.send_pos).to(where.samples)
-                die = kill.get("rank") == rank and kill.get("epoch") == epoch
-                if where.samples_on == "device":
-                    ex = DeviceExchange(x_part[pos], y_part[pos], ids_part[pos], p.send_counts,
-                                        p.recv_counts, epoch, die_before_send=die)
-                else:
-                    ex = BackgroundExchange(x_part[pos], y_part[pos], ids_part[pos], p.send_counts,
-                                            p.recv_counts, xgroup, epoch, die_before_send=die)
-        loss_sum, steps = 0.0, 0
-        seen = {"ids": [], "loss": [], "correct": [], "conf": []}
-        try:
-            for sl in _batches(len(order), batch_size):
+            idx = order[sl]
+            if run.strategy == "global":
+                rows = np.sort(idx)       # sequential reads from the file
+                xb, yb = where.batch(run.shared.x_file, rows), where.batch(run.shared.y_all, rows)
+                bid = rows
+            else:                         # (KAKURENBO, the only reader of bid, runs on global only)
+                xb, yb, bid = where.batch(part.x, idx), where.batch(part.y, idx), None
+            t0 = sw.add("load_s", t0)
+            out = net(xb)
+            per_sample = F.cross_entropy(out, yb, reduction="none")
+            loss = per_sample.mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            t0 = sw.add("fwd_bwd_s", t0)
+            opt.step()
+            sw.add("update_s", t0)
+            loss_sum += float(loss.item())
+            steps += 1
+            if run.fraction > 0:
                 t0 = time.perf_counter()
-                idx = order[sl]
-                if strategy == "global":
-                    rows = np.sort(idx)       # sequential reads from the file
-                    xb, yb, bid = where.batch(x_file, rows), where.batch(y_all, rows), rows
-                else:                         # (KAKURENBO, the only reader of bid, runs on global only)
-                    xb, yb, bid = where.batch(x_part, idx), where.batch(y_part, idx), None
-                t0 = sw.add("load_s", t0)
-                out = net(xb)
-                per_sample = F.cross_entropy(out, yb, reduction="none")
-                loss = per_sample.mean()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                t0 = sw.add("fwd_bwd_s", t0)
-                opt.step()
-                sw.add("update_s", t0)
-                loss_sum += float(loss.item())
-                steps += 1
-                if kakurenbo_fraction > 0:
-                    t0 = time.perf_counter()
-                    with torch.no_grad():     # kept on the compute device until the epoch's merge
-                        seen["ids"].append(bid)
-                        seen["loss"].append(per_sample.detach())
-                        seen["correct"].append(out.argmax(1) == yb)
-                        seen["conf"].append(out.softmax(1).max(1).values)
-                    sw.add("record_s", t0)
-            if kakurenbo_fraction > 0:
-                _refresh_hidden(net, shared, where, hidden, seen, stats, sw, rank, m)
-        except RuntimeError as exc:
-            if ex is not None and not isinstance(exc, ExchangeError):
-                raise ExchangeError(f"rank {rank}: lost a peer in epoch {epoch} while its shuffle exchange "
-                                    f"was in flight: {exc}") from exc
-            raise
-        exposed, outcome = 0.0, None
-        if strategy == "global":
-            held = _Held.count([(np.asarray(order), np.asarray(order))])  # read from the shared file
-        else:
-            held = _Held.count([(x_part, ids_part)])
-        if ex is not None:
-            outcome, exposed = ex.wait(timeout)
-            # The epoch's peak: the partition, the staged copies of the sent samples and the received
-            # ones are all in memory now, until the received ones overwrite the sent slots below.
-            held = _Held.count([(x_part, ids_part), (ex.staged[0], ex.staged[2]), (outcome.x, outcome.ids)])
-            ex.staged = None
-            # received samples overwrite the sent ones: the partition keeps its size
-            pos = torch.from_numpy(p.send_pos).to(where.samples)
-            x_part[pos], y_part[pos], ids_part[pos] = outcome.x, outcome.y, outcome.ids
-        where.sync()
-        epoch_s = time.perf_counter() - wall0
-        val0 = time.perf_counter()
-        val_acc, val_loss = _validate(net, shared.val(rank, m, where), where)
-        t = sw.t
-        records.append({
-            "epoch": epoch, "rank": rank, "world_size": m,
-            "device": where.label, "exchange_device": where.samples_on,
-            "train_loss": loss_sum / max(1, steps), "val_acc": val_acc, "val_loss": val_loss,
-            "samples_trained": len(order), "samples_sent": k if ex else 0, "samples_recv": k if ex else 0,
-            "bytes_sent": outcome.bytes_sent if outcome else 0,
-            "bytes_recv": outcome.bytes_recv if outcome else 0,
-            "exchange_s": outcome.time_s if outcome else 0.0, "exposed_exchange_s": exposed,
-            "load_s": t.get("load_s", 0.0) + (initial_load_s if epoch == 0 else 0.0),
-            "fwd_bwd_s": t.get("fwd_bwd_s", 0.0), "update_s": t.get("update_s", 0.0),
-            "hidden_forward_s": t.get("hidden_forward_s", 0.0), "record_s": t.get("record_s", 0.0),
-            "select_s": t.get("select_s", 0.0),
-            "compute_s": t.get("fwd_bwd_s", 0.0) + t.get("update_s", 0.0) + t.get("hidden_forward_s", 0.0),
-            "epoch_s": epoch_s, "val_s": time.perf_counter() - val0,
-            "samples_held": held.samples, "held_rows": held.rows,
-            "hidden": int(hidden.sum()), "n_train": n, "moved_back": hiding.moved_back if hiding else 0,
-            "lr": epoch_lr,
-            "partition_skew_tv": (partition.label_skew(y_all, [_host_ids(ids_part)]) if ids is not None
-                                  else float("nan")),
-        })
-    return records, (_host_ids(ids_part).copy() if ids is not None else None)
+                with torch.no_grad():     # kept on the compute device until the epoch's merge
+                    seen["ids"].append(bid)
+                    seen["loss"].append(per_sample.detach())
+                    seen["correct"].append(out.argmax(1) == yb)
+                    seen["conf"].append(out.softmax(1).max(1).values)
+                sw.add("record_s", t0)
+        if run.fraction > 0:
+            _refresh_hidden(net, run.shared, where, hidden, seen, run.stats, sw, run.rank, run.m)
+    except RuntimeError as exc:
+        if ex is not None and not isinstance(exc, ExchangeError):
+            raise ExchangeError(f"rank {run.rank}: lost a peer in epoch {epoch} while its shuffle exchange "
+                                f"was in flight: {exc}") from exc
+        raise
+    return loss_sum, steps
 
 
-def _refresh_hidden(net, shared: _Shared, where: _Where, hidden: np.ndarray, seen: dict, stats: np.ndarray,
-                    sw: _Stopwatch, rank: int, m: int) -> None:
+def _exchanged(run: _Run, order: np.ndarray, plan, ex):
+    """What the rank holds at the epoch's peak, the exchange's outcome and its exposed time; the
+    received samples then replace the sent ones."""
+    exposed, outcome, part = 0.0, None, run.part
+    if run.strategy == "global":
+        held = Held.count([(np.asarray(order), np.asarray(order))])  # read from the shared file
+    else:
+        held = Held.count([(part.x, part.ids)])
+    if ex is not None:
+        outcome, exposed = ex.wait(run.shared.timeout)
+        # The epoch's peak: the partition, the staged copies of the sent samples and the received
+        # ones are all in memory now, until the received ones overwrite the sent slots below.
+        held = Held.count([(part.x, part.ids), (ex.staged[0], ex.staged[2]), (outcome.x, outcome.ids)])
+        ex.staged = None
+        # received samples overwrite the sent ones: the partition keeps its size
+        pos = torch.from_numpy(plan.send_pos).to(run.where.samples)
+        part.x[pos], part.y[pos], part.ids[pos] = outcome.x, outcome.y, outcome.ids
+    return held, outcome, exposed
+
+
+def _refresh_hidden(net, shared: _Shared, where: Where, hidden: np.ndarray, seen: dict, stats: np.ndarray,
+                    sw: Stopwatch, rank: int, m: int) -> None:
     """KAKURENBO's epoch end: a forward pass over this rank's share of the hidden samples refreshes
     their loss; every rank's records are merged (summed over ranks on the comm device, then averaged
     per sample) into `stats`."""
