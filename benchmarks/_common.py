@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcdl.platform.kit.atomic import atomic_write_text
+from hpcdl.platform.task_app import atomic_write_text
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -22,7 +22,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import emit, parser  # noqa: E402
-from hpcdl.platform.kit.config import validate_config  # noqa: E402
+from hpcdl.platform.task_app import validate_config  # noqa: E402
 from hpcdl.studies.hetmem import agent, reference  # noqa: E402
 from hpcdl.studies.hetmem.compute import build_estimator  # noqa: E402
 from hpcdl.studies.hetmem.layout import Layout, range_pages_for  # noqa: E402

@@ -21,14 +21,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpcdl.platform.kit.atomic import atomic_write_text
-from hpcdl.platform.kit.config import load_config  # noqa: E402
+from hpcdl.platform.task_app import atomic_write_text, load_config  # noqa: E402
 from hpcdl.studies.hpo import compute, driver, storage, sweep  # noqa: E402
 
 
 def grid_throughput(cfg: dict, results: Path) -> list[dict]:
     import tasks.hpo as app
-    from hpcdl.platform.orchestration.task_runtime import (
+    from hpcdl.platform.task_app import (
         BACKEND,
         compss_wait_on,
         failure_reason,

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import emit, parser  # noqa: E402
-from hpcdl.platform import resolved_device  # noqa: E402
+from hpcdl.platform.task_app import resolved_device  # noqa: E402
 from hpcdl.studies.microbatch.compute import run_network  # noqa: E402
 from hpcdl.studies.microbatch.tables import network_speedup  # noqa: E402
 

@@ -227,7 +227,7 @@ def main(argv=None) -> int:
     if a.csv:
         import pandas as pd
 
-        from hpcdl.platform.kit.atomic import atomic_write_text
+        from hpcdl.platform.task_app import atomic_write_text
 
         atomic_write_text(a.csv, pd.concat([pd.DataFrame(rows), pd.DataFrame(opt_rows)]).to_csv(index=False))
     print(

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import emit, parser  # noqa: E402
 
-from hpcdl.platform.kit.points import StudyRun, point_key, read_record  # noqa: E402
+from hpcdl.platform.task_app import StudyRun, point_key, read_record  # noqa: E402
 from hpcdl.studies.checkpoint import compute  # noqa: E402
 
 

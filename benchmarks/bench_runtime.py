@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import runtime_tasks  # noqa: E402
 from _common import emit, parser  # noqa: E402
 
-from hpcdl.platform.orchestration.task_runtime import compss_wait_on, set_local_cores  # noqa: E402
+from hpcdl.platform.task_app import compss_wait_on, set_local_cores  # noqa: E402
 
 
 def _noop():

@@ -29,8 +29,7 @@ import pandas as pd
 BENCH_DIR = str(Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hpcdl.platform.kit.procenv import pythonpath  # noqa: E402
-from hpcdl.platform.kit.rank_runtime.launch import run_ranks  # noqa: E402
+from hpcdl.platform.task_app import pythonpath, run_ranks  # noqa: E402
 from hpcdl.studies.shuffle import data as shuffle_data  # noqa: E402
 from hpcdl.studies.shuffle.exchange_plan import exchange_count  # noqa: E402
 

@@ -27,10 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 BENCH_DIR = str(Path(__file__).resolve().parent)
 
 from hpcdl.common.layers import build_spec  # noqa: E402
-from hpcdl.platform.kit.device import DEVICES, resolve  # noqa: E402
-from hpcdl.platform.kit.procenv import pythonpath  # noqa: E402
-from hpcdl.platform.kit.rank_runtime.launch import run_ranks  # noqa: E402
-from hpcdl.platform.kit.results import available_cores  # noqa: E402
+from hpcdl.platform.task_app import (  # noqa: E402
+    DEVICES,
+    available_cores,
+    pythonpath,
+    resolved_device,
+    run_ranks,
+)
 from hpcdl.studies.spatial.data import ensure_dataset  # noqa: E402
 from hpcdl.studies.spatial.perfmodel.fit import fit_machine  # noqa: E402
 from hpcdl.studies.spatial.perfmodel.oracle import Strategy, predict  # noqa: E402
@@ -48,7 +51,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu-sharing", action="store_true", help="let ranks share a GPU (over gloo)")
     ap.add_argument("--csv", help="also write the table here")
     args = ap.parse_args(argv)
-    placed = {"device": resolve(args.device, "--device"), "gpu_sharing": args.gpu_sharing}
+    placed = {"device": resolved_device(args.device, "--device"), "gpu_sharing": args.gpu_sharing}
     os.environ["PYTHONPATH"] = pythonpath(BENCH_DIR)  # inherited by the ranks
     g = args.grid
     rows = []

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hpcdl.platform.kit.rank_runtime.placement import current
+from hpcdl.platform.task_app import current_placement
 from hpcdl.studies.shuffle.exchange import BackgroundExchange, DeviceExchange
 from hpcdl.studies.shuffle.exchange_plan import destinations
 
@@ -28,7 +28,7 @@ def exchange_throughput(k: int, repeats: int = 5, seed: int = 0, on: str = "host
     if on not in ("host", "device"):
         raise ValueError(f"on must be host or device, got {on!r}")
     rank, m = dist.get_rank(), dist.get_world_size()
-    place = current()
+    place = current_placement()
     dev = torch.device(place.compute if on == "device" else "cpu")
     group = dist.new_group(backend="gloo") if on == "host" else None
     dest = destinations(m, k, seed, 0)

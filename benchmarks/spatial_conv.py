@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpcdl.platform.kit.rank_runtime.placement import current
+from hpcdl.platform.task_app import current_placement
 from hpcdl.studies.spatial.devices import now
 from hpcdl.studies.spatial.halo import TIMERS
 from hpcdl.studies.spatial.model import SpatialConv3d, make_layout
@@ -23,7 +23,7 @@ def conv_fwd_bwd(shape: tuple[int, int, int], cin: int, cout: int, kernel: int, 
                  repeats: int) -> dict:
     """Median seconds of fwd+bwd of this rank's slab (depth split over all ranks) and its halo part."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    dev = torch.device(current().compute)
+    dev = torch.device(current_placement().compute)
     layout = make_layout((world, 1), tuple(range(world)), dist.group.WORLD if world > 1 else None, rank)
     torch.manual_seed(0)
     conv = nn.Conv3d(cin, cout, kernel, padding=(kernel - 1) // 2).to(dev)
@@ -42,4 +42,4 @@ def conv_fwd_bwd(shape: tuple[int, int, int], cin: int, cout: int, kernel: int, 
             totals.append(total)
             halos.append(TIMERS.settle()["halo"])
     return {"rank": rank, "time_s": float(np.median(totals)), "halo_s": float(np.median(halos)),
-            "placement": current().label}
+            "placement": current_placement().label}

@@ -22,47 +22,26 @@ import time
 
 import pandas as pd
 
-from hpcdl.platform.kit.points import StudyRun, failed_row
-from hpcdl.platform.kit.results import write_table
-from hpcdl.platform.orchestration.task_runtime import (
-    compss_wait_on,
-    constraint,
-    failure_reason,
-    on_failure,
-    task,
-)
-from hpcdl.platform.orchestration.task_runtime.app import start_app
+from hpcdl.platform.task_app import failed_row, start_app, study_task, write_table
 from hpcdl.studies.checkpoint import compute, fio, sweep
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_CHECKPOINT_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_CHECKPOINT_GPUS"}])
-@task(returns=1)
+@study_task("checkpoint")
 def io_point(point: dict, slot) -> list:
     return slot.run(compute.run_point, **point)
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_CHECKPOINT_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_CHECKPOINT_GPUS"}])
-@task(returns=1)
+@study_task("checkpoint")
 def ranks_point(point: dict, slot) -> list:
     return slot.run(compute.ranks_point, **point)
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "1"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_CHECKPOINT_GPUS"}])
-@task(returns=1)
+@study_task("checkpoint", cpu_units="1")
 def resume_point(point: dict, slot) -> dict:
     return slot.run(compute.resume_check, **point)
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_CHECKPOINT_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_CHECKPOINT_GPUS"}])
-@task(returns=1)
+@study_task("checkpoint")
 def overhead_point(point: dict, slot) -> dict:
     return slot.run(compute.overhead_run, **point)
 
@@ -85,8 +64,8 @@ def _submit_io(p: dict, slot):
 
 
 def main(argv=None) -> None:
-    cfg = start_app("checkpoint", argv, __doc__.splitlines()[0])
-    run = StudyRun(cfg, "checkpoint")
+    run = start_app("checkpoint", argv, __doc__.splitlines()[0])
+    cfg = run.cfg
     device = run.device  # resolved once and recorded (start_app has refused `cuda` without a GPU)
     scratch = sweep.scratch_path(cfg)
     scratch.mkdir(parents=True, exist_ok=True)
@@ -103,10 +82,10 @@ def main(argv=None) -> None:
     batches = [run.submit("io", io_pts, _submit_io),
                run.submit("resume", res_pts, lambda p, slot: resume_point(p, slot)),
                run.submit("overhead", ovh_pts, lambda p, slot: overhead_point(p, slot))]
-    io_out, res_out, ovh_out = run.gather(batches, compss_wait_on, failure_reason)
+    io_out, res_out, ovh_out = run.gather(batches)
     shutil.rmtree(scratch, ignore_errors=True)
 
-    raw = run.dir / "raw"
+    raw = run.raw
     io_rows = _rows(io_out, lambda p: {
         "device": device, "format": p.get("fmt", "dcp"), "mode": p.get("mode", "sync"),
         "process_group": p["kind"] == "ranks",

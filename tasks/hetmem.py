@@ -24,23 +24,11 @@ import time
 
 import pandas as pd
 
-from hpcdl.platform.kit.points import StudyRun, failed_row
-from hpcdl.platform.kit.results import write_table
-from hpcdl.platform.orchestration.task_runtime import (
-    compss_wait_on,
-    constraint,
-    failure_reason,
-    on_failure,
-    task,
-)
-from hpcdl.platform.orchestration.task_runtime.app import start_app
+from hpcdl.platform.task_app import failed_row, start_app, study_task, write_table
 from hpcdl.studies.hetmem import compute, sweep
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_HETMEM_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_HETMEM_GPUS"}])
-@task(returns=1)
+@study_task("hetmem")
 def app_point(point: dict, block: dict, work_dir: str, slot) -> dict:
     return slot.run(compute.run_point, point, block, work_dir, block["seed"])
 
@@ -54,23 +42,23 @@ def device_label(device: str, trace: dict | None) -> str:
 
 
 def main(argv=None) -> None:
-    cfg = start_app("hetmem", argv, __doc__.splitlines()[0])
-    study = StudyRun(cfg, "hetmem")
+    run = start_app("hetmem", argv, __doc__.splitlines()[0])
+    cfg = run.cfg
     # resolved once and recorded (start_app has refused `cuda` without a GPU); on cuda each task holds a GPU
-    device = study.device
+    device = run.device
     block = sweep.compute_block(cfg, device)
-    work_dir = str(study.dir / "traces")
+    work_dir = str(run.dir / "traces")
     apps = sweep.app_points(cfg, device)
     print(f"[hetmem] {len(apps)} app(s) on {device}: {', '.join(a['name'] for a in apps)}", file=sys.stderr,
           flush=True)
     # The key covers the app and every setting its task computes from, not where its files go.
-    batch = study.submit(
+    batch = run.submit(
         "app",
         apps,
         lambda p, slot: app_point(p, block, work_dir, slot),
         inputs=lambda p: {"app": p, "block": block},
     )
-    (outcomes,) = study.gather([batch], compss_wait_on, failure_reason)
+    (outcomes,) = run.gather([batch])
     traces, validation, policies = [], [], []
     for o in outcomes:
         if not o.ok:
@@ -86,21 +74,21 @@ def main(argv=None) -> None:
         traces.append({**o.result["trace"], "device": label, "status": "ok", "error": ""})
         validation.extend({**r, "device": label} for r in o.result["validation"])
         policies.extend({**r, "device": label} for r in o.result["policies"])
-    raw = study.dir / "raw"
-    write_table(pd.DataFrame(traces), raw / "traces.csv", cfg, study.started)
+    raw = run.raw
+    write_table(pd.DataFrame(traces), raw / "traces.csv", cfg, run.started)
     write_table(
         pd.DataFrame(validation, columns=_columns(validation, "app")),
         raw / "validation.csv",
         cfg,
-        study.started,
+        run.started,
     )
     write_table(
-        pd.DataFrame(policies, columns=_columns(policies, "app")), raw / "policies.csv", cfg, study.started
+        pd.DataFrame(policies, columns=_columns(policies, "app")), raw / "policies.csv", cfg, run.started
     )
-    study.write_summary()
+    run.write_summary()
     failed = sum(r["status"] == "failed" for r in traces)
     print(
-        f"[hetmem] done in {time.time() - study.started:.0f} s; {failed} failed app(s)",
+        f"[hetmem] done in {time.time() - run.started:.0f} s; {failed} failed app(s)",
         file=sys.stderr,
         flush=True,
     )

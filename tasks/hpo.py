@@ -20,45 +20,34 @@ import sys
 import pandas as pd
 
 from hpcdl.common.fashion_mnist import load_split
-from hpcdl.platform.kit.config import ConfigError
-from hpcdl.platform.kit.points import StudyRun
-from hpcdl.platform.kit.results import write_table
-from hpcdl.platform.orchestration.task_runtime import (
+from hpcdl.platform.task_app import (
     BACKEND,
+    POOL_ENV,
+    ConfigError,
     compss_wait_on,
-    constraint,
     failure_reason,
-    on_failure,
+    gpu_pool,
     set_local_cores,
-    task,
+    start_app,
+    study_task,
+    units_var,
+    write_table,
 )
-from hpcdl.platform.orchestration.task_runtime.app import start_app
-from hpcdl.platform.orchestration.task_runtime.gpus import POOL_ENV, gpu_pool
-from hpcdl.platform.orchestration.task_runtime.units import units_var
 from hpcdl.studies.hpo import compute, driver, records, storage
 from hpcdl.studies.hpo.sweep import check_gpu_workers, plan_studies
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_HPO_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_HPO_GPUS"}])
-@task(returns=1)
+@study_task("hpo")
 def train_chunk(params, state, data, epochs, seed, fail):
     return compute.run_chunk(params, state, data, epochs, seed, fail)
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_HPO_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_HPO_GPUS"}])
-@task(returns=1)
+@study_task("hpo")
 def test_accuracy(params, state, data):
     return compute.evaluate_test(params, state, data)
 
 
-@on_failure(management="FAIL")  # stated: the binding's default would be RETRY
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_HPO_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_HPO_GPUS"}])
-@task(returns=1)
+@study_task("hpo", on_failure="FAIL")
 def warm_up(data):
     return compute.warm_up(data)
 
@@ -103,10 +92,10 @@ def _refuse(exc: Exception) -> None:
 
 
 def main(argv=None) -> None:
-    cfg = start_app("hpo", argv, __doc__.splitlines()[0])
+    run = start_app("hpo", argv, __doc__.splitlines()[0])
+    cfg = run.cfg
     hpo = cfg["hpo"]
     units = int(os.environ[units_var("hpo")])  # start_app resolved it (a "$VAR" setting included)
-    run = StudyRun(cfg, "hpo")  # trials resume through the Optuna journal, not the point store
     device = run.device  # resolved once and recorded (start_app has refused cuda without a GPU)
     plans = plan_studies(hpo, BACKEND, device, units)
     try:

@@ -17,47 +17,32 @@ from __future__ import annotations
 import sys
 import time
 
-from hpcdl.platform.kit.points import StudyRun, failed_row
-from hpcdl.platform.kit.results import write_table
-from hpcdl.platform.orchestration.task_runtime import (
-    compss_wait_on,
-    constraint,
-    failure_reason,
-    on_failure,
-    task,
-)
-from hpcdl.platform.orchestration.task_runtime.app import start_app
+from hpcdl.platform.task_app import failed_row, start_app, study_task, write_table
 from hpcdl.studies.malleable import compute, sweep
 
 TABLES = ("points", "series", "changes", "decisions", "jobs")
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_MALLEABLE_UNITS")
-@task(returns=1)
+@study_task("malleable", gpus=False)
 def response_point(point: dict, period_us: int, slot) -> dict:
     return slot.run(compute.run, point, period_us)
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_MALLEABLE_UNITS")
-@task(returns=1)
+@study_task("malleable", gpus=False)
 def oversub_point(point: dict, period_us: int, slot) -> dict:
     return slot.run(compute.run, point, period_us)
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(computing_units="$HPCDL_MALLEABLE_UNITS")
-@task(returns=1)
+@study_task("malleable", gpus=False)
 def cosched_point(point: dict, period_us: int, slot) -> dict:
     return slot.run(compute.run, point, period_us)
 
 
 def main(argv=None) -> None:
-    cfg = start_app("malleable", argv, __doc__.splitlines()[0])
+    run = start_app("malleable", argv, __doc__.splitlines()[0])
+    cfg = run.cfg
     block = cfg["malleable"]
-    run = StudyRun(cfg, "malleable")
-    run.record_device()  # before the first table (a CPU study: cpu)
+    run.log(f"device {run.device} (a CPU study), recorded before the first table")
     period = block["cfs_period_us"]
     sweeps = (
         ("response", sweep.response_points(cfg), response_point),
@@ -78,7 +63,7 @@ def main(argv=None) -> None:
         )
         for name, points, fn in sweeps
     ]
-    outcomes = run.gather(batches, compss_wait_on, failure_reason)
+    outcomes = run.gather(batches)
     rows = {t: [] for t in TABLES}
     for o in (o for batch in outcomes for o in batch):
         if not o.ok:
@@ -87,7 +72,7 @@ def main(argv=None) -> None:
             continue
         for t in TABLES:
             rows[t].extend(o.result[t])
-    raw = run.dir / "raw"
+    raw = run.raw
     for t in TABLES:
         write_table(compute.frame(t, rows[t]), raw / f"{t}.csv", cfg, run.started)
     run.write_summary()

@@ -25,16 +25,7 @@ import time
 
 import pandas as pd
 
-from hpcdl.platform.kit.points import StudyRun, failed_row
-from hpcdl.platform.kit.results import write_table
-from hpcdl.platform.orchestration.task_runtime import (
-    compss_wait_on,
-    constraint,
-    failure_reason,
-    on_failure,
-    task,
-)
-from hpcdl.platform.orchestration.task_runtime.app import start_app
+from hpcdl.platform.task_app import failed_row, start_app, study_task, write_table
 from hpcdl.studies.microbatch import compute, sweep
 from hpcdl.studies.microbatch.choice import vetting
 from hpcdl.studies.microbatch.cudnn import study as cudnn_study
@@ -44,18 +35,12 @@ from hpcdl.studies.microbatch.tables import CUDNN_RAW, RAW
 HEADERS = {**cudnn_study.COLUMNS, "stack_vetting": [*vetting.COLUMNS, *cudnn_study.APP_COLUMNS]}
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_MICROBATCH_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_MICROBATCH_GPUS"}])
-@task(returns=1)
+@study_task("microbatch")
 def network_point(point: dict, slot) -> dict:
     return slot.run(compute.run_network, **point)
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_MICROBATCH_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_MICROBATCH_GPUS"}])
-@task(returns=1)
+@study_task("microbatch")
 def cudnn_point(point: dict, slot) -> dict:
     return slot.run(compute.run_cudnn_network, **point)
 
@@ -79,8 +64,8 @@ def _rows(outcomes, names: tuple[str, ...]) -> dict[str, list[dict]]:
 
 
 def main(argv=None) -> None:
-    cfg = start_app("microbatch", argv, __doc__.splitlines()[0])
-    run = StudyRun(cfg, "microbatch")
+    run = start_app("microbatch", argv, __doc__.splitlines()[0])
+    cfg = run.cfg
     # resolved once and recorded (start_app has refused `cuda` without a GPU); on cuda each task holds a GPU
     device = run.device
     points = sweep.network_points(cfg, device)
@@ -93,11 +78,9 @@ def main(argv=None) -> None:
     outcomes, cudnn_outcomes = run.gather(
         [run.submit("network", points, lambda p, slot: network_point(p, slot)),
          run.submit("cudnn", cudnn_points, lambda p, slot: cudnn_point(p, slot))],
-        compss_wait_on,
-        failure_reason,
     )
     tables = {**_rows(outcomes, RAW), **_rows(cudnn_outcomes, CUDNN_RAW)}
-    raw = run.dir / "raw"
+    raw = run.raw
     # header only: cuDNN's tables where the experiment did not run (a CPU run), stack_vetting where
     # no plan was vetted
     for name in (*RAW, *CUDNN_RAW):

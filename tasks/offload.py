@@ -20,33 +20,18 @@ import time
 
 import pandas as pd
 
-from hpcdl.platform.kit.points import StudyRun, failed_row
-from hpcdl.platform.kit.results import write_table
-from hpcdl.platform.orchestration.task_runtime import (
-    compss_wait_on,
-    constraint,
-    failure_reason,
-    on_failure,
-    task,
-)
-from hpcdl.platform.orchestration.task_runtime.app import start_app
+from hpcdl.platform.task_app import failed_row, start_app, study_task, write_table
 from hpcdl.studies.offload import sweep
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_OFFLOAD_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_OFFLOAD_GPUS"}])
-@task(returns=1)
+@study_task("offload")
 def run_point(point: dict, slot) -> dict:
     from hpcdl.studies.offload import compute
 
     return slot.run(compute.measure_point, point)
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_OFFLOAD_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_OFFLOAD_GPUS"}])
-@task(returns=1)
+@study_task("offload")
 def capacity_point(point: dict, slot) -> dict:
     from hpcdl.studies.offload import compute
 
@@ -54,8 +39,8 @@ def capacity_point(point: dict, slot) -> dict:
 
 
 def main(argv=None) -> None:
-    cfg = start_app("offload", argv, __doc__.splitlines()[0])
-    run = StudyRun(cfg, "offload")
+    run = start_app("offload", argv, __doc__.splitlines()[0])
+    cfg = run.cfg
     try:
         slow, owned, stale = sweep.prepare_slow_dir(cfg)  # stale: an interrupted run's offload files
     except sweep.SlowTierError as exc:
@@ -80,7 +65,7 @@ def main(argv=None) -> None:
         run.submit("sweep", points, lambda p, slot: run_point(p, slot)),
         run.submit("capacity", capacity, lambda p, slot: capacity_point(p, slot)),
     ]
-    sweep_out, cap_out = run.gather(batches, compss_wait_on, failure_reason)
+    sweep_out, cap_out = run.gather(batches)
     if owned:
         shutil.rmtree(slow, ignore_errors=True)
 
@@ -99,7 +84,7 @@ def main(argv=None) -> None:
             "budget_mb": o.point["spec"]["budget_mb"],
         }
         caps.append(failed_row(label, o.error) if not o.ok else {**o.result, "status": "ok", "error": ""})
-    raw = run.dir / "raw"
+    raw = run.raw
     write_table(pd.DataFrame(steps), raw / "steps.csv", cfg, run.started)
     write_table(
         pd.DataFrame(

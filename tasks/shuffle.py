@@ -19,26 +19,14 @@ import sys
 
 import pandas as pd
 
-from hpcdl.platform.kit.points import StudyRun, failed_row
-from hpcdl.platform.kit.results import write_table
-from hpcdl.platform.orchestration.task_runtime import (
-    compss_wait_on,
-    constraint,
-    failure_reason,
-    on_failure,
-    task,
-)
-from hpcdl.platform.orchestration.task_runtime.app import start_app
+from hpcdl.platform.task_app import failed_row, start_app, study_task, write_table
 from hpcdl.studies.shuffle import compute, sweep
 from hpcdl.studies.shuffle import data as shuffle_data
 
 KILL_ENV = "HPCDL_SHUFFLE_KILL"
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_SHUFFLE_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_SHUFFLE_GPUS"}])
-@task(returns=1)
+@study_task("shuffle")
 def run_point(point, train, data, timeout_s, kill, device, gpu_sharing, slot):
     return slot.run(compute.run_point, point=point, train=train, data=data, timeout_s=timeout_s, kill=kill,
                     device=device, gpu_sharing=gpu_sharing)
@@ -55,13 +43,13 @@ def _kill_for(point: dict) -> dict | None:
 
 
 def main(argv=None) -> None:
-    cfg = start_app("shuffle", argv, __doc__.splitlines()[0])
+    run = start_app("shuffle", argv, __doc__.splitlines()[0])
+    cfg = run.cfg
     block = cfg["shuffle"]
-    study = StudyRun(cfg, "shuffle")
     # resolved once and recorded (start_app has refused `cuda` without a GPU): every point's ranks run on it
-    device = study.device
+    device = run.device
     sharing = bool(block.get("gpu_sharing", False))
-    data = shuffle_data.prepare(cfg["data"]["fashion_mnist_dir"], study.dir / "cache", block["n_train"],
+    data = shuffle_data.prepare(cfg["data"]["fashion_mnist_dir"], run.dir / "cache", block["n_train"],
                                 block["n_val"], seed=block["seeds"][0])
     points = sweep.expand(block)
     train = {k: block[k] for k in ("epochs", "batch_size", "lr", "momentum", "model", "alpha",
@@ -72,10 +60,10 @@ def main(argv=None) -> None:
     # (their path holds a hash of what made them), the device (and on CUDA whether ranks may share a
     # GPU); not the timeout or a test's kill injection.
     where = {"device": device, **({"gpu_sharing": sharing} if device == "cuda" else {})}
-    batch = study.submit("point", points, lambda p, slot: run_point(
+    batch = run.submit("point", points, lambda p, slot: run_point(
         p, train, data, block["point_timeout_s"], _kill_for(p), device, sharing, slot),
         inputs=lambda p: {"point": p, "train": train, "data": data, **where})
-    (outcomes,) = study.gather([batch], compss_wait_on, failure_reason)
+    (outcomes,) = run.gather([batch])
     rows, status = [], []
     for o in outcomes:
         labels = {**{k: v for k, v in o.point.items() if k != "runs"}, "runs": len(o.point["runs"]),
@@ -87,10 +75,10 @@ def main(argv=None) -> None:
             continue
         rows.extend(o.result)
         status.append({**labels, "status": "ok", "error": "", "point_wall_s": o.result[0]["point_wall_s"]})
-    raw = study.dir / "raw"
-    write_table(pd.DataFrame(rows), raw / "epochs.csv", cfg, study.started)
-    write_table(pd.DataFrame(status), raw / "points.csv", cfg, study.started)
-    study.write_summary()
+    raw = run.raw
+    write_table(pd.DataFrame(rows), raw / "epochs.csv", cfg, run.started)
+    write_table(pd.DataFrame(status), raw / "points.csv", cfg, run.started)
+    run.write_summary()
 
 
 if __name__ == "__main__":

@@ -23,47 +23,32 @@ import sys
 
 import pandas as pd
 
-from hpcdl.platform.kit.points import StudyRun, failed_row
-from hpcdl.platform.kit.results import available_cores, write_table
-from hpcdl.platform.orchestration.task_runtime import (
-    compss_wait_on,
-    constraint,
-    failure_reason,
-    on_failure,
-    task,
+from hpcdl.platform.task_app import (
+    available_cores,
+    failed_row,
+    start_app,
+    study_task,
+    write_table,
 )
-from hpcdl.platform.orchestration.task_runtime.app import start_app
 from hpcdl.studies.spatial import compute, sweep
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_SPATIAL_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_SPATIAL_GPUS"}])
-@task(returns=1)
+@study_task("spatial")
 def exactness(block, layout, slot):
     return slot.run(compute.exactness_point, block, layout)
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_SPATIAL_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_SPATIAL_GPUS"}])
-@task(returns=1)
+@study_task("spatial")
 def calibrate(block, resources_dir, round_index, slot):
     return slot.run(compute.calibrate_point, block, resources_dir, round_index)
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_SPATIAL_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_SPATIAL_GPUS"}])
-@task(returns=1)
+@study_task("spatial")
 def gpu_calibration(block, out_dir, slot):
     return slot.run(compute.gpu_calibration_point, block, out_dir)
 
 
-@on_failure(management="IGNORE", returns=None)
-@constraint(processors=[{"processorType": "CPU", "computingUnits": "$HPCDL_SPATIAL_UNITS"},
-                        {"processorType": "GPU", "computingUnits": "$HPCDL_SPATIAL_GPUS"}])
-@task(returns=1)
+@study_task("spatial")
 def scaling_run(point, block, resources_dir, slot):
     return slot.run(compute.run_point, point, block, resources_dir)
 
@@ -73,13 +58,12 @@ def _log(msg: str) -> None:
 
 
 def main(argv=None) -> None:
-    cfg = start_app("spatial", argv, __doc__.splitlines()[0])
+    run = start_app("spatial", argv, __doc__.splitlines()[0])
+    cfg = run.cfg
     # absolute: under COMPSs a task runs in its sandbox directory, not where the app started
     block, res_dir = cfg["spatial"], os.path.abspath(cfg["data"]["resources_dir"])
-    study = StudyRun(cfg, "spatial")
     # resolved once and recorded (start_app has refused `cuda` without a GPU): every launch runs on it
-    where = sweep.placement(block, study.device)
-    out = study.dir / "raw"
+    where = sweep.placement(block, run.device)
     points = sweep.expand(block)
     for p in points:  # generate every field cache once, before any task reads it
         compute.dataset_for(block, res_dir, p["shape"])
@@ -89,52 +73,85 @@ def main(argv=None) -> None:
         sweep.exactness_block, sweep.calibration_block, sweep.run_block))
     shared = " (ranks may share a GPU, over gloo)" if where.get("gpu_sharing") else ""
     _log(f"device {where['device']}{shared}")
+    _exactness(run, ex_block, block["exactness"]["layouts"])
+    calibration = _Calibration(run, cal_block, res_dir, block["calibration"]["rounds"])
+    if where["device"] == "cuda" and block["gpu_calibration"]["in_study"]:
+        _gpu_calibration(run, block, where)
+    summaries, iters, ranks = _scaling_runs(run, points, run_block, res_dir, calibration)
+    calibration.finish()
+    for name, rows in (("runs", summaries), ("iterations", iters), ("ranks", ranks)):
+        write_table(pd.DataFrame(rows), run.raw / f"{name}.csv", cfg, run.started)
+    run.write_summary()
 
-    (ex,) = study.gather([study.submit("exactness", block["exactness"]["layouts"],
-                                       lambda lay, slot: exactness(ex_block, lay, slot),
-                                       inputs=lambda lay: {"block": ex_block, "layout": lay})],
-                         compss_wait_on, failure_reason)
+
+def _exactness(run, ex_block: dict, layouts: list) -> None:
+    (ex,) = run.gather([run.submit("exactness", layouts,
+                                   lambda lay, slot: exactness(ex_block, lay, slot),
+                                   inputs=lambda lay: {"block": ex_block, "layout": lay})])
     ex_rows = [r for o in ex if o.ok for r in o.result]
-    write_table(pd.DataFrame(ex_rows), out / "exactness.csv", cfg, study.started)
+    write_table(pd.DataFrame(ex_rows), run.raw / "exactness.csv", run.cfg, run.started)
     worst = max((r["err_grad_params"] for r in ex_rows), default=None)
     _log(f"exactness: {len(ex_rows)} rank rows, worst parameter-gradient error {worst}")
 
-    cal_rows, done_rounds = [], set()
 
-    def calibration_round(r: int) -> None:
-        # round r runs just before repeat r of the scaling runs: calibration and measurement interleave
-        cal = study.one("calibration", r, lambda r, slot: calibrate(cal_block, res_dir, r, slot),
-                        compss_wait_on, failure_reason,
-                        inputs=lambda r: {"block": cal_block, "resources_dir": res_dir, "round": r})
-        done_rounds.add(r)
+class _Calibration:
+    """The calibration rounds: round r runs just before repeat r of the scaling runs, so calibration
+    and measurement interleave; rounds no run reached run at the end."""
+
+    def __init__(self, run, cal_block: dict, res_dir: str, rounds: int):
+        self.run, self.block, self.res_dir, self.rounds = run, cal_block, res_dir, rounds
+        self.rows: list[dict] = []
+        self.done: set[int] = set()
+
+    def before_repeat(self, repeat: int) -> None:
+        if repeat < self.rounds and repeat not in self.done:
+            self._round(repeat)
+
+    def _round(self, r: int) -> None:
+        block, res_dir = self.block, self.res_dir
+        cal = self.run.one("calibration", r, lambda r, slot: calibrate(block, res_dir, r, slot),
+                           inputs=lambda r: {"block": block, "resources_dir": res_dir, "round": r})
+        self.done.add(r)
         if cal.ok:
-            cal_rows.extend(cal.result)
-            _log(f"calibration round {r + 1}/{rounds} " + ("reused" if cal.reused else "done"))
-        elif not cal_rows and r == rounds - 1:
-            study.write_summary()
+            self.rows.extend(cal.result)
+            _log(f"calibration round {r + 1}/{self.rounds} " + ("reused" if cal.reused else "done"))
+        elif not self.rows and r == self.rounds - 1:
+            self.run.write_summary()
             raise SystemExit(f"[spatial] calibration failed: {cal.error}")
         else:
             _log(f"calibration round {r + 1} FAILED: {cal.error.splitlines()[0] if cal.error else ''}")
 
-    if where["device"] == "cuda" and block["gpu_calibration"]["in_study"]:
-        # per-layer times at the papers' slab shapes (raw/gpu_calibration/<gpu>.csv): the paper predictions
-        # of this run rest on them (tables.gpu_calibration); copy the file to resources/calibration/ to commit
-        gblock = {k: block[k] for k in ("papers", "extrapolate", "machine", "gpu_calibration")} | where
-        gdir = str(out / "gpu_calibration")
-        gc = study.one("gpu_calibration", 0, lambda r, slot: gpu_calibration(gblock, gdir, slot),
-                       compss_wait_on, failure_reason, inputs=lambda r: {"block": gblock})
-        _log(f"GPU calibration {'reused' if gc.reused else 'done'}: {gc.result['path']}" if gc.ok
-             else f"GPU calibration FAILED: {gc.error.splitlines()[0] if gc.error else ''}")
+    def finish(self) -> None:
+        """The rounds left, then raw/calibration.csv (the run stops where every round failed)."""
+        for r in range(self.rounds):
+            if r not in self.done:
+                self._round(r)
+        if not self.rows:
+            self.run.write_summary()
+            raise SystemExit("[spatial] calibration failed in every round")
+        write_table(pd.DataFrame(self.rows).assign(cores=available_cores()), self.run.raw / "calibration.csv",
+                    self.run.cfg, self.run.started)
 
-    rounds = block["calibration"]["rounds"]
+
+def _gpu_calibration(run, block: dict, where: dict) -> None:
+    """Per-layer times at the papers' slab shapes (raw/gpu_calibration/<gpu>.csv): the paper predictions
+    of this run rest on them (tables.gpu_calibration); copy the file to resources/calibration/ to commit."""
+    gblock = {k: block[k] for k in ("papers", "extrapolate", "machine", "gpu_calibration")} | where
+    gdir = str(run.raw / "gpu_calibration")
+    gc = run.one("gpu_calibration", 0, lambda r, slot: gpu_calibration(gblock, gdir, slot),
+                 inputs=lambda r: {"block": gblock})
+    _log(f"GPU calibration {'reused' if gc.reused else 'done'}: {gc.result['path']}" if gc.ok
+         else f"GPU calibration FAILED: {gc.error.splitlines()[0] if gc.error else ''}")
+
+
+def _scaling_runs(run, points: list[dict], run_block: dict, res_dir: str, calibration: _Calibration):
+    """Every scaling run, one at a time (a timing taken next to another run would measure the
+    contention): (summaries, iterations, ranks) rows."""
     summaries, iters, ranks = [], [], []
     for i, p in enumerate(points):
-        if p["repeat"] < rounds and p["repeat"] not in done_rounds:
-            calibration_round(p["repeat"])
-        # one at a time: a timing taken next to another run would measure the contention
-        o = study.one("run", p, lambda p, slot: scaling_run(p, run_block, res_dir, slot), compss_wait_on,
-                      failure_reason, inputs=lambda p: {"point": p, "block": run_block,
-                                                        "resources_dir": res_dir})
+        calibration.before_repeat(p["repeat"])
+        o = run.one("run", p, lambda p, slot: scaling_run(p, run_block, res_dir, slot),
+                    inputs=lambda p: {"point": p, "block": run_block, "resources_dir": res_dir})
         if not o.ok:
             label = {k: v for k, v in p.items() if k not in ("layout", "shape")}
             summaries.append(failed_row(label, o.error))
@@ -144,20 +161,9 @@ def main(argv=None) -> None:
         iters += o.result["iterations"]
         ranks += o.result["ranks"]
         wall = o.result["summary"]["launch_wall_s"]
-        how = f"reused from {study.root}" if o.reused else f"done in {wall:.1f} s"
+        how = f"reused from {run.root}" if o.reused else f"done in {wall:.1f} s"
         _log(f"run {i + 1}/{len(points)} {p['run']} {how}")
-    for r in range(rounds):
-        if r not in done_rounds:
-            calibration_round(r)
-    if not cal_rows:
-        study.write_summary()
-        raise SystemExit("[spatial] calibration failed in every round")
-    write_table(pd.DataFrame(cal_rows).assign(cores=available_cores()), out / "calibration.csv", cfg,
-                study.started)
-    write_table(pd.DataFrame(summaries), out / "runs.csv", cfg, study.started)
-    write_table(pd.DataFrame(iters), out / "iterations.csv", cfg, study.started)
-    write_table(pd.DataFrame(ranks), out / "ranks.csv", cfg, study.started)
-    study.write_summary()
+    return summaries, iters, ranks
 
 
 if __name__ == "__main__":

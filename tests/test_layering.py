@@ -20,6 +20,7 @@ STUDIES = sorted(p.parent.name for p in (HPCDL / "studies").glob("*/__init__.py"
 # "module:function" rank targets name a module as surely as an import does
 TARGET = re.compile(r"^(hpcdl(?:\.\w+)+):\w+$")
 FACE, KIT, ORCHESTRATION = "hpcdl.platform", "hpcdl.platform.kit", "hpcdl.platform.orchestration"
+DOOR = "hpcdl.platform.task_app"  # the task apps' and benchmarks' one door
 
 
 def imported(path: Path) -> set[str]:
@@ -71,14 +72,15 @@ def _type_checking_only(tree: ast.Module) -> set[int]:
     return skip
 
 
-def import_graph(root: Path, package: str = "hpcdl") -> dict[str, set[str]]:
-    """module -> the modules of `package` it imports, at module level or inside a function alike.
-    `from x import y` is an edge to x.y where y is a submodule, else to x."""
+def import_graph(root: Path, package: str = "hpcdl", type_checking: bool = False) -> dict[str, set[str]]:
+    """module -> the modules of `package` it imports, at module level or inside a function alike
+    (and under `if TYPE_CHECKING:` with `type_checking`). `from x import y` is an edge to x.y where y
+    is a submodule, else to x."""
     modules = module_files(root, package)
     graph = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text())
-        skip = _type_checking_only(tree)
+        skip = set() if type_checking else _type_checking_only(tree)
         edges = set()
         for node in ast.walk(tree):
             if id(node) in skip:
@@ -122,8 +124,10 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
-def test_hpcdl_has_no_import_cycle():
-    graph = import_graph(HPCDL.parent)
+@pytest.mark.parametrize("type_checking", [False, True], ids=["run", "type-checking-too"])
+def test_hpcdl_has_no_import_cycle(type_checking):
+    """None at run time, and none where a type checker follows the imports under TYPE_CHECKING too."""
+    graph = import_graph(HPCDL.parent, type_checking=type_checking)
     assert len(graph) > 150 and sum(map(len, graph.values())) > 200  # the whole package was read
     cycle = find_cycle(graph)
     assert not cycle, "import cycle: " + " -> ".join(cycle)
@@ -142,6 +146,7 @@ def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path)
                               "if TYPE_CHECKING:\n    from pkg.a import x\n")
     graph = import_graph(tmp_path, "pkg")
     assert graph["pkg.b"] == {"pkg.c"} and graph["pkg.d"] == set()
+    assert import_graph(tmp_path, "pkg", type_checking=True)["pkg.d"] == {"pkg.a"}
     assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.c", "pkg.a"]
     (pkg / "c.py").write_text("def f():\n    return 1\n")
     assert find_cycle(import_graph(tmp_path, "pkg")) == []
@@ -256,7 +261,8 @@ def test_the_code_cites_the_design_inside_the_project():
 def _task_bodies(path: Path):
     for node in ast.walk(ast.parse(path.read_text())):
         decorators = node.decorator_list if isinstance(node, ast.FunctionDef) else []
-        if any(isinstance(d, ast.Call) and getattr(d.func, "id", None) == "task" for d in decorators):
+        if any(isinstance(d, ast.Call) and getattr(d.func, "id", None) in ("task", "study_task")
+               for d in decorators):
             yield node
 
 
@@ -279,3 +285,33 @@ def test_every_task_body_calls_its_studys_compute_module_only():
     assert bodies, "no @task bodies found"
     bad = {k: v for k, v in bodies.items() if v - {"compute"}}
     assert not bad, f"task bodies calling other modules than compute: {bad}"
+
+
+# -- the task apps' door -----------------------------------------------------------------------------
+
+def test_task_apps_and_benchmarks_reach_the_platform_through_one_door():
+    import hpcdl.platform.task_app as door
+
+    repo = HPCDL.parent
+    used = set()
+    for folder in ("tasks", "benchmarks"):
+        for f in sorted((repo / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(f.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+                deep = [n for n in names if _within(n, ("hpcdl.platform",)) and n != DOOR]
+                assert not deep, f"{folder}/{f.name} imports {deep}: use `from {DOOR} import ...`"
+                if isinstance(node, ast.ImportFrom) and node.module == DOOR:
+                    used |= {a.name for a in node.names}
+    assert used == set(door.EXPORTS), f"the door exports what nobody uses: {set(door.EXPORTS) - used}"
+    assert door.__all__ == sorted(door.EXPORTS)
+    checked = {}
+    for node in ast.walk(ast.parse((HPCDL / "platform" / "task_app.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and _within(node.module, (KIT, ORCHESTRATION)):
+            checked |= {a.asname or a.name: (node.module, a.name) for a in node.names}
+    assert checked == door.EXPORTS  # type checkers see the same names from the same modules
+    for name, (module, attr) in door.EXPORTS.items():
+        if name != "BACKEND":  # asking for it chooses the backend; the door's own test is test_runtime's
+            assert getattr(door, name) is getattr(__import__(module, fromlist=[attr]), attr)
+    with pytest.raises(AttributeError, match="has no attribute 'task'"):
+        door.task  # noqa: B018  (a task app decorates with study_task)

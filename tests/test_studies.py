@@ -174,29 +174,21 @@ def judge(cfg, study_dir):
     return [claim("squares_grow", "y = x^2 grows with x", grows, y=df["y"].tolist())]
 ''',
     "tasks/toy.py": '''"""Toy study as a PyCOMPSs application."""
-import time
-
 import pandas as pd
 
-from hpcdl.platform.kit.config import study_dir
-from hpcdl.platform.kit.points import StudyRun
-from hpcdl.platform.kit.results import write_table
-from hpcdl.platform.orchestration.task_runtime import compss_wait_on, constraint, task
-from hpcdl.platform.orchestration.task_runtime.app import start_app
+from hpcdl.platform.task_app import compss_wait_on, start_app, study_task, write_table
 
 
-@constraint(computing_units="$HPCDL_TOY_UNITS")
-@task(returns=1)
+@study_task("toy", gpus=False)
 def square(x):
     return {"x": x, "y": x * x}
 
 
 def main(argv=None):
-    cfg = start_app("toy", argv, __doc__)
-    started = time.time()
-    rows = compss_wait_on([square(x) for x in cfg["toy"]["xs"]])
-    write_table(pd.DataFrame(rows), study_dir(cfg, "toy") / "raw" / "points.csv", cfg, started)
-    StudyRun(cfg, "toy").write_summary({"ok": len(rows), "failed": 0, "skipped": 0, "total": len(rows)})
+    run = start_app("toy", argv, __doc__)
+    rows = compss_wait_on([square(x) for x in run.cfg["toy"]["xs"]])
+    write_table(pd.DataFrame(rows), run.raw / "points.csv", run.cfg, run.started)
+    run.write_summary({"ok": len(rows), "failed": 0, "skipped": 0, "total": len(rows)})
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ rule study_config:
 
 
 for _spec in STUDY_SPECS.values():
-    _dir = wiring.study_dir(RESULTS, _spec.name)
+    _dir = str(wiring.run_dir(RESULTS, _spec.name).root)
     _cfg = wiring.study_config_path(RESULTS, _spec.name)
 
     rule:

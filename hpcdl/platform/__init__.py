@@ -25,8 +25,7 @@ if TYPE_CHECKING:
     from hpcdl.platform.kit.config import ConfigError, check_inside, load_config
     from hpcdl.platform.kit.confirmation import confirmed_on, deterministic, measured_afresh, unseeded
     from hpcdl.platform.kit.device import Placement, cuda_record, gpu_slug
-    from hpcdl.platform.kit.device import resolve as resolved_device
-    from hpcdl.platform.kit.host_load import HostLoad
+    from hpcdl.platform.kit.host_load import HostLoad, machine_cpu_s, other_load_cores
     from hpcdl.platform.kit.intervals import (
         CONFIDENCE,
         above,
@@ -87,32 +86,39 @@ FACE: dict[str, dict[str, tuple[str, ...]]] = {
         "atomic": ("atomic_write_bytes", "atomic_write_json", "atomic_write_text"),
     },
     "what a run uses": {
-        "device": ("Placement", "cuda_record", "gpu_slug", "resolved_device"),
+        "device": ("Placement", "cuda_record", "gpu_slug"),
         "procenv": ("PACKAGE_ROOT", "child_env"),
         "rank_runtime.launch": ("run_ranks",),
         "rank_runtime.placement": ("current_placement",),
-        "host_load": ("HostLoad",),
+        "host_load": ("HostLoad", "machine_cpu_s", "other_load_cores"),
     },
 }
-# names the face gives apart from their module's (a bare `current` or `resolve` says nothing here)
-_RENAMED = {"current_placement": "current", "resolved_device": "resolve"}
+# names the face gives apart from their module's (a bare `current` says nothing here)
+_RENAMED = {"current_placement": "current"}
+
+
+def _lazy_names(namespace: dict, table: dict, renamed: dict, prefix: str = "", uncached=()):
+    """(EXPORTS, __getattr__, __dir__) of a door module whose names come from `table` (group -> module
+    -> names; `prefix` + module is the module's dotted name): each imported on first use and then kept
+    in `namespace`, but for the `uncached` ones, asked for anew each time."""
+    exports = {name: (prefix + module, renamed.get(name, name))
+               for modules in table.values() for module, names in modules.items() for name in names}
+
+    def get(name: str):
+        try:
+            module, attr = exports[name]
+        except KeyError:
+            raise AttributeError(f"module {namespace['__name__']!r} has no attribute {name!r}") from None
+        value = getattr(importlib.import_module(module), attr)
+        if name not in uncached:
+            namespace[name] = value  # later lookups skip __getattr__
+        return value
+
+    def names() -> list[str]:
+        return sorted({*namespace, *exports})
+    return exports, get, names
+
+
 # face name -> (module, attribute)
-EXPORTS: dict[str, tuple[str, str]] = {
-    name: (f"hpcdl.platform.kit.{module}", _RENAMED.get(name, name))
-    for modules in FACE.values() for module, names in modules.items() for name in names
-}
+EXPORTS, __getattr__, __dir__ = _lazy_names(globals(), FACE, _RENAMED, "hpcdl.platform.kit.")
 __all__ = sorted(EXPORTS)
-
-
-def __getattr__(name: str):
-    try:
-        module, attr = EXPORTS[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})

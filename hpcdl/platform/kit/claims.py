@@ -220,7 +220,7 @@ def write_claims(study_dir: str | Path, study: str, claims: list[dict],
     n = counts(claims)
     device = StudyDir(study_dir).measured_on() or "unknown (no provenance sidecars)"
     doc = {"study": study, "claims": claims, **n, "total": len(claims), "measured_on": device}
-    json_path = atomic_write_json(study_dir / "claims.json", doc)
+    json_path = atomic_write_json(StudyDir(study_dir).claims_json, doc)
     confirmed = [c for c in claims if "confirmation" in c]
     unseen = (f" {sum(bool(c['confirmation'].get('unseen')) for c in confirmed)} of {len(confirmed)} "
               "confirmed on unseen seeds or inputs (each claim says on which).") if confirmed else ""
@@ -243,5 +243,5 @@ def write_claims(study_dir: str | Path, study: str, claims: list[dict],
             "<col style='width:10%'><col style='width:42%'></colgroup>"
             "<tr><th>claim</th><th>statement</th><th>result</th><th>measured</th></tr>"
             f"{''.join(rows)}</table></body></html>\n")
-    html_path = atomic_write_text(study_dir / "claims.html", page)
+    html_path = atomic_write_text(StudyDir(study_dir).claims_html, page)
     return json_path, html_path

@@ -215,10 +215,11 @@ def cuda_record() -> dict:
     }
 
 
-def device_record(cfg: dict, study: str) -> dict:
-    """What a table's provenance says about the device: requested, resolved and, on CUDA, the GPU."""
+def device_record(cfg: dict, study: str, resolved: str | None = None) -> dict:
+    """What a table's provenance says about the device: requested, resolved (`resolved`, where the
+    task app already resolved it) and, on CUDA, the GPU."""
     want = requested(cfg, study)
-    got = study_device(cfg, study)
+    got = resolved or study_device(cfg, study)
     record = {"device_requested": want, "device": got}
     if got == "cuda":
         record.update(cuda_record())

@@ -6,7 +6,7 @@ and of every process below it (/proc/<pid>/stat: utime + stime, and cutime + cst
 it has already reaped), so a local backend's worker pool and a job's forkserver count as the run.
 Other load = (machine busy + steal - the run's own CPU) / wall seconds: the cores something else took
 while the repeat was timed. A repeat above its study's `disturbed_load_cores` is left out of the claim
-that pairs it (docs/architecture.md, "Claims"). Ticks are 1/CLK_TCK s (10 ms): time repeats of many
+that pairs it (docs/architecture.md, "Results"). Ticks are 1/CLK_TCK s (10 ms): time repeats of many
 iterations, not one.
 """
 

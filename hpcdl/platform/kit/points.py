@@ -188,37 +188,45 @@ def _keep_failed_from_env() -> bool:
 
 
 class StudyRun:
-    """One run of a task app: its start time, its session id, its point store and its counts."""
+    """One run of a task app, the object `start_app` returns: its config, the device it resolved once,
+    its run folder (`files`, a StudyDir: raw tables, claims, about page, logs), its start time, its
+    session id, its point store and its counts."""
 
-    def __init__(self, cfg: dict, study: str, keep_failed: bool | None = None):
+    def __init__(self, cfg: dict, study: str, keep_failed: bool | None = None, device: str | None = None,
+                 wait: Callable | None = None, reason: Callable | None = None):
         self.started = time.time()  # the start time every table of this run records
         self.cfg, self.study = cfg, study
         self.dir = study_dir(cfg, study)  # absolute: COMPSs runs tasks in a sandbox directory
+        self.files = StudyDir(self.dir)
         self.root = self.dir / "points"
         stamp = datetime.fromtimestamp(self.started, UTC).strftime("%Y%m%dT%H%M%S")
         self.session = f"{stamp}-{os.getpid()}"
         self.keep_failed = _keep_failed_from_env() if keep_failed is None else keep_failed
         self.counts = {"ok": 0, "failed": 0, "skipped": 0}
         self._started_before: set[str] | None = None
+        self._resolved = device  # start_app's: the device is resolved once, where the app starts
+        # the task runtime's compss_wait_on and failure_reason (start_app's), the defaults of gather/one
+        self.wait, self.reason = wait, reason
+
+    @property
+    def raw(self) -> Path:
+        """raw/, where the task app writes its tables."""
+        return self.files.raw
 
     @cached_property
     def device(self) -> str:
-        """cpu or cuda: resolved once, where the app runs, and recorded in raw/device.json, which every
-        table and figure of the run reads back (a ConfigError for `cuda` without a GPU). Every task app
-        asks for it before its first point."""
+        """cpu or cuda, recorded in raw/device.json, which every table and figure of the run reads back:
+        the one start_app resolved, else resolved here (a ConfigError for `cuda` without a GPU)."""
         from hpcdl.platform.kit.device import device_record, requested, resolve
         from hpcdl.platform.kit.study import registered
 
         if self.study in registered():
-            record = device_record(self.cfg, self.study)
+            record = device_record(self.cfg, self.study, self._resolved)
         else:  # a point store outside the registry (a test's): no declared devices to resolve among
             want = requested(self.cfg, self.study)
-            record = {"device_requested": want, "device": resolve(want, f"{self.study}.device")}
-        return StudyDir(self.dir).record_device(record)["device"]
-
-    def record_device(self) -> str:
-        """Make sure raw/device.json is written (a declared output of every run); the device, as `device`."""
-        return self.device
+            record = {"device_requested": want,
+                      "device": self._resolved or resolve(want, f"{self.study}.device")}
+        return self.files.record_device(record)["device"]
 
     def log(self, msg: str) -> None:
         print(f"[{self.study}] {msg}", file=sys.stderr, flush=True)
@@ -260,8 +268,14 @@ class StudyRun:
             e.future = submit(e.point, e.slot)
         return batch
 
-    def gather(self, batches: list[Batch], wait: Callable, reason: Callable) -> list[list[Outcome]]:
-        """Wait for every submitted point (one wait, so they run together); one Outcome list per batch."""
+    def gather(self, batches: list[Batch], wait: Callable | None = None,
+               reason: Callable | None = None) -> list[list[Outcome]]:
+        """Wait for every submitted point (one wait, so they run together); one Outcome list per batch.
+        `wait` and `reason` default to the task runtime's the run was started with (start_app)."""
+        wait, reason = wait or self.wait, reason or self.reason
+        if wait is None or reason is None:
+            raise TypeError("gather needs the task runtime's wait and reason: pass them, or start the run "
+                            "with start_app")
         pending = [e for b in batches for e in b.entries if e.stored is None]
         values = wait([e.future for e in pending]) if pending else []
         got = {id(e): v for e, v in zip(pending, values, strict=True)}
@@ -280,8 +294,8 @@ class StudyRun:
             out.append(outcomes)
         return out
 
-    def one(self, task: str, point, submit: Callable, wait: Callable, reason: Callable,
-            inputs: Callable = lambda p: p) -> Outcome:
+    def one(self, task: str, point, submit: Callable, wait: Callable | None = None,
+            reason: Callable | None = None, inputs: Callable = lambda p: p) -> Outcome:
         """A point on its own (the main program waits for it before going on)."""
         return self.gather([self.submit(task, [point], submit, inputs, quiet=True)], wait, reason)[0][0]
 
@@ -310,12 +324,12 @@ class StudyRun:
     def write_summary(self, counts: dict | None = None) -> Path:
         """`raw/run_summary.json`: points ok / failed (now or kept) / skipped (reused) / total, atomically."""
         summary = self.summary() if counts is None else {k: int(counts[k]) for k in SUMMARY_KEYS}
-        self.record_device()  # as the summary, a declared output of every run
+        _ = self.device  # raw/device.json: as the summary, a declared output of every run
         if summary["total"] != summary["ok"] + summary["failed"] + summary["skipped"]:
             raise ValueError(f"run summary does not add up: {summary}")
         self.log(f"points: {summary['ok']} ok, {summary['failed']} failed, "
                  f"{summary['skipped']} finished in an earlier run and reused")
-        return atomic_write_json(StudyDir(self.dir).raw / RUN_SUMMARY, summary)
+        return atomic_write_json(self.raw / RUN_SUMMARY, summary)
 
 
 def executions(root: str | Path) -> dict[str, list[str]]:

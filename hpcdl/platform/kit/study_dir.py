@@ -5,7 +5,9 @@
                                         device.json (the device the run resolved, once, at its start)
                       tables/           the tables stage's derived tables and their sidecars
                       figures/          the figures stage's PNGs and the run's part of each caption
-                      logs/
+                      claims.json       the claims stage's verdicts, and claims.html as the report shows them
+                      about.html        the page that opens the study in the report
+                      logs/             one log per rule
 
 Where a file lies, what a stage may read, and which device a run was measured on are answered here,
 so no stage guesses its device from a folder's name or from the host it happens to run on.
@@ -20,7 +22,8 @@ from pathlib import Path
 from hpcdl.platform.kit.atomic import atomic_write_json
 from hpcdl.platform.kit.sidecars import measured_on, read_sidecars
 
-RAW, TABLES, FIGURES = "raw", "tables", "figures"
+RAW, TABLES, FIGURES, LOGS = "raw", "tables", "figures", "logs"
+CLAIMS_JSON, CLAIMS_HTML, ABOUT_HTML = "claims.json", "claims.html", "about.html"
 CONFIG_FILE = "config.json"
 RUN_SUMMARY = "run_summary.json"  # raw/, written by every task app (hpcdl.platform.kit.points.StudyRun)
 DEVICE_FILE = "device.json"  # raw/, written by StudyDir.record_device when a task app starts
@@ -43,11 +46,16 @@ class StudyDir:
     raw: Path = field(init=False)
     tables: Path = field(init=False)
     figures: Path = field(init=False)
+    claims_json: Path = field(init=False)  # the claims stage's verdicts (hpcdl.platform.kit.claims)
+    claims_html: Path = field(init=False)  # the same, as the report shows them
+    about_html: Path = field(init=False)  # the page that opens the study in the report
+    logs: Path = field(init=False)  # one log per rule
 
     def __post_init__(self):
         root = Path(self.root)
         parts = {"root": root, "config": root / CONFIG_FILE, "raw": root / RAW, "tables": root / TABLES,
-                 "figures": root / FIGURES}
+                 "figures": root / FIGURES, "claims_json": root / CLAIMS_JSON,
+                 "claims_html": root / CLAIMS_HTML, "about_html": root / ABOUT_HTML, "logs": root / LOGS}
         for name, path in parts.items():
             object.__setattr__(self, name, path)
 

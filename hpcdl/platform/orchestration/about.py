@@ -38,6 +38,7 @@ from pathlib import Path
 from hpcdl.platform.kit.atomic import atomic_write_text
 from hpcdl.platform.kit.claims import SHOWN, _tuned_html
 from hpcdl.platform.kit.study import StudySpec
+from hpcdl.platform.kit.study_dir import StudyDir
 from hpcdl.platform.orchestration import captions, gpu_records, paper_vs_ours
 from hpcdl.platform.orchestration.claim_lines import AMBER, TUNED, UNSEEN, _confirmation, readable
 
@@ -60,7 +61,7 @@ def report_label(spec: StudySpec, item: str) -> str:
 def claims_of(study_dir: str | Path) -> dict | None:
     """This run's claims.json, or None where the claims stage has not written one."""
     try:
-        return json.loads((Path(study_dir) / "claims.json").read_text())
+        return json.loads(StudyDir(study_dir).claims_json.read_text())
     except (OSError, ValueError):
         return None
 

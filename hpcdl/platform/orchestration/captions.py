@@ -32,7 +32,7 @@ SEED_KEY = re.compile(r"^(seed|seeds|\w+_seeds?)$")
 
 def run_caption(study_dir: str | Path, figure: str) -> Path:
     """Where the figures stage writes the run's part of `figure`'s caption."""
-    return Path(study_dir) / "figures" / f"{figure}{RUN_SUFFIX}"
+    return StudyDir(study_dir).figures / f"{figure}{RUN_SUFFIX}"
 
 
 def include_line(study: str, figure: str) -> str:
@@ -95,7 +95,7 @@ def write(spec: StudySpec, cfg: dict, study_dir: str | Path, config_files: list[
     f = facts(spec, cfg, study_dir, config_files)
     written = []
     for figure in spec.figures:
-        png = Path(study_dir) / "figures" / f"{figure}.png"
+        png = StudyDir(study_dir).figure(figure)
         label, sentence = run_sentence(f, figure_basis(png))
         written.append(atomic_write_text(run_caption(study_dir, figure), f"**{label}:** {_rst(sentence)}\n"))
     return written

@@ -104,7 +104,7 @@ def run_files(study_dir: str | Path) -> RunFiles | None:
     """What a mapping reads of this run's study; None where the study did not run (no claims.json)."""
     study_dir = Path(study_dir)
     try:
-        claims = json.loads((study_dir / "claims.json").read_text())["claims"]
+        claims = json.loads(StudyDir(study_dir).claims_json.read_text())["claims"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return RunFiles(study_dir / "tables", tuple(claims), StudyDir(study_dir).measured_on())

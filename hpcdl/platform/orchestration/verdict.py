@@ -94,11 +94,12 @@ def study_verdict(results_dir: str | Path, study: str, title: str | None = None,
     """A study's verdict on this run; `gpu_records`: its committed GPU records (shown apart, never
     counted in `passed` / `total`)."""
     study_dir = Path(results_dir) / study
-    doc = _read_json(study_dir / "claims.json")
+    files = StudyDir(study_dir)
+    doc = _read_json(files.claims_json)
     verdict = {"study": study, "title": title or study, "ran": points_ran(study_dir),
                "provenance": run_provenance(study_dir),
                "gpu_records": gpu_records.study_records(gpu_records_root, study),
-               "claims_page": str(study_dir / "claims.html"), "about_page": str(study_dir / "about.html")}
+               "claims_page": str(files.claims_html), "about_page": str(files.about_html)}
     if doc is None:
         return verdict | {"state": "not run", "passed": None, "total": None, "failed": [],
                           "straddles": [], "not_measured": [], "tuned": [], "claims": []}

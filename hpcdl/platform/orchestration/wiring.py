@@ -17,18 +17,17 @@ from __future__ import annotations
 
 import os
 import shlex
+from pathlib import Path
 
 from hpcdl.platform.kit.study import StudySpec
 from hpcdl.platform.kit.study_dir import StudyDir
 from hpcdl.platform.orchestration import about, captions
 
 
-def study_dir(results: str, study: str) -> str:
-    return f"{results}/{study}"
-
-
-def _run_dir(results: str, study: str) -> StudyDir:
-    return StudyDir(study_dir(results, study))
+def run_dir(results: str, study: str) -> StudyDir:
+    """A study's run folder as the workflow names it, under `results` as given (relative where it is:
+    Snakemake matches paths as written; a task app's own is absolute, hpcdl.platform.kit.config)."""
+    return StudyDir(Path(results) / study)
 
 
 def _strs(paths) -> list[str]:
@@ -37,28 +36,28 @@ def _strs(paths) -> list[str]:
 
 def study_config_path(results: str, study: str) -> str:
     """The study's block of the validated config, the one file its app and stages read."""
-    return str(_run_dir(results, study).config)
+    return str(run_dir(results, study).config)
 
 
 def raw_files(results: str, spec: StudySpec, config: dict) -> list[str]:
     """What the task app writes (StudyDir.run_outputs): each raw table with its provenance sidecar,
     the run summary, the device record and the other files the study declares (StudySpec.run_files)."""
-    return _strs(_run_dir(results, spec.name).run_outputs(spec, config))
+    return _strs(run_dir(results, spec.name).run_outputs(spec, config))
 
 
 def table_files(results: str, spec: StudySpec) -> list[str]:
     """What the tables stage writes: each derived table with its provenance sidecar."""
-    return _strs(_run_dir(results, spec.name).table_outputs(spec))
+    return _strs(run_dir(results, spec.name).table_outputs(spec))
 
 
 def figure_files(results: str, spec: StudySpec) -> list[str]:
-    return _strs(_run_dir(results, spec.name).figure_outputs(spec))
+    return _strs(run_dir(results, spec.name).figure_outputs(spec))
 
 
 def caption_files(results: str, spec: StudySpec) -> list[str]:
     """The run's part of each figure's caption, written by the figures stage
     (hpcdl.platform.orchestration.captions)."""
-    return [str(captions.run_caption(study_dir(results, spec.name), f)) for f in spec.figures]
+    return [str(captions.run_caption(run_dir(results, spec.name).root, f)) for f in spec.figures]
 
 
 def headline_files(results: str, spec: StudySpec) -> list[str]:
@@ -74,13 +73,13 @@ def stage_inputs(results: str, spec: StudySpec, config: dict, stage: str) -> lis
     """Every file a stage may read (StudyDir.stage_inputs): the tables and about stages read the
     run's files, the figures and claims stages read those and the tables (a claim may need a raw
     column the tables left out)."""
-    return _strs(_run_dir(results, spec.name).stage_inputs(spec, config, stage))
+    return _strs(run_dir(results, spec.name).stage_inputs(spec, config, stage))
 
 
 def verdict_inputs(results: str, specs: list[StudySpec], config: dict) -> list[str]:
     """The verdict shows each study's claims, what ran (run summary) and provenance (sidecars)."""
     return [f for s in specs
-            for f in (f"{study_dir(results, s.name)}/claims.json", *raw_files(results, s, config))]
+            for f in (str(run_dir(results, s.name).claims_json), *raw_files(results, s, config))]
 
 
 def config_files_shown(paths, workdir: str) -> list[str]:
@@ -95,7 +94,7 @@ def config_files_shown(paths, workdir: str) -> list[str]:
 
 
 def about_file(results: str, spec: StudySpec) -> str:
-    return f"{study_dir(results, spec.name)}/{about.ABOUT}.html"
+    return str(run_dir(results, spec.name).about_html)
 
 
 def report_label(spec: StudySpec, item: str) -> dict:

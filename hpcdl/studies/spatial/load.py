@@ -9,21 +9,13 @@ the phase was timed. Ticks are 1/CLK_TCK s (10 ms), so judge phases of many iter
 
 from __future__ import annotations
 
-import os
 import time
 
-_TICK = 1.0 / os.sysconf("SC_CLK_TCK")
+# the /proc readings and the formula are the platform's (hpcdl.platform.kit.host_load), shared with
+# hpo's grid and malleable's waves; a rank's own CPU is its process clock
+from hpcdl.platform import machine_cpu_s, other_load_cores
 
-
-def machine_cpu_s() -> tuple[float, float]:
-    """(busy CPU seconds of all cores, seconds stolen by the hypervisor) since boot."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return float("nan"), float("nan")
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq) * _TICK, steal * _TICK
+__all__ = ["PhaseLoad", "other_load_cores"]
 
 
 class PhaseLoad:
@@ -41,10 +33,3 @@ class PhaseLoad:
         busy, steal = machine_cpu_s()
         return {"wall_s": time.perf_counter() - self.wall, "own_cpu_s": time.process_time() - self.own,
                 "machine_busy_s": busy - self.busy, "steal_s": steal - self.steal}
-
-
-def other_load_cores(machine_busy_s: float, steal_s: float, run_cpu_s: float, wall_s: float) -> float:
-    """Cores' worth of CPU taken by anything outside the run during a phase of `wall_s` seconds."""
-    if not wall_s > 0:
-        return float("nan")
-    return max(0.0, machine_busy_s + steal_s - run_cpu_s) / wall_s

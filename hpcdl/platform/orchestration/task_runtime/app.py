@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from hpcdl.platform.kit.config import ConfigError, config_from_args
+from hpcdl.platform.kit.points import StudyRun
 from hpcdl.platform.orchestration.task_runtime.backend import BackendInfo, backend_info
 from hpcdl.platform.orchestration.task_runtime.compss import study_runtime
 from hpcdl.platform.orchestration.task_runtime.gpus import GpuError, apply_gpus
@@ -25,9 +26,10 @@ def check_backend(study: str, cfg: dict, info: BackendInfo | None = None) -> Non
             f"{study}.runtime: local")
 
 
-def start_app(study: str, argv: list[str] | None, description: str) -> dict:
-    """Parse --config; refuse a backend the config does not allow; resolve the study's device; export
-    the tasks' core and GPU counts (hpcdl.platform.orchestration.task_runtime.units, .gpus).
+def start_app(study: str, argv: list[str] | None, description: str) -> StudyRun:
+    """Parse --config; refuse a backend the config does not allow; resolve the study's device, once;
+    export the tasks' core and GPU counts (hpcdl.platform.orchestration.task_runtime.units, .gpus).
+    The run that follows (a StudyRun) carries that device to its workers and records it.
 
     Any refusal (`device: cuda` where no GPU is visible among them) prints the reason and exits 2
     before the app writes anything.
@@ -43,4 +45,7 @@ def start_app(study: str, argv: list[str] | None, description: str) -> dict:
         raise SystemExit(2) from None
     print(f"[{study}] task backend {info.name} ({info.why}); {units} computing unit(s) and {gpus} GPU(s) "
           f"per task; device {device}", file=sys.stderr, flush=True)
-    return cfg
+    from hpcdl.platform.orchestration import task_runtime
+
+    return StudyRun(cfg, study, device=device, wait=task_runtime.compss_wait_on,
+                    reason=task_runtime.failure_reason)

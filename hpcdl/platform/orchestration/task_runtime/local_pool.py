@@ -17,7 +17,7 @@ import time
 import traceback
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hpcdl.platform.kit.results import available_cores as affinity_cores
 from hpcdl.platform.orchestration.task_runtime.gpus import POOL_ENV, GpuError, gpu_pool, resolve_gpus
@@ -30,8 +30,18 @@ from hpcdl.platform.orchestration.task_runtime.local_futures import (
 from hpcdl.platform.orchestration.task_runtime.local_worker import run_in_worker, worker_init
 from hpcdl.platform.orchestration.task_runtime.units import resolve as resolve_units
 
-if TYPE_CHECKING:
-    from hpcdl.platform.orchestration.task_runtime.local import LocalTask
+
+class PoolTask(Protocol):
+    """What the pool needs of a task (local.LocalTask is one): named here, so that the pool does not
+    import the module that imports it."""
+
+    name: str
+    cpu_units: tuple[str, ...]
+    gpu_units: tuple[str, ...]
+    management: str
+    failure_returns: object
+
+    def import_path(self) -> tuple[str, str]: ...
 
 
 def available_cores() -> int:
@@ -45,7 +55,7 @@ def available_cores() -> int:
 
 @dataclass
 class _Job:
-    task: LocalTask
+    task: PoolTask
     future: LocalFuture
     args: tuple
     kwargs: dict
@@ -79,7 +89,7 @@ class LocalBackend:
         self.progress = (os.environ.get("HPCDL_PROGRESS", "1") != "0") if progress is None else progress
 
     # -- submission ---------------------------------------------------------------------------
-    def submit(self, task: LocalTask, args, kwargs) -> LocalFuture:
+    def submit(self, task: PoolTask, args, kwargs) -> LocalFuture:
         units = sum(resolve_units(v, f"task {task.name}: computing_units") for v in task.cpu_units)
         gpus = sum(resolve_gpus(v, f"task {task.name}: GPU computingUnits") for v in task.gpu_units)
         if gpus:
