@@ -11,10 +11,11 @@ import pandas as pd
 # Columns that measure time, bandwidth, memory or name a process: everything else is deterministic.
 # (malleable: the iteration at which a mid-run change lands follows the wall clock; checkpoint: the
 # storage ceiling paired with each save; offload: the fast tier's peak is measured memory, and the
-# capacity search's depths and probes follow from it; its per-step hidden fractions are timings.)
+# capacity search's depths and probes follow from it; its per-step hidden fractions are timings;
+# hpo and malleable: the host's other load over a timed repeat.)
 NONDETERMINISTIC = re.compile(r"(_s|_per_s|_mb|_rss_bytes|_frac|_frac_steps)$|^(worker|driver_pid|sessions)$"
                               r"|^(threads_run|quota_cores_seen|applied_iteration)$"
-                              r"|^(ceiling_spread|bw_over_ceiling)$"
+                              r"|^(ceiling_spread|bw_over_ceiling|other_load_cores)$"
                               r"|^(peak_fast_bytes|peak_fast_bytes_at_max|peak_accounted_bytes_at_max|max_depth"
                               r"|max_params|capped_at_max_depth|trials|probes)$")
 
