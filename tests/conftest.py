@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpcdl.platform.kit.config import validate_config
 from hpcdl.platform.kit.procenv import child_env, pythonpath
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,6 +50,17 @@ def repo() -> Path:
 def test_config():
     """The test-scale config as a dict (configs/test.yaml)."""
     return yaml.safe_load((REPO / "configs" / "test.yaml").read_text())
+
+
+@pytest.fixture
+def study_config(tmp_path, test_config):
+    """study_config(study) -> the validated test-scale config running only `study`, results under tmp_path."""
+    def make(study: str) -> dict:
+        cfg = copy.deepcopy(test_config)
+        cfg["results_dir"] = str(tmp_path / "results")
+        cfg["studies"] = [study]
+        return validate_config(cfg)
+    return make
 
 
 @pytest.fixture
