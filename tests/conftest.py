@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from hpcdl.platform.kit.procenv import pythonpath
+from hpcdl.platform.kit.config import validate_config
+from hpcdl.platform.kit.procenv import child_env, pythonpath
 
 REPO = Path(__file__).resolve().parent.parent
 # The test-scale workflow run, once per session (tests/workflow_run.py).
@@ -49,6 +53,17 @@ def test_config():
 
 
 @pytest.fixture
+def study_config(tmp_path, test_config):
+    """study_config(study) -> the validated test-scale config running only `study`, results under tmp_path."""
+    def make(study: str) -> dict:
+        cfg = copy.deepcopy(test_config)
+        cfg["results_dir"] = str(tmp_path / "results")
+        cfg["studies"] = [study]
+        return validate_config(cfg)
+    return make
+
+
+@pytest.fixture
 def write_config(tmp_path, test_config):
     """write_config(studies=[...], **overrides) -> path of a config whose results go under tmp_path."""
     def write(name: str = "config.yaml", **overrides) -> Path:
@@ -63,3 +78,15 @@ def write_config(tmp_path, test_config):
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         return path
     return write
+
+
+@pytest.fixture
+def run_task_app():
+    """run_task_app(study, cfg, path) -> cfg written to `path` as YAML, then `python -m tasks.<study>
+    --config <path>` run to its end from the repository root, progress off, its output captured as text."""
+    def run(study: str, cfg: dict, path: Path, timeout: float = 300):
+        path.write_text(yaml.safe_dump(cfg))
+        return subprocess.run([sys.executable, "-m", f"tasks.{study}", "--config", str(path)], cwd=REPO,
+                              env=child_env(REPO, HPCDL_PROGRESS="0"), capture_output=True, text=True,
+                              timeout=timeout)
+    return run

@@ -5,21 +5,33 @@ import time
 
 from hpcdl.platform.orchestration.task_runtime import constraint, on_failure, task
 
+# The decorator stacks are what the runtime tests exercise; the bodies they share live in helpers.
+
+
+def _slept(seconds):
+    start = time.time()
+    time.sleep(seconds)
+    return {"start": start, "end": time.time(), "pid": os.getpid()}
+
+
+def _second_attempt(marker_path):
+    # Succeeds on the second attempt only: the marker file remembers the first.
+    if not os.path.exists(marker_path):
+        open(marker_path, "w").close()
+        raise OSError("transient failure")
+    return "second attempt"
+
 
 @constraint(computing_units="1")
 @task(returns=1)
 def sleep_one(seconds):
-    start = time.time()
-    time.sleep(seconds)
-    return {"start": start, "end": time.time(), "pid": os.getpid()}
+    return _slept(seconds)
 
 
 @constraint(computing_units="2")
 @task(returns=1)
 def sleep_two(seconds):
-    start = time.time()
-    time.sleep(seconds)
-    return {"start": start, "end": time.time(), "pid": os.getpid()}
+    return _slept(seconds)
 
 
 @constraint(computing_units="$HPCDL_TEST_UNITS")
@@ -54,11 +66,7 @@ def fail_hard(x):
 @on_failure(management="RETRY")
 @task(returns=1)
 def fail_first_time(marker_path):
-    # Succeeds on the second attempt only: the marker file remembers the first.
-    if not os.path.exists(marker_path):
-        open(marker_path, "w").close()
-        raise OSError("transient failure")
-    return "second attempt"
+    return _second_attempt(marker_path)
 
 
 @on_failure(management="RETRY")
@@ -75,17 +83,11 @@ def noop():
 @task(returns=1)
 def fail_first_time_no_decorator(marker_path):
     # No @on_failure: PyCOMPSs' default (RETRY) must give it a second attempt.
-    if not os.path.exists(marker_path):
-        open(marker_path, "w").close()
-        raise OSError("transient failure")
-    return "second attempt"
+    return _second_attempt(marker_path)
 
 
 def _held(seconds):
-    start = time.time()
-    time.sleep(seconds)
-    return {"start": start, "end": time.time(), "pid": os.getpid(),
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    return {**_slept(seconds), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
 @constraint(processors=[{"processorType": "CPU", "computingUnits": "1"},

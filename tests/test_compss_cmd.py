@@ -157,14 +157,21 @@ def test_runtime_cpus_expand_in_a_shell(tmp_path):
                           text=True).stdout.strip() == nproc
 
 
-def test_enqueue_cli_prints_the_command_with_an_absolute_config(tmp_path):
+def _compss_cli(tmp_path, subcommand: str, checkpoint_block: str):
+    """`hpcdl compss <subcommand> checkpoint --config c.yaml` run in tmp_path on a checkpoint-only config
+    written there: (the config's path, what the command printed)."""
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(f"results_dir: {tmp_path / 'results'}\nstudies: [checkpoint]\n"
-                        "checkpoint: {device: cpu}\n")
-    out = subprocess.run([sys.executable, "-m", "hpcdl", "compss", "enqueue", "checkpoint",
+                        f"checkpoint: {checkpoint_block}\n")
+    out = subprocess.run([sys.executable, "-m", "hpcdl", "compss", subcommand, "checkpoint",
                           "--config", "c.yaml"], cwd=tmp_path, capture_output=True, text=True, check=True,
                          env=child_env(REPO))
-    argv = shlex.split(out.stdout)
+    return cfg_file, out.stdout
+
+
+def test_enqueue_cli_prints_the_command_with_an_absolute_config(tmp_path):
+    cfg_file, printed = _compss_cli(tmp_path, "enqueue", "{device: cpu}")
+    argv = shlex.split(printed)
     # "2": the schema's default
     assert argv[:4] == ["env", "HPCDL_CHECKPOINT_UNITS=2", "HPCDL_CHECKPOINT_GPUS=0", "enqueue_compss"]
     assert argv[-2:] == ["--config", str(cfg_file)]
@@ -242,14 +249,10 @@ def test_enqueue_resolves_a_var_setting_now_or_names_it(test_config, tmp_path, m
 
 
 def test_command_cli_prints_the_rule_command(tmp_path):
-    cfg_file = tmp_path / "c.yaml"
-    cfg_file.write_text(f"results_dir: {tmp_path / 'results'}\nstudies: [checkpoint]\n"
-                        "checkpoint: {runtime: compss, computing_units: '3', device: cpu}\n")
-    out = subprocess.run([sys.executable, "-m", "hpcdl", "compss", "command", "checkpoint",
-                          "--config", "c.yaml"], cwd=tmp_path, capture_output=True, text=True, check=True,
-                         env=child_env(REPO))
-    assert "HPCDL_CHECKPOINT_UNITS=3 HPCDL_CHECKPOINT_GPUS=0 runcompss --lang=python" in out.stdout
-    assert out.stdout.rstrip().endswith(f"--config {cfg_file})")
+    block = "{runtime: compss, computing_units: '3', device: cpu}"
+    cfg_file, printed = _compss_cli(tmp_path, "command", block)
+    assert "HPCDL_CHECKPOINT_UNITS=3 HPCDL_CHECKPOINT_GPUS=0 runcompss --lang=python" in printed
+    assert printed.rstrip().endswith(f"--config {cfg_file})")
 
 
 # -- GPUs: HPCDL_<STUDY>_GPUS (hpcdl.platform.orchestration.task_runtime.gpus) -------------------------

@@ -21,12 +21,7 @@ from hpcdl.platform.kit.claims import claim, not_measured, write_claims
 from hpcdl.platform.kit.device import gpu_slug
 from hpcdl.platform.kit.study import StudySpec
 from hpcdl.platform.orchestration import about, cli, gpu_records, record_state
-from hpcdl.platform.orchestration.gpu_records import (
-    RecordError,
-    import_records,
-    read_records,
-    record_inputs,
-)
+from hpcdl.platform.orchestration.gpu_records import RecordError, import_records, read_records, record_inputs
 from hpcdl.platform.orchestration.verdict import main as verdict_main
 from hpcdl.platform.orchestration.verdict import render_html, verdict
 

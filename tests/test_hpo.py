@@ -31,11 +31,8 @@ PARAMS = {
 
 
 @pytest.fixture
-def cfg(test_config, tmp_path):
-    c = copy.deepcopy(test_config)
-    c["results_dir"] = str(tmp_path / "results")
-    c["studies"] = ["hpo"]
-    return validate_config(c)
+def cfg(study_config):
+    return study_config("hpo")
 
 
 # ------------------------------------------------------------------------------------ training

@@ -25,15 +25,13 @@ def _env():
     return {**os.environ, "HPCDL_PROGRESS": "0", "MPLBACKEND": "Agg"}
 
 
+def _app_argv(config):
+    return [sys.executable, "-m", "tasks.hpo", "--config", str(config)]
+
+
 def _app(repo, config, timeout=240):
-    return subprocess.run(
-        [sys.executable, "-m", "tasks.hpo", "--config", str(config)],
-        cwd=repo,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return subprocess.run(_app_argv(config), cwd=repo, env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def _hpo(test_config, **changes):
@@ -143,14 +141,8 @@ def test_sigkill_driver_mid_study_then_resume(repo, tmp_path, write_config, test
     config = write_config(studies=["hpo"], hpo=hpo)
     cfg = load_config(config)
     log = open(tmp_path / "driver1.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tasks.hpo", "--config", str(config)],
-        cwd=repo,
-        env=_env(),
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-    )
+    proc = subprocess.Popen(_app_argv(config), cwd=repo, env=_env(), stdout=log, stderr=log,
+                            start_new_session=True)
     try:
         _poll(config, cfg, proc, n_complete=2)
     finally:

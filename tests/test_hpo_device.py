@@ -6,7 +6,6 @@ train on a real GPU (a second one for the pool test)."""
 
 from __future__ import annotations
 
-import copy
 import os
 import socket
 
@@ -14,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from hpcdl.platform.kit.config import ConfigError, validate_config
+from hpcdl.platform.kit.config import ConfigError
 from hpcdl.platform.orchestration.task_runtime.gpus import (
     POOL_ENV,
     declared_gpus,
@@ -36,11 +35,8 @@ def _tiny(device: str = "cpu") -> DataSpec:
 
 
 @pytest.fixture
-def cfg(test_config, tmp_path):
-    c = copy.deepcopy(test_config)
-    c["results_dir"] = str(tmp_path / "results")
-    c["studies"] = ["hpo"]
-    return validate_config(c)
+def cfg(study_config):
+    return study_config("hpo")
 
 
 class _Now:

@@ -43,6 +43,14 @@ def fake_tools(tmp_path: Path, monkeypatch, scontrol_job: str = "", hostnames: s
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
 
+def in_slurm_job(tmp_path: Path, monkeypatch, scontrol_job: str = "", **env: str) -> None:
+    """Inside Slurm job 42, fake_tools' srun and scontrol on PATH, the variables in `env` set too."""
+    fake_tools(tmp_path, monkeypatch, scontrol_job)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
 def test_fork_command_exact(tmp_path):
     cmd = build_command(3, "pkg.mod:fn", tmp_path, slurm=False, master_addr="127.0.0.1", master_port=29511)
     assert cmd == [sys.executable, "-m", "hpcdl.platform.kit.rank_runtime.forked", "3", "pkg.mod:fn",
@@ -89,18 +97,15 @@ def test_both_local_launchers_run_real_ranks(launcher, clean_env):
 
 
 def test_slurm_ntasks_from_environment(tmp_path, clean_env):
-    fake_tools(tmp_path, clean_env)
-    clean_env.setenv("SLURM_JOB_ID", "42")
-    clean_env.setenv("SLURM_NTASKS", "4")
+    in_slurm_job(tmp_path, clean_env, SLURM_NTASKS="4")
     assert launch.in_slurm_allocation(4)
     assert not launch.in_slurm_allocation(5)
 
 
 def test_slurm_ntasks_from_scontrol_when_env_is_stripped(tmp_path, clean_env):
     # Snakemake's Slurm job step keeps only SLURM_JOB_ID; the task count comes from scontrol.
-    fake_tools(tmp_path, clean_env, scontrol_job="JobId=42 JobName=x NumNodes=1 NumCPUs=2 NumTasks=2 "
-                                                 "NodeList=node[1-2] BatchHost=node1")
-    clean_env.setenv("SLURM_JOB_ID", "42")
+    in_slurm_job(tmp_path, clean_env, scontrol_job="JobId=42 JobName=x NumNodes=1 NumCPUs=2 NumTasks=2 "
+                                                   "NodeList=node[1-2] BatchHost=node1")
     assert launch.slurm_allocation_tasks() == 2
     assert launch.in_slurm_allocation(2)
     assert launch.slurm_master_addr() == "node1"
@@ -108,28 +113,20 @@ def test_slurm_ntasks_from_scontrol_when_env_is_stripped(tmp_path, clean_env):
 
 def test_one_task_step_falls_back_to_torchrun(tmp_path, clean_env):
     # A plain (non-mpi) rule runs inside `srun -n1`: the ranks then share that one step via torchrun.
-    fake_tools(tmp_path, clean_env)
-    clean_env.setenv("SLURM_JOB_ID", "42")
-    clean_env.setenv("SLURM_NTASKS", "1")
+    in_slurm_job(tmp_path, clean_env, SLURM_NTASKS="1")
     assert not launch.in_slurm_allocation(2)
 
 
 def test_inside_a_step_never_nests_srun(tmp_path, clean_env):
     # A nested srun inside a step waits for CPUs the step itself holds: it would hang.
-    fake_tools(tmp_path, clean_env)
-    clean_env.setenv("SLURM_JOB_ID", "42")
-    clean_env.setenv("SLURM_NTASKS", "4")
-    clean_env.setenv("SLURM_STEP_ID", "0")
+    in_slurm_job(tmp_path, clean_env, SLURM_NTASKS="4", SLURM_STEP_ID="0")
     assert not launch.in_slurm_allocation(1)
     clean_env.setenv("SLURM_STEP_ID", "batch")
     assert launch.in_slurm_allocation(4)
 
 
 def test_forced_torchrun(tmp_path, clean_env):
-    fake_tools(tmp_path, clean_env)
-    clean_env.setenv("SLURM_JOB_ID", "42")
-    clean_env.setenv("SLURM_NTASKS", "8")
-    clean_env.setenv("HPCDL_LAUNCHER", "torchrun")
+    in_slurm_job(tmp_path, clean_env, SLURM_NTASKS="8", HPCDL_LAUNCHER="torchrun")
     assert not launch.in_slurm_allocation(2)
 
 
@@ -141,8 +138,7 @@ def test_no_srun_means_no_slurm_launch(tmp_path, clean_env):
 
 
 def test_scontrol_failure_counts_one_task(tmp_path, clean_env):
-    fake_tools(tmp_path, clean_env, scontrol_job="")
-    clean_env.setenv("SLURM_JOB_ID", "42")
+    in_slurm_job(tmp_path, clean_env, scontrol_job="")
     assert launch.slurm_allocation_tasks() == 1
 
 

@@ -405,7 +405,8 @@ def test_bad_config_values_name_the_key(test_config):
         path.unlink()
 
 
-def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_path, test_config):
+def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_path, test_config,
+                                                                            run_task_app):
     cfg = {**test_config, "studies": ["microbatch"], "results_dir": str(tmp_path / "r")}
     cfg["microbatch"] = {
         **test_config["microbatch"],
@@ -416,16 +417,7 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
         "kernel_limit_mib": 0.0,
     }
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    env = child_env(REPO, HPCDL_PROGRESS="0")
-    proc = subprocess.run(
-        [sys.executable, "-m", "tasks.microbatch", "--config", str(path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_task_app("microbatch", cfg, path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     raw = tmp_path / "r" / "microbatch" / "raw"
     bench = pd.read_csv(raw / "bench.csv")
@@ -439,15 +431,7 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
     # with a usable limit the same app runs; the unavailable cuDNN candidate is recorded as skipped
     cfg["microbatch"]["kernel_limit_mib"] = None
     cfg["microbatch"]["backward_forms"] = ["separate"]  # μ-cuDNN's three kernels, no fused backward
-    path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run(
-        [sys.executable, "-m", "tasks.microbatch", "--config", str(path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_task_app("microbatch", cfg, path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     bench = pd.read_csv(raw / "bench.csv")
     cud = bench[bench["algorithm"] == "cudnn-heuristic-nchw"]
@@ -480,7 +464,7 @@ def test_app_end_to_end_with_a_too_small_limit_then_an_unavailable_backend(tmp_p
         p = subprocess.run(
             [sys.executable, "-m", "hpcdl", "microbatch", stage, "--config", str(path)],
             cwd=REPO,
-            env=env,
+            env=child_env(REPO, HPCDL_PROGRESS="0"),
             capture_output=True,
             text=True,
             timeout=300,

@@ -13,7 +13,6 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 import torch
-import yaml
 
 from hpcdl.platform.kit.claims import write_claims
 from hpcdl.platform.kit.config import ConfigError, validate_config
@@ -321,22 +320,13 @@ def test_an_interrupted_run_leaves_no_stale_offload_files_after_the_next_run(tmp
     assert not list(tmp_path.iterdir())
 
 
-def test_task_app_end_to_end_tables_figures_claims(tmp_path, repo, test_config):
+def test_task_app_end_to_end_tables_figures_claims(tmp_path, repo, test_config, run_task_app):
     cfg = {**test_config, "studies": ["offload"], "results_dir": str(tmp_path / "r")}
     # two cores a task, one of them left to the copy threads (slow_tier.copy_cores defaults to 1)
     cfg["offload"] = {**cfg["offload"], "model": {**cfg["offload"]["model"], "depths": [3]},
                       "computing_units": "2"}
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    env = child_env(repo, HPCDL_PROGRESS="0")
-    run = subprocess.run(
-        [sys.executable, "-m", "tasks.offload", "--config", str(path)],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = run_task_app("offload", cfg, path)
     assert run.returncode == 0, run.stderr[-3000:]
     raw = tmp_path / "r" / "offload" / "raw"
     steps = pd.read_csv(raw / "steps.csv")
@@ -387,15 +377,7 @@ def test_task_app_end_to_end_tables_figures_claims(tmp_path, repo, test_config):
     # an explicit slow-tier directory that is missing: exit 2 naming the key and path, nothing written
     cfg["offload"]["slow_tier"] = {"dir": str(tmp_path / "absent"), "io_mode": "page_cache"}
     cfg["results_dir"] = str(tmp_path / "r2")
-    path.write_text(yaml.safe_dump(cfg))
-    bad = subprocess.run(
-        [sys.executable, "-m", "tasks.offload", "--config", str(path)],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    bad = run_task_app("offload", cfg, path)
     assert bad.returncode == 2
     assert f"'offload.slow_dir': slow-tier directory {tmp_path / 'absent'} does not exist" in bad.stderr
     assert not (tmp_path / "r2" / "offload" / "raw").exists()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -103,13 +104,22 @@ def _click_result(browser: Chromium, label: str, button: int) -> None:
         .querySelectorAll('td:last-child a')[{button}].click()""")
 
 
+@contextmanager
+def _report_in_chromium(chromium_exe: str, wf, tmp_path: Path, width: int, height: int):
+    """A Chromium at width x height, closed after, once the test-scale workflow has made its report."""
+    assert wf.made is not None and wf.made.returncode == 0, wf.run.stderr[-3000:]
+    browser = Chromium(chromium_exe, tmp_path / "profile", width=width, height=height)
+    try:
+        yield browser
+    finally:
+        browser.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("width", "height"), SIZES)
 def test_every_study_page_fits_the_window(chromium_exe, test_scale_workflow, tmp_path, width, height):
     wf = test_scale_workflow
-    assert wf.made is not None and wf.made.returncode == 0, wf.run.stderr[-3000:]
-    browser = Chromium(chromium_exe, tmp_path / "profile", width=width, height=height)
-    try:
+    with _report_in_chromium(chromium_exe, wf, tmp_path, width, height) as browser:
         for study in wf.studies:
             spec, doc = registered()[study], json.loads((wf.results / study / "claims.json").read_text())
             _open(browser, wf.report, width, height)
@@ -153,17 +163,13 @@ def test_every_study_page_fits_the_window(chromium_exe, test_scale_workflow, tmp
             _click_result(browser, report_label(spec, ABOUT), 1)
             browser.wait_for("app.state.navbarMode === 'resultinfo'", what="the result's details")
             assert browser.evaluate(TOP)["nav"]["width"] <= 0.25 * width + 0.5, (study, "details")
-    finally:
-        browser.close()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("width", "height"), SIZES)
 def test_the_landing_page_has_every_published_row(chromium_exe, test_scale_workflow, tmp_path, width, height):
     wf = test_scale_workflow
-    assert wf.made is not None and wf.made.returncode == 0, wf.run.stderr[-3000:]
-    browser = Chromium(chromium_exe, tmp_path / "profile", width=width, height=height)
-    try:
+    with _report_in_chromium(chromium_exe, wf, tmp_path, width, height) as browser:
         _open(browser, wf.report, width, height)
         shot = browser.screenshot(wf.report.with_name(f"report-landing-{width}.png"))
         rows = browser.evaluate("""[...document.querySelectorAll('#hpcdl-paper tr.paper-row')].map(r => {
@@ -171,8 +177,6 @@ def test_the_landing_page_has_every_published_row(chromium_exe, test_scale_workf
             return {study: r.dataset.study, id: r.dataset.paper, width: b.width, right: b.right,
                     verdict: r.lastElementChild.innerText};
           })""")
-    finally:
-        browser.close()
     published = [(study, item["id"]) for study, items in load().items() for item in items]
     assert [(r["study"], r["id"]) for r in rows] == published
     for r in rows:  # drawn, within the window, each with its verdict

@@ -158,34 +158,35 @@ def tiny_failed_run(slurm_cluster, tmp_path_factory):  # noqa: F811
     return workdir, proc
 
 
+def _ranks_record(tiny_failed_run, rule: str, launcher: str) -> dict:
+    """What `rule` recorded in <rule>.json: ranks 0 and 1, started by `launcher` inside the rule's one
+    Slurm job."""
+    workdir, proc = tiny_failed_run
+    path = workdir / f"{rule}.json"
+    assert path.exists(), proc.output[-4000:]
+    record = json.loads(path.read_text())
+    assert record["launcher"] == launcher
+    assert [r["rank"] for r in record["ranks"]] == [0, 1]
+    assert slurm_jobs_by_rule(workdir)[rule] == [record["job_id"]]
+    return record
+
+
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_two_rank_rule_gets_ranks_from_srun(tiny_failed_run):
-    workdir, proc = tiny_failed_run
-    ranks_json = workdir / "ranks.json"
-    assert ranks_json.exists(), proc.output[-4000:]
-    record = json.loads(ranks_json.read_text())
-    assert record["launcher"] == "srun"
+    record = _ranks_record(tiny_failed_run, "ranks", "srun")
     ranks = record["ranks"]
-    assert [r["rank"] for r in ranks] == [0, 1]
     # rank identity came from srun, inside the rule's own Slurm job
     assert [r["slurm_procid"] for r in ranks] == ["0", "1"]
     assert all(r["world_size"] == 2 and r["sum"] == pytest.approx(3.0) for r in ranks)
     assert {r["slurm_job_id"] for r in ranks} == {record["job_id"]}
-    assert slurm_jobs_by_rule(workdir)["ranks"] == [record["job_id"]]
 
 
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_ranks_inside_a_one_task_step_use_the_local_launcher(tiny_failed_run):
-    workdir, proc = tiny_failed_run
-    path = workdir / "ranks_in_step.json"
-    assert path.exists(), proc.output[-4000:]
-    record = json.loads(path.read_text())
-    assert record["launcher"] == "fork"
-    assert [r["rank"] for r in record["ranks"]] == [0, 1]
+    record = _ranks_record(tiny_failed_run, "ranks_in_step", "fork")
     assert all(r["sum"] == pytest.approx(3.0) for r in record["ranks"])
-    assert slurm_jobs_by_rule(workdir)["ranks_in_step"] == [record["job_id"]]
 
 
 @pytest.mark.slurm

@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 from test_claims import BUILDERS, _write
+from test_spatial_calibration_gpu import TOY
 
 from hpcdl.platform.kit.config import validate_config
 from hpcdl.studies.spatial import claims as spatial_claims
@@ -26,17 +27,6 @@ from hpcdl.studies.spatial.paper_scale import breakdown, compute_check, predicti
 from hpcdl.studies.spatial.perfmodel import gpu_table, layouts, slabs
 
 REPO = Path(__file__).resolve().parents[1]
-
-TOY = {
-    "extrapolate": {"grid": 8, "in_channels": 1, "channels": [2, 2], "dense": [4], "outputs": 2,
-                    "batch_size": 2, "gpus": [4]},
-    "papers": {
-        "cosmoflow": {"grid": 8, "batch_size": 2, "gpus": [4, 8]},
-        "unet3d": {"grid": 8, "in_channels": 1, "levels": [2, 4], "outputs": 2, "batch_size": 2, "gpus": [4]},
-    },
-    "gpu_calibration": {"repeats": 2, "steps": [["cosmoflow", 4, 2, 1], ["unet3d", 4, 2, 1]],
-                        "held_out_steps": [["cosmoflow", 3, 1]]},
-}
 
 
 def _toy(test_config) -> dict:
