@@ -8,16 +8,17 @@ after its save is durable (`checkpoint.snapshot_passes`) stay in the tables as c
 (`typical_*`), never in the verdict: training waits for the save's own copy, however untypical.
 
 Bandwidth vs ceiling: the ceiling is fio's (fio.py): sequential write + fsync of the state's size in
-the save's directory, buffered and O_DIRECT where allowed, run before a sync point's saves and again
-after them; each repeat's ceiling is the faster of the two moments, so a slow moment can only lower
-a ratio. The claim is judged per repeat: a save above its ceiling by more than the ceiling's own
-measured spread (the two moments' disagreement) shows the ceiling is defective there, so that
-repeat reads not measured with both bandwidths; the others are judged, per format on the 95 %
-interval of their ratios, and the claim holds where some format's interval lies above the line
-(straddles where none does and one crosses it). The ceiling is one per point, so a format with a
-defective repeat cannot pass or straddle on its other repeats (the same too-low ceiling would have
-raised them too); its fail stands, since a truer ceiling only lowers ratios. Where fio is not
-installed the claim is not measured and says so.
+the save's directory, buffered and O_DIRECT where allowed, run before each sync point's saves and
+again after them. A repeat is judged against the run's ceiling at its size: the fastest of those fio
+moments over every format's sync point of that size in this run (tables.run_ceiling says why: fio's
+moments moved far more than the saves did), so a slow moment can only lower a ratio. The claim is
+judged per repeat: a save above its ceiling by more than its point's measured spread (the two
+moments' disagreement) shows the ceiling is defective there, so that repeat reads not measured with
+both bandwidths; the others are judged, per format on the 95 % interval of their ratios, and the
+claim holds where some format's interval lies above the line (straddles where none does and one
+crosses it). A format with a defective repeat cannot pass or straddle on its other repeats (the
+same too-low ceiling would have raised them too); its fail stands, since a truer ceiling only
+lowers ratios. Where fio is not installed the claim is not measured and says so.
 
 Devices: the thresholds (checkpoint.claims) were set for the CPU, so the two claims with one say the
 device they were measured on. On the GPU they mean the CUDA path's version of themselves: the async
@@ -157,11 +158,12 @@ def _claim_bandwidth(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame
                 "pinned host memory right before / after each save, then fio's storage ceiling)")
     else:
         what = f"the best format's write bandwidth is within {1 - line:.0%} of the storage ceiling"
-    statement = (f"{what} probed with fio around its saves (sequential write + fsync of the state's size in "
-                 "the save's directory, buffered and O_DIRECT where allowed, the faster; run before the "
-                 "point's saves and after them, the faster of the two probes), at the largest size "
+    statement = (f"{what} probed with fio around the saves (sequential write + fsync of the state's size in "
+                 "the save's directory, buffered and O_DIRECT where allowed, the faster; run before each "
+                 "format's saves and after them; the ceiling is the fastest of these probes at this size "
+                 "in this run), at the largest size "
                  f"({n} parameters), judged per repeat: a save above its ceiling by more than the ceiling's "
-                 "own spread (its two probes' disagreement) is a defect of the ceiling and reads not "
+                 "own spread (its point's two probes' disagreement) is a defect of the ceiling and reads not "
                  f"measured, the others are judged: some format's {CONFIDENCE:.0%} interval of its judged "
                  "repeats' ratios above the line where it has 2 or more (straddles where none is above and "
                  "one crosses it), else its one ratio; a format with a defective repeat cannot pass on the "
@@ -177,10 +179,12 @@ def _claim_bandwidth(one: pd.DataFrame, block: dict, n: int, fails: pd.DataFrame
         if r is None:
             missing[f] = why_point_missing(fails, "io", format=f, mode="sync", ranks=1, n_params=n)
             continue
-        if np.isfinite(r["bw_over_ceiling"]):
-            ratios[f] = round(float(r["bw_over_ceiling"]), 4)
-        mb_s[f] = _bandwidths(r)
         items = _bandwidth_items(pairs, f, n, r)
+        finite = [it for it in items if np.isfinite(it["ratio"])]
+        if finite:  # the median repeat, against the ceiling its repeats are judged on
+            ratios[f] = round(float(np.median([it["ratio"] for it in finite])), 4)
+        mb_s[f] = {k: round(float(np.median([it["bw"][k] for it in finite if k in it["bw"]])), 1)
+                   for k in BANDWIDTHS if any(k in it["bw"] for it in finite)} or _bandwidths(r)
         judged, beaten = {}, []
         for it in items:
             if not np.isfinite(it["ratio"]):
