@@ -82,6 +82,50 @@ def test_grid_scaling_marks_a_grid_above_the_declared_load():
     assert not old["disturbed"].any() and old["other_load_cores"].isna().all()
 
 
+def test_grid_scaling_marks_a_grid_whose_trials_trained_slower_than_in_the_other_repeats():
+    # #59: the same three configurations in three repeats; repeat 0's 1-worker trials all took 1.2x
+    studies = _studies({(w, r): 0.02 for w in (1, 2) for r in range(3)})
+    trials = pd.DataFrame([{"study": s, "trial": i, "param_batch_size": 32 * (i + 1),
+                            "train_time_s": (1.0 + i) * (1.2 if s == "grid-1w" else 1.0)}
+                           for s in studies["study"] for i in range(3)])
+    t = grid_scaling(studies, trials, 0.3, 0.1).set_index(["workers", "repeat"])
+    assert t.loc[(1, 0), "trial_slowdown"] == pytest.approx(1.2)
+    assert t.loc[(1, 1), "trial_slowdown"] == pytest.approx(1.0)
+    assert t["slow_trials"].to_dict() == {(1, 0): True, (1, 1): False, (1, 2): False,
+                                          (2, 0): False, (2, 1): False, (2, 2): False}
+    assert not t["disturbed"].any()  # the host's other load did not show it
+    # with one repeat there is nothing to compare a trial with
+    one = grid_scaling(studies[studies["repeat"] == 0], trials, 0.3, 0.1)
+    assert one["trial_slowdown"].isna().all() and not one["slow_trials"].any()
+
+
+def _with_slow_trials(speedups, slowdowns: dict[tuple[int, int], float]):
+    base = _grid_repeats(speedups)
+
+    def mutate(c, t):
+        base(c, t)
+        c["hpo"]["grid"]["slow_trials_tolerance"] = 0.1
+        d = t["tables/grid_scaling.csv"]
+        d["trial_slowdown"] = [slowdowns.get((w, r), 1.0) for w, r in zip(d["workers"], d["repeat"],
+                                                                           strict=True)]
+        d["slow_trials"] = d["trial_slowdown"] > 1.1
+    return mutate
+
+
+def test_hpo_speedup_leaves_a_repeat_with_slow_trials_out_and_names_it(tmp_path):
+    # repeat 0's 1-worker grid trained its trials at 1.2x: its speedup (2.14) is the host's, not the pool's
+    c = _find(_run("hpo", _with_slow_trials([2.14, 1.30, 1.34], {(1, 0): 1.2}), tmp_path),
+              "hpo.grid_speedup")
+    assert set(c["measured"]["speedup"]["per_pair"]) == {"repeat 1", "repeat 2"}
+    assert c["measured"]["slow_trial_repeats_left_out"] == {"repeat 0": {"1 workers": 1.2, "2 workers": 1.0}}
+    assert c["status"] == "failed"  # 1.30 and 1.34 against 1.60: the slow repeat cannot lift it
+    two_slow = _find(_run("hpo", _with_slow_trials([1.85, 1.80, 1.86], {(1, 0): 1.2, (2, 2): 1.3}),
+                          tmp_path / "two"), "hpo.grid_speedup")
+    assert two_slow["status"] == "not_measured"
+    assert "2 of 3 repeats had a grid whose trials trained slower than the same trials' median by more " \
+           "than 10% (hpo.grid.slow_trials_tolerance), leaving 1" in two_slow["reason"]
+
+
 def _with_load(speedups, loads: dict[tuple[int, int], float]):
     base = _grid_repeats(speedups)
 

@@ -111,7 +111,9 @@ def _claim_speedup(hpo: dict, scaling: pd.DataFrame) -> dict:
                   f"above {need:.2f}" if repeats > 1 else " (one repeat: a point comparison, no interval)")
     elapsed, missing = _elapsed(scaling, (lo, hi), repeats, n_grid)
     disturbed = _disturbed(scaling, (lo, hi))
-    pairs = [r for r in range(repeats) if r in elapsed[lo] and r in elapsed[hi] and r not in disturbed]
+    slow = _marked(scaling, (lo, hi), "slow_trials", "trial_slowdown")
+    pairs = [r for r in range(repeats) if r in elapsed[lo] and r in elapsed[hi]
+             and r not in disturbed and r not in slow]
     speedups = [elapsed[lo][r] / elapsed[hi][r] for r in pairs]
     keys = [f"repeat {r}" for r in pairs]
     limit = hpo["grid"].get("disturbed_load_cores")
@@ -123,13 +125,20 @@ def _claim_speedup(hpo: dict, scaling: pd.DataFrame) -> dict:
     if disturbed:
         evidence.update(disturbed_load_cores=limit,
                         disturbed_repeats_left_out={f"repeat {r}": d for r, d in sorted(disturbed.items())})
+    tolerance = hpo["grid"].get("slow_trials_tolerance")
+    if slow:
+        evidence.update(slow_trials_tolerance=tolerance,
+                        slow_trial_repeats_left_out={f"repeat {r}": d for r, d in sorted(slow.items())})
     if missing:  # every configured repeat is wanted: an interval over the survivors would hide the loss
         return not_measured(cid, statement, missing, **evidence,
                             speedup={k: round(s, 3) for k, s in zip(keys, speedups, strict=True)})
-    if disturbed and len(pairs) < min(2, repeats):
-        why = (f"{len(disturbed)} of {repeats} repeats were disturbed by other load above {limit} cores "
-               f"(hpo.grid.disturbed_load_cores), leaving {len(pairs)}: an interval needs 2 undisturbed "
-               "repeats")
+    left_out = set(disturbed) | set(slow)
+    if left_out and len(pairs) < min(2, repeats):
+        parts = [f"{len(disturbed)} of {repeats} repeats were disturbed by other load above {limit} cores "
+                 "(hpo.grid.disturbed_load_cores)"] if disturbed else []
+        parts += [f"{len(slow)} of {repeats} repeats had a grid whose trials trained slower than the same "
+                  f"trials' median by more than {tolerance:.0%} (hpo.grid.slow_trials_tolerance)"] if slow else []
+        why = "; ".join(parts) + f", leaving {len(pairs)}: an interval needs 2 repeats left in"
         return not_measured(cid, statement, why, **evidence,
                             speedup={k: round(s, 3) for k, s in zip(keys, speedups, strict=True)})
     if repeats == 1:
@@ -139,19 +148,26 @@ def _claim_speedup(hpo: dict, scaling: pd.DataFrame) -> dict:
     return claim(cid, statement, above(iv, need), speedup=iv.evidence(3, keys=keys), **evidence)
 
 
-def _disturbed(scaling: pd.DataFrame, workers: tuple[int, int]) -> dict[int, dict[str, float]]:
-    """{repeat: {"<w> workers": other load in cores}} of the repeats whose grid at either worker count
-    ran under other load above hpo.grid.disturbed_load_cores (grid_scaling's `disturbed`)."""
-    if "disturbed" not in scaling:  # raw tables from before the load was recorded
+def _marked(scaling: pd.DataFrame, workers: tuple[int, int], mark: str,
+            value: str) -> dict[int, dict[str, float]]:
+    """{repeat: {"<w> workers": value}} of the repeats with a grid marked `mark` in grid_scaling
+    (none where the table predates the column)."""
+    if mark not in scaling:
         return {}
     rep = repeat_of(scaling)
-    flagged = scaling["disturbed"].astype(str).str.lower().eq("true") & scaling["workers"].isin(workers)
+    flagged = scaling[mark].astype(str).str.lower().eq("true") & scaling["workers"].isin(workers)
     out: dict[int, dict[str, float]] = {}
     for r in sorted(set(rep[flagged])):
         rows = scaling[(rep == r) & scaling["workers"].isin(workers)]
         out[int(r)] = {f"{int(w)} workers": round(float(x), 3)
-                       for w, x in zip(rows["workers"], rows["other_load_cores"], strict=True)}
+                       for w, x in zip(rows["workers"], rows[value], strict=True)}
     return out
+
+
+def _disturbed(scaling: pd.DataFrame, workers: tuple[int, int]) -> dict[int, dict[str, float]]:
+    """{repeat: {"<w> workers": other load in cores}} of the repeats whose grid at either worker count
+    ran under other load above hpo.grid.disturbed_load_cores (grid_scaling's `disturbed`)."""
+    return _marked(scaling, workers, "disturbed", "other_load_cores")
 
 
 def _claim_test_acc(hpo: dict, best: pd.DataFrame) -> dict:
