@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -17,6 +18,16 @@ from hpcdl.studies.spatial.devices import where
 from hpcdl.studies.spatial.exactness import rel_err, sum_over_layout, world_layout
 from hpcdl.studies.spatial.model import SpatialConv3d
 from hpcdl.studies.spatial.partition import split_sizes
+
+
+# what the launcher imports before forking the ranks (rank_runtime.forked); a module nothing else here
+# imports, so modules_loaded can tell the preload happened
+RANK_PRELOAD = ("xml.dom.minidom",)
+
+
+def modules_loaded(names: list[str]) -> dict:
+    """Whether each of `names` was imported when this rank's function started."""
+    return {name: name in sys.modules for name in names}
 
 
 def environment(names: list[str]) -> dict:

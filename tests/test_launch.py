@@ -229,3 +229,14 @@ def test_port_taken_on_both_attempts_fails_with_the_launcher_error(clean_env, ca
 def test_bad_arguments(target, nprocs, msg):
     with pytest.raises(ValueError, match=msg):
         run_ranks(target, nprocs)
+
+
+def test_forked_ranks_find_what_their_target_module_preloads_and_nothing_more():
+    """The launcher imports a target module's RANK_PRELOAD before forking; torch._dynamo (about 1 s
+    of CPU a launch) only for targets that name it: every `import torch` loads DDP's module now."""
+    names = ["xml.dom.minidom", "torch._dynamo"]
+    seen = run_ranks("rank_probes:modules_loaded", 2, {"names": names}, timeout_s=120)
+    assert seen == [{"xml.dom.minidom": True, "torch._dynamo": False}] * 2
+    from hpcdl.studies.shuffle import train as shuffle_train
+    from hpcdl.studies.spatial import train as spatial_train
+    assert "torch._dynamo" in shuffle_train.RANK_PRELOAD and "torch._dynamo" in spatial_train.RANK_PRELOAD

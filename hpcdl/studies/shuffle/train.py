@@ -66,6 +66,9 @@ from hpcdl.studies.shuffle.exchange import BackgroundExchange, DeviceExchange, E
 from hpcdl.studies.shuffle.rank_state import Held, Stopwatch, Where, batches, host_ids
 
 STRATEGIES = ("global", "local", "partial")
+# the rank launcher imports these once before forking the ranks (rank_runtime.forked): the DDP and
+# optimizer constructors below would otherwise import torch._dynamo in every rank
+RANK_PRELOAD = ("torch._dynamo",)
 
 
 def _validate(net, val: tuple[torch.Tensor, torch.Tensor], where: Where) -> tuple[float, float]:

@@ -32,6 +32,9 @@ from hpcdl.studies.spatial.halo import TIMERS
 from hpcdl.studies.spatial.load import PhaseLoad
 from hpcdl.studies.spatial.model import CosmoFlow, SpatialCosmoFlow
 
+# the rank launcher imports these once before forking the ranks (rank_runtime.forked): an optimizer's
+# constructor imports torch._dynamo (about 1 s of CPU), which each rank would otherwise repeat
+RANK_PRELOAD = ("torch._dynamo",)
 
 def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

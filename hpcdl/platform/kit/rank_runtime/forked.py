@@ -57,11 +57,13 @@ def main(nprocs: int, target: str, workdir: str) -> int:
 
     from hpcdl.platform.kit.rank_runtime import entry
 
-    importlib.import_module(target.split(":")[0])
-    if "torch.nn.parallel.distributed" in sys.modules:
-        # DistributedDataParallel's constructor imports torch._dynamo (~2.3 s of CPU here): once, here,
-        # instead of once per rank (the shuffle study's 8-rank points paid it eight times)
-        import torch._dynamo  # noqa: F401
+    module = importlib.import_module(target.split(":")[0])
+    # What the ranks would import lazily, imported once here instead of once per rank: the target
+    # module names it. DistributedDataParallel's constructor imports torch._dynamo (~1-2 s of CPU),
+    # so the shuffle study's ranks preload it; a target that builds no DDP must not pay it (every
+    # `import torch` loads torch.nn.parallel.distributed itself, so its presence tells nothing).
+    for name in getattr(module, "RANK_PRELOAD", ()):
+        importlib.import_module(name)
     sys.stdout.flush()
     sys.stderr.flush()
     children: dict[int, int] = {}
