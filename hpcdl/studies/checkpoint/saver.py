@@ -4,7 +4,8 @@ Synchronous: write + fsync + manifest + rename while training waits. State on th
 copied to host memory (fresh pageable memory, as `torch.save` of CUDA tensors does), inside the
 timed save: on CUDA the device-to-host copy is part of what a synchronous save costs.
 Asynchronous, the same for every format: phase 1 (blocking) copies the state into the saver's
-preallocated host snapshot, reused across saves and pinned where the state is on the GPU (a D2H DMA
+preallocated host snapshot, reused across saves (on the CPU in chunks pulled by a few threads,
+host_copy.py), pinned where the state is on the GPU (a D2H DMA
 into page-locked memory, bracketed by CUDA events and waited for, so training may overwrite the
 weights as soon as it returns); phase 2 persists that snapshot in a background thread through the
 same commit path. For DCP, phase 2 is DCP's public writer (`dcp.save` into a `FileSystemWriter`)
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 
 from hpcdl.studies.checkpoint import formats, integrity
+from hpcdl.studies.checkpoint.host_copy import QueuedCopy
 
 NAN = float("nan")
 
@@ -100,11 +102,13 @@ def read(path: Path, manifest: dict) -> dict:
 
 class Snapshot:
     """Preallocated host buffers the state is copied into (CheckFreq's snapshot phase): plain CPU
-    memory for CPU state, pinned (page-locked) memory for GPU state, so the copy is a DMA."""
+    memory for CPU state, copied in chunks pulled by as many threads as torch uses (host_copy says
+    why); pinned (page-locked) memory for GPU state, so the copy is a DMA."""
 
     def __init__(self) -> None:
         self.buffers: dict[str, torch.Tensor] = {}
         self.pinned = False
+        self._host_copy: QueuedCopy | None = None
         self.copy_s = NAN      # wall seconds of the last take(), the copy waited for
         self.gpu_copy_s = NAN  # the same copy on the GPU's clock (CUDA events); nan for CPU state
 
@@ -122,8 +126,9 @@ class Snapshot:
         self.prepare(flat)
         t0 = time.perf_counter()
         if not self.pinned:
-            for k, t in flat.items():
-                self.buffers[k].copy_(t)
+            if self._host_copy is None:
+                self._host_copy = QueuedCopy(torch.get_num_threads())
+            self._host_copy(self.buffers, flat)
             self.copy_s = time.perf_counter() - t0
             return self.buffers
         # Asynchronous copies on the current stream into page-locked memory, then wait for the last:
