@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,12 @@ RANK_PRELOAD = ("xml.dom.minidom",)
 def modules_loaded(names: list[str]) -> dict:
     """Whether each of `names` was imported when this rank's function started."""
     return {name: name in sys.modules for name in names}
+
+
+def sleep_for(seconds: float) -> float:
+    """Sleep, then return the seconds slept (a launch that outlives its timeout)."""
+    time.sleep(seconds)
+    return seconds
 
 
 def environment(names: list[str]) -> dict:

@@ -8,6 +8,7 @@ import re
 import socket
 import stat
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -231,12 +232,44 @@ def test_bad_arguments(target, nprocs, msg):
         run_ranks(target, nprocs)
 
 
-def test_forked_ranks_find_what_their_target_module_preloads_and_nothing_more():
+def test_forked_ranks_find_what_their_target_module_preloads_and_nothing_more(clean_env):
     """The launcher imports a target module's RANK_PRELOAD before forking; torch._dynamo (about 1 s
     of CPU a launch) only for targets that name it: every `import torch` loads DDP's module now."""
+    clean_env.setenv("HPCDL_TEST_FRESH_SERVER", str(uuid.uuid4()))  # no server a training target used
     names = ["xml.dom.minidom", "torch._dynamo"]
     seen = run_ranks("rank_probes:modules_loaded", 2, {"names": names}, timeout_s=120)
     assert seen == [{"xml.dom.minidom": True, "torch._dynamo": False}] * 2
     from hpcdl.studies.shuffle import train as shuffle_train
     from hpcdl.studies.spatial import train as spatial_train
     assert "torch._dynamo" in shuffle_train.RANK_PRELOAD and "torch._dynamo" in spatial_train.RANK_PRELOAD
+
+
+def test_the_resident_launcher_serves_every_launch_of_a_process_from_one_interpreter(clean_env):
+    """Ranks are forked by one server per calling process and start environment: the second launch
+    finds the first one's server; a launch that fails leaves it serving; another environment (what a
+    process reads once at start) gets a server of its own."""
+    from hpcdl.platform.kit.rank_runtime import resident
+
+    clean_env.setenv("HPCDL_TEST_FRESH_SERVER", str(uuid.uuid4()))
+    first = run_ranks("os:getppid", 2, {}, timeout_s=120)
+    assert len(set(first)) == 1 and first[0] in resident.server_pids()
+    with pytest.raises(RankFailure, match="via fork \\(resident launcher\\)"):
+        run_ranks("rank_probes:raise_on_rank", 2, {"victim": 0}, timeout_s=120)
+    assert run_ranks("os:getppid", 1, {}, timeout_s=120) == first[:1]  # the same server, still up
+    clean_env.setenv("HPCDL_TEST_FRESH_SERVER", str(uuid.uuid4()))
+    other = run_ranks("os:getppid", 1, {}, timeout_s=120)
+    assert other != first[:1] and set(resident.server_pids()) >= {first[0], other[0]}
+
+
+def test_a_launch_past_its_timeout_kills_the_server_and_the_next_launch_starts_another(clean_env):
+    from hpcdl.platform.kit.rank_runtime import resident
+
+    clean_env.setenv("HPCDL_TEST_FRESH_SERVER", str(uuid.uuid4()))
+    server = run_ranks("os:getppid", 1, {}, timeout_s=120)[0]
+    with pytest.raises(RankFailure, match="timed out after 3 s") as info:
+        run_ranks("rank_probes:sleep_for", 2, {"seconds": 60}, timeout_s=3)
+    assert info.value.timed_out
+    with pytest.raises(ProcessLookupError):  # the server and its sleeping ranks are gone
+        os.kill(server, 0)
+    assert server not in resident.server_pids()
+    assert run_ranks("os:getppid", 1, {}, timeout_s=120)[0] != server

@@ -1,5 +1,6 @@
-"""Start N real torch.distributed ranks: forked from one interpreter locally (`forked`; torchrun with
-HPCDL_LAUNCHER=torchrun), srun inside a Slurm allocation.
+"""Start N real torch.distributed ranks: forked locally from one resident interpreter per calling
+process (`fork_server`, `resident`; torchrun with HPCDL_LAUNCHER=torchrun), srun inside a Slurm
+allocation.
 
 `run_ranks("pkg.module:function", nprocs, kwargs)` runs `function(**kwargs)` on every
 rank after the process group is initialised from the environment, and returns the
@@ -20,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from hpcdl.platform.kit.procenv import PACKAGE_ROOT, child_env
+from hpcdl.platform.kit.rank_runtime import resident
 
 
 class RankFailure(RuntimeError):
@@ -221,15 +223,26 @@ def _launch(target: str, nprocs: int, workdir: Path, *, slurm: bool, timeout_s: 
     # torchrun's own logging is noise unless something fails.
     env.setdefault("TORCHELASTIC_ERROR_FILE", str(workdir / "error.json"))
     launcher = "srun" if slurm else local_launcher()
+
+    def formed() -> bool:
+        return all((workdir / f"joined-{r}").exists() for r in range(nprocs))
+
+    if launcher == "fork":  # the resident launcher: torch imported once per calling process
+        try:
+            code, message = resident.launch(nprocs, target, str(workdir), env, timeout_s)
+        except resident.LaunchTimeout:
+            raise RankFailure(f"{target} on {nprocs} ranks timed out after {timeout_s:.0f} s\n"
+                              f"{_tails(workdir, nprocs, '')}", group_formed=formed(),
+                              timed_out=True) from None
+        if code != 0:
+            raise RankFailure(f"{target} on {nprocs} ranks failed (exit {code}) via fork (resident "
+                              f"launcher)\n{_tails(workdir, nprocs, message)}", group_formed=formed())
+        return _results(target, nprocs, workdir, "")
     cmd = build_command(nprocs, target, workdir, slurm=slurm, master_addr=master_addr,
                         master_port=port, threads_per_rank=int(threads), local=launcher,
                         gpus_per_rank=gpus_per_rank)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-    def formed() -> bool:
-        return all((workdir / f"joined-{r}").exists() for r in range(nprocs))
-
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -242,12 +255,16 @@ def _launch(target: str, nprocs: int, workdir: Path, *, slurm: bool, timeout_s: 
             f"{target} on {nprocs} ranks failed (exit {proc.returncode}) "
             f"via {launcher}\n{_tails(workdir, nprocs, err)}",
             group_formed=formed())
+    return _results(target, nprocs, workdir, err)
+
+
+def _results(target: str, nprocs: int, workdir: Path, launcher_err: str) -> list:
     results = []
     for r in range(nprocs):
         path = workdir / f"result-{r}.pkl"
         if not path.exists():
             raise RankFailure(f"rank {r} of {target} exited 0 but wrote no result\n"
-                              f"{_tails(workdir, nprocs, err)}", group_formed=True)
+                              f"{_tails(workdir, nprocs, launcher_err)}", group_formed=True)
         results.append(pickle.loads(path.read_bytes()))
     return results
 
@@ -278,6 +295,8 @@ def _stop(proc: subprocess.Popen) -> tuple[str, str]:
 
 
 def _tails(workdir: Path, nprocs: int, launcher_err: str, n: int = 1500) -> str:
+    """Each failed rank's traceback (error-<r>.txt); without any, what the launcher said and, from
+    the resident launcher, each rank's own output (rank-<r>.log)."""
     parts = []
     for r in range(nprocs):
         f = workdir / f"error-{r}.txt"
@@ -285,4 +304,8 @@ def _tails(workdir: Path, nprocs: int, launcher_err: str, n: int = 1500) -> str:
             parts.append(f"[rank {r}] {f.read_text()[-n:]}")
     if not parts:
         parts.append(f"[launcher stderr] {launcher_err[-n:]}")
+        for r in range(nprocs):
+            log = workdir / f"rank-{r}.log"
+            if log.exists() and log.stat().st_size:
+                parts.append(f"[rank {r} output] {log.read_text(errors='replace')[-n:]}")
     return "\n".join(parts)
