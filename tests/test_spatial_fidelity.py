@@ -132,6 +132,11 @@ def test_efficiency_pairs_alone_get_their_extra_repeats_in_the_same_rounds_as_th
         + [(n, 3) for n in names if n in pair])
     # the 1-rank strong run is not part of a pair (its time cancels in ceiling time / 2-rank time)
     assert max(p["repeat"] for p in points if p["run"] == "strong-d1x1x1") == 1
+    # #59: each ceiling is launched right after its strong run, in every round, so the pair shares
+    # the host's state of the moment
+    order = [(p["run"], p["repeat"]) for p in points]
+    for r in range(4):
+        assert order.index(("ceiling-d1x2x1", r)) == order.index(("strong-d1x2x1", r)) + 1
 
 
 def test_calibration_rounds_combine_by_their_mean_unless_the_fastest_is_asked():
