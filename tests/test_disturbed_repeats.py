@@ -99,17 +99,24 @@ def test_grid_scaling_marks_a_grid_whose_trials_trained_slower_than_in_the_other
     assert one["trial_slowdown"].isna().all() and not one["slow_trials"].any()
 
 
-def _with_slow_trials(speedups, slowdowns: dict[tuple[int, int], float]):
+def _with_marks(speedups, values: dict[tuple[int, int], float], *, column: str, mark: str,
+                setting: str, line: float, usual: float):
+    """hpo tables with `speedups` by repeat and grid_scaling's `column` set per (workers, repeat)
+    (`usual` elsewhere), `mark` where it is above `line`, hpo.grid.<setting> = line."""
     base = _grid_repeats(speedups)
 
     def mutate(c, t):
         base(c, t)
-        c["hpo"]["grid"]["slow_trials_tolerance"] = 0.1
+        c["hpo"]["grid"][setting] = round(line - 1, 6) if setting == "slow_trials_tolerance" else line
         d = t["tables/grid_scaling.csv"]
-        d["trial_slowdown"] = [slowdowns.get((w, r), 1.0) for w, r in zip(d["workers"], d["repeat"],
-                                                                           strict=True)]
-        d["slow_trials"] = d["trial_slowdown"] > 1.1
+        d[column] = [values.get((w, r), usual) for w, r in zip(d["workers"], d["repeat"], strict=True)]
+        d[mark] = d[column] > line
     return mutate
+
+
+def _with_slow_trials(speedups, slowdowns: dict[tuple[int, int], float]):
+    return _with_marks(speedups, slowdowns, column="trial_slowdown", mark="slow_trials",
+                       setting="slow_trials_tolerance", line=1.1, usual=1.0)
 
 
 def test_hpo_speedup_leaves_a_repeat_with_slow_trials_out_and_names_it(tmp_path):
@@ -127,16 +134,8 @@ def test_hpo_speedup_leaves_a_repeat_with_slow_trials_out_and_names_it(tmp_path)
 
 
 def _with_load(speedups, loads: dict[tuple[int, int], float]):
-    base = _grid_repeats(speedups)
-
-    def mutate(c, t):
-        base(c, t)
-        c["hpo"]["grid"]["disturbed_load_cores"] = 0.3
-        d = t["tables/grid_scaling.csv"]
-        d["other_load_cores"] = [loads.get((w, r), 0.02) for w, r in zip(d["workers"], d["repeat"],
-                                                                          strict=True)]
-        d["disturbed"] = d["other_load_cores"] > 0.3
-    return mutate
+    return _with_marks(speedups, loads, column="other_load_cores", mark="disturbed",
+                       setting="disturbed_load_cores", line=0.3, usual=0.02)
 
 
 def test_hpo_speedup_leaves_a_disturbed_repeat_out_and_names_it(tmp_path):
