@@ -212,7 +212,7 @@ BOTH_WITHIN_ONE = [("applied", 1, 0), ("applied", 2, 0)]  # (outcome, threads, l
 def test_job_follows_its_cgroup_quota_within_one_iteration(tmp_path):
     # ~1-2 ms an iteration: 200 leave the second write room when the driver runs late under load
     res, rows = _quota_response(tmp_path, cgroups.RunCgroups(CTRL, 10000), 200)
-    assert [(r["outcome"], r["target_threads"], r["lag_iters"]) for r in rows] == BOTH_WITHIN_ONE
+    assert [(r["outcome"], r["target_threads"], r.get("lag_iters")) for r in rows] == BOTH_WITHIN_ONE
     seen = [(s["threads"], s["quota_cores"]) for s in res["series"]]
     assert (
         seen[0] == (2, pytest.approx(2.0))
@@ -230,8 +230,10 @@ def test_a_driver_stalled_inside_the_quota_write_dates_the_request_when_the_writ
             time.sleep(0.05)
             super().set_quota(path, cores)
 
-    _, rows = _quota_response(tmp_path, StalledWrites(CTRL, 10000), 300)
-    assert [(r["outcome"], r["target_threads"], r["lag_iters"]) for r in rows] == BOTH_WITHIN_ONE
+    # 1000 iterations: under the other test worker's load the job once ended (300 iterations) before
+    # the second stalled write, which then read "not applied"; the lag is counted the same either way
+    _, rows = _quota_response(tmp_path, StalledWrites(CTRL, 10000), 1000)
+    assert [(r["outcome"], r["target_threads"], r.get("lag_iters")) for r in rows] == BOTH_WITHIN_ONE
     assert all(r["latency_s"] > 0 for r in rows)
 
 
