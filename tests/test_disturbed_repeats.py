@@ -100,14 +100,15 @@ def test_grid_scaling_marks_a_grid_whose_trials_trained_slower_than_in_the_other
 
 
 def _with_marks(speedups, values: dict[tuple[int, int], float], *, column: str, mark: str,
-                setting: str, line: float, usual: float):
+                setting: tuple[str, float], line: float, usual: float):
     """hpo tables with `speedups` by repeat and grid_scaling's `column` set per (workers, repeat)
-    (`usual` elsewhere), `mark` where it is above `line`, hpo.grid.<setting> = line."""
+    (`usual` elsewhere), `mark` where it is above `line`; `setting` is the (hpo.grid key, value)
+    that line follows from."""
     base = _grid_repeats(speedups)
 
     def mutate(c, t):
         base(c, t)
-        c["hpo"]["grid"][setting] = round(line - 1, 6) if setting == "slow_trials_tolerance" else line
+        c["hpo"]["grid"][setting[0]] = setting[1]
         d = t["tables/grid_scaling.csv"]
         d[column] = [values.get((w, r), usual) for w, r in zip(d["workers"], d["repeat"], strict=True)]
         d[mark] = d[column] > line
@@ -116,7 +117,7 @@ def _with_marks(speedups, values: dict[tuple[int, int], float], *, column: str, 
 
 def _with_slow_trials(speedups, slowdowns: dict[tuple[int, int], float]):
     return _with_marks(speedups, slowdowns, column="trial_slowdown", mark="slow_trials",
-                       setting="slow_trials_tolerance", line=1.1, usual=1.0)
+                       setting=("slow_trials_tolerance", 0.1), line=1.1, usual=1.0)
 
 
 def test_hpo_speedup_leaves_a_repeat_with_slow_trials_out_and_names_it(tmp_path):
@@ -135,7 +136,7 @@ def test_hpo_speedup_leaves_a_repeat_with_slow_trials_out_and_names_it(tmp_path)
 
 def _with_load(speedups, loads: dict[tuple[int, int], float]):
     return _with_marks(speedups, loads, column="other_load_cores", mark="disturbed",
-                       setting="disturbed_load_cores", line=0.3, usual=0.02)
+                       setting=("disturbed_load_cores", 0.3), line=0.3, usual=0.02)
 
 
 def test_hpo_speedup_leaves_a_disturbed_repeat_out_and_names_it(tmp_path):

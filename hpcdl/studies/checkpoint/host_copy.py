@@ -4,12 +4,15 @@ threads pull from one queue.
 Why not `buffer.copy_(tensor)`: torch splits each copy over its intra-op threads in equal static
 parts and returns when the slowest part is done. On the 2-core laptop a copy of 256 MiB took 17 ms,
 but 60-130 ms whenever anything else (a kernel flusher, another process) took one core for a moment:
-the copy then waited for its preempted half. In the checkpoint runs of #59 that happened to about 2
-in 75 async saves, and each such save alone moved the async claim's interval across its line. Pulled
-from a queue, the chunks a preempted thread would have copied go to the other thread: measured beside
-a process spinning on one core, the queued copy took 23-38 ms where `copy_` took up to 135 ms, and on
-an idle machine both took 13-17 ms. Each chunk is copied by numpy, which releases the GIL and
-starts no thread team of its own.
+the copy then waited for its preempted half. Pulled from a queue, the chunks a preempted thread
+would have copied go to the other thread: measured beside a process spinning on one core, the queued
+copy took 23-38 ms where `copy_` took up to 135 ms, and on an idle machine both took 13-17 ms
+(benchmarks/snapshot_copy.py). Each chunk is copied by numpy, which releases the GIL and starts no
+thread team of its own.
+
+What this does not remove: in three fresh-clone runs of 007af56 (#59) the async save's own copy
+still stalled in 2, 4 and 0 of 25 saves (up to 0.30 s), while the copies made just after it did not;
+that stall's cause is not known.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ import time
 GRACE_S = 5.0
 
 
-def _status(code: int) -> str:
+def describe_exit(code: int) -> str:
+    """A process's exit code as words: 'exit code N' or 'signal SIGNAME'."""
     return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
 
@@ -112,7 +113,7 @@ def fork_ranks(nprocs: int, target: str, workdir: str, env: dict[str, str] | Non
         rank = children.pop(pid)
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
-            message = (f"[hpcdl] rank {rank} of {target} ended with {_status(code)}; stopping the other "
+            message = (f"[hpcdl] rank {rank} of {target} ended with {describe_exit(code)}; stopping the other "
                        f"{len(children)} rank(s)")
             _stop(children)
             return 1, message

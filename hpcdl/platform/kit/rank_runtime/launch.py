@@ -93,8 +93,8 @@ LOCAL_LAUNCHERS = ("fork", "torchrun")
 
 def local_launcher(explicit: bool = False) -> str | None:
     """The launcher of ranks outside Slurm: HPCDL_LAUNCHER if it names one of LOCAL_LAUNCHERS, else
-    `fork` (hpcdl.platform.kit.rank_runtime.forked: torch imported once for every rank); with
-    `explicit`, None unless the variable names one."""
+    `fork` (ranks forked by this process's resident launcher, rank_runtime.resident: torch imported
+    once for every launch); with `explicit`, None unless the variable names one."""
     chosen = os.environ.get("HPCDL_LAUNCHER", "")
     if chosen and chosen not in LOCAL_LAUNCHERS:
         raise ValueError(f"HPCDL_LAUNCHER={chosen!r} is not a launcher; allowed: "
@@ -120,7 +120,9 @@ def build_command(nprocs: int, target: str, workdir: Path, *, slurm: bool,
                   master_addr: str, master_port: int, threads_per_rank: int = 1,
                   local: str = "fork", gpus_per_rank: int = 0) -> list[str]:
     """The exact command line that starts the ranks (unit-tested, printed on failure): srun in a
-    Slurm allocation, else the `local` launcher (`fork` or `torchrun`). `gpus_per_rank` 1: each srun
+    Slurm allocation, else the `local` launcher (`fork` or `torchrun`). run_ranks sends a `fork`
+    launch to the resident server instead (rank_runtime.resident); the one-shot `forked` command
+    given here runs the same fork_ranks, for a launch by hand. `gpus_per_rank` 1: each srun
     task gets its own GPU (--gpus-per-task=1, which binds it: the task sees that GPU alone); torchrun
     and the forked launcher start one process per GPU of this node (--nproc-per-node)."""
     entry = ["-m", "hpcdl.platform.kit.rank_runtime.entry", target, str(workdir)]

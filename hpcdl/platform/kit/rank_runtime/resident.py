@@ -20,6 +20,8 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+from hpcdl.platform.kit.rank_runtime.forked import describe_exit
+
 SERVER = "hpcdl.platform.kit.rank_runtime.fork_server"
 # set anew for every launch, so they do not choose the server
 PER_LAUNCH = ("MASTER_PORT", "MASTER_ADDR", "HPCDL_RANK_TIMEOUT_S", "TORCHELASTIC_ERROR_FILE")
@@ -120,10 +122,9 @@ def launch(nprocs: int, target: str, workdir: str, env: dict[str, str],
 
 def _status(srv: _Server) -> str:
     try:
-        code = srv.proc.wait(timeout=5.0)
+        return describe_exit(srv.proc.wait(timeout=5.0))
     except subprocess.TimeoutExpired:
         return "still running"
-    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
 
 def server_pids() -> list[int]:
