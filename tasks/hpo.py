@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 import pandas as pd
 
@@ -70,20 +71,29 @@ def _test_best(study, best_path, data, n_test: int) -> None:
 
 def _run_studies(plans, hpo: dict, store, data, units: int, out, n_test: int) -> list:
     studies = []
-    cores = None
+    cores = warmed = None
+    grid_data = grid_spec(data, hpo["grid"])
     for plan in plans:
-        if plan.workers * units != cores:
-            cores = plan.workers * units
+        plan_data = grid_data if plan.kind == "grid" else data
+        if plan.workers * units != cores or plan_data != warmed:
+            cores, warmed = plan.workers * units, plan_data
             set_local_cores(cores)  # no-op under COMPSs
             # Start the workers (torch import, data read) before the clock of the next study starts.
-            compss_wait_on([warm_up(data) for _ in range(plan.workers)])
-        study = driver.run_study(plan, hpo, store, data, submit=train_chunk, wait=compss_wait_on,
+            compss_wait_on([warm_up(plan_data) for _ in range(plan.workers)])
+        study = driver.run_study(plan, hpo, store, plan_data, submit=train_chunk, wait=compss_wait_on,
                                  reason=failure_reason, study_dir=out,
                                  host_load=BACKEND != "compss")
         if plan.repeat == 0:  # a grid's later repeats only time it again: their best trial is not tested
-            _test_best(study, storage.best_state_path(out, plan.name), data, n_test)
+            _test_best(study, storage.best_state_path(out, plan.name), plan_data, n_test)
         studies.append(study)
     return studies
+
+
+def grid_spec(data: compute.DataSpec, grid: dict) -> compute.DataSpec:
+    """The data the grid's trials train on: hpo.grid.train_limit images where it is set (a timing grid
+    need not train on the searches' whole slice), else the searches' own."""
+    limit = grid.get("train_limit")
+    return data if limit is None else replace(data, train_limit=int(limit))
 
 
 def _refuse(exc: Exception) -> None:

@@ -91,10 +91,12 @@ def test_plan_of_default_config(repo):
     cfg = validate_config(yaml.safe_load((repo / "configs" / "default.yaml").read_text()))
     plans = sweep.plan_studies(cfg["hpo"])
     names = [p.name for p in plans]
-    # hpo.grid.repeats 3, round-robin: every worker count of a repeat before the next repeat starts
+    # hpo.grid.repeats 5, round-robin: every worker count of a repeat before the next repeat starts
     assert names[:6] == ["grid-1w", "grid-2w", "grid-1w-r1", "grid-2w-r1", "grid-1w-r2", "grid-2w-r2"]
-    assert [p.repeat for p in plans[:6]] == [0, 0, 1, 1, 2, 2] and {p.repeat for p in plans[6:]} == {0}
-    assert [p.kind for p in plans[6:]] == ["search"] * len(plans[6:]) and len(set(names)) == len(names)
+    assert names[8:10] == ["grid-1w-r4", "grid-2w-r4"]
+    assert [p.repeat for p in plans[:10]] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert {p.repeat for p in plans[10:]} == {0}
+    assert [p.kind for p in plans[10:]] == ["search"] * len(plans[10:]) and len(set(names)) == len(names)
     base, pruned = sweep.pruning_baseline(cfg["hpo"])
     assert base in names and pruned in names and pruned.endswith("-" + cfg["hpo"]["pruner"])
 

@@ -45,7 +45,8 @@ def _hpo(test_config, **changes):
 def test_app_end_to_end_with_a_failing_trial(repo, tmp_path, write_config, test_config):
     # One worker count for the grid and the searches: one process pool for the whole run. On the CPU
     # also on a GPU machine: on cuda a 2-worker grid needs two GPUs (tests/test_hpo_device.py).
-    hpo = _hpo(test_config, grid={"workers": [2]}, fail_trials=[1], device="cpu")
+    # The grid trains on 400 of the searches' 600 images (hpo.grid.train_limit).
+    hpo = _hpo(test_config, grid={"workers": [2], "train_limit": 400}, fail_trials=[1], device="cpu")
     config = write_config(studies=["hpo"], hpo=hpo)
     run = _app(repo, config)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -60,6 +61,10 @@ def test_app_end_to_end_with_a_failing_trial(repo, tmp_path, write_config, test_
     ok = trials[trials["state"] != "FAIL"]
     assert ok["state"].isin(["COMPLETE", "PRUNED"]).all() and len(ok) == 4 - 1 + 2 * (3 - 1)
     assert (trials.loc[trials["state"] == "COMPLETE", "val_acc"].between(0.0, 1.0)).all()
+    # the grid's trials trained on its own slice (train_limit less the validation quarter), the
+    # searches' on theirs
+    trained = ok.groupby("study")["train_samples"].unique().map(list).to_dict()
+    assert trained == {"grid-2w": [300], "random": [450], "random-median": [450]}
     # every row says where it ran; no worker names a GPU
     assert (ok["device"] == "cpu").all() and not ok["worker"].str.contains("gpu").any()
     studies = pd.read_csv(out / "raw" / "studies.csv")
@@ -88,6 +93,7 @@ def test_app_end_to_end_with_a_failing_trial(repo, tmp_path, write_config, test_
         ("cpu", 2, 1)]
     assert scaling["trials_per_min"].iloc[0] == pytest.approx(
         scaling["n_trials"].iloc[0] / scaling["elapsed_s"].iloc[0] * 60)
+    assert scaling["train_samples"].tolist() == [300]
     best = pd.read_csv(out / "tables" / "best_config.csv")
     assert best["overall_best"].sum() == 1 and best["test_acc"].between(0.0, 1.0).all()
     # each study's best trial names the test images its accuracy counts: the interval's n
@@ -103,6 +109,7 @@ def test_app_end_to_end_with_a_failing_trial(repo, tmp_path, write_config, test_
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     claims = json.loads((out / "claims.json").read_text())
     assert [c["id"] for c in claims["claims"]] == ["hpo.grid_speedup", "hpo.best_test_acc", "hpo.pruning"]
+    assert "grid (each trial on 300 training images) is timed" in claims["claims"][0]["statement"]
     acc = claims["claims"][1]
     interval = acc["measured"]["test_acc"]
     assert interval["n"] == hpo["data"]["test_limit"] and interval["ci95"][0] <= interval["mean"]

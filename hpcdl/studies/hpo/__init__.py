@@ -21,8 +21,9 @@ def _setting(cfg: dict) -> str:
     b = cfg["hpo"]
     return (f"{b['n_trials']}-trial searches ({b['sampler']} sampler, {b['pruner']} pruner, models "
             f"{'/'.join(b['space']['model'])}), a grid on {b['grid']['workers']} "
-            f"{'GPUs' if b.get('device') == 'cuda' else 'workers'}, "
-            f"{b['data']['train_limit'] or 'all'} training images")
+            f"{'GPUs' if b.get('device') == 'cuda' else 'workers'}"
+            + (f" on {b['grid']['train_limit']} images" if b["grid"].get("train_limit") else "")
+            + f", {b['data']['train_limit'] or 'all'} training images")
 
 
 # Which paper figure each of ours re-draws (StudySpec.paper_figures). The paper's figures were not read

@@ -88,6 +88,15 @@ def _elapsed(scaling: pd.DataFrame, workers: tuple[int, int], repeats: int, n_gr
     return elapsed, missing
 
 
+def _train_samples(scaling: pd.DataFrame) -> str:
+    """The grid trials' training images as the table recorded them ("12000", or "12000-24000" if
+    they differ), "" where it did not."""
+    if "train_samples" not in scaling:
+        return ""
+    n = sorted({int(v) for v in pd.to_numeric(scaling["train_samples"], errors="coerce").dropna()})
+    return "" if not n else str(n[0]) if len(n) == 1 else f"{n[0]}-{n[-1]}"
+
+
 def _claim_speedup(hpo: dict, scaling: pd.DataFrame) -> dict:
     """On cuda a worker is a GPU (one trial task each): the statement counts GPUs. The efficiency
     line holds as it is there: the grid's trials are as independent on GPUs as on cores."""
@@ -99,14 +108,17 @@ def _claim_speedup(hpo: dict, scaling: pd.DataFrame) -> dict:
     cuda = grid_device(scaling) == "cuda"
     on = dict(device="cuda") if cuda else {}
     counts = "GPU counts (one trial per GPU)" if cuda else "worker counts"
+    images = _train_samples(scaling)
+    trained = f" (each trial on {images} training images)" if images else ""
     if len(workers) < 2:
-        return not_measured(cid, f"the {n_grid}-point grid is timed on two {counts}",
+        return not_measured(cid, f"the {n_grid}-point grid{trained} is timed on two {counts}",
                             f"hpo.grid.workers is {workers}: the speedup needs two {counts}",
                             threshold_efficiency=efficiency, **on)
     lo, hi = workers[0], workers[-1]
     need = efficiency * hi / lo
     statement = (f"{hi} GPUs (one trial each) finish the {n_grid}-point grid >= {need:.2f}x faster than {lo}"
                  if cuda else f"{hi} workers finish the {n_grid}-point grid >= {need:.2f}x faster than {lo}")
+    statement += trained
     statement += (f": the 95 % interval of the speedups of {repeats} round-robin repeats, paired by repeat, "
                   f"above {need:.2f}" if repeats > 1 else " (one repeat: a point comparison, no interval)")
     elapsed, missing = _elapsed(scaling, (lo, hi), repeats, n_grid)

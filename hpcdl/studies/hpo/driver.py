@@ -156,7 +156,8 @@ class _AskAndTell:
         """A chunk's epochs reported to Optuna; then the trial completes, is pruned, or goes on."""
         for rec in res["records"]:
             rec = {**rec, "worker": res["worker"], "chunk_start": res["start_time"],
-                   "chunk_end": res["end_time"], "device": res.get("device", "cpu")}
+                   "chunk_end": res["end_time"], "device": res.get("device", "cpu"),
+                   "train_samples": res.get("train_samples")}
             fl.epochs.append(rec)
             fl.trial.report(rec["val_acc"], rec["epoch"])
         fl.trial.set_user_attr("epochs", fl.epochs)

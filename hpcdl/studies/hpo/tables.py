@@ -58,7 +58,7 @@ def grid_scaling(studies: pd.DataFrame, trials: pd.DataFrame,
     g = g.assign(repeat=repeat_of(g)).sort_values(["workers", "repeat"])
     cols = ["study", "device", "workers", "repeat", "cores_per_worker", "n_trials", "elapsed_s",
             "trials_per_min", "speedup", "efficiency", "train_time_s", "mean_trial_train_s", "busy_workers",
-            "sessions", "other_load_cores", "disturbed", "trial_slowdown", "slow_trials"]
+            "sessions", "other_load_cores", "disturbed", "trial_slowdown", "slow_trials", "train_samples"]
     if g.empty:
         return pd.DataFrame(columns=cols)
     train = trials.groupby("study")["train_time_s"].sum(min_count=1)
@@ -84,6 +84,10 @@ def grid_scaling(studies: pd.DataFrame, trials: pd.DataFrame,
     out["slow_trials"] = out["trial_slowdown"].gt(1 + tolerance)
     out["mean_trial_train_s"] = out["train_time_s"] / out["n_trials"]
     out["busy_workers"] = out["train_time_s"] / out["elapsed_s"]
+    # the images each trial trained on (hpo.grid.train_limit); NaN in tables from before it was recorded
+    samples = (trials.groupby("study")["train_samples"].median() if "train_samples" in trials
+               else pd.Series(dtype=float))
+    out["train_samples"] = out["study"].map(samples)
     return out[cols].reset_index(drop=True)
 
 
