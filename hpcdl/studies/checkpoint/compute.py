@@ -94,7 +94,7 @@ def _typical_blocking(timing: saver.SaveTiming, extra: list[float]) -> float:
     is durable); a sync save's own blocking time. Training stalls on the save's own copy, which is
     what the async claim judges (`blocking_s`); this shows how typical that copy was (on the laptop
     the save's own copy stalled 0-4 times in 25 saves of 256 MiB, for 0.03-0.30 s, where the copies
-    made after it rarely did: host_copy.py says what is known)."""
+    made after it rarely did: host_copy.py says what was measured of the VM's free page reporting)."""
     if not extra or not np.isfinite(timing.snapshot_s):
         return timing.blocking_s
     return timing.blocking_s - timing.snapshot_s + float(np.median([timing.snapshot_s, *extra]))
