@@ -89,8 +89,8 @@ def _elapsed(scaling: pd.DataFrame, workers: tuple[int, int], repeats: int, n_gr
 
 
 def _train_samples(scaling: pd.DataFrame) -> str:
-    """The grid trials' training images as the table recorded them ("12000", or "12000-24000" if
-    they differ), "" where it did not."""
+    """The images the grid's trials trained on as the table recorded them (the pool less its
+    validation split: "9600", or "9600-19200" where repeats differ), "" where it did not."""
     if "train_samples" not in scaling:
         return ""
     n = sorted({int(v) for v in pd.to_numeric(scaling["train_samples"], errors="coerce").dropna()})
