@@ -35,7 +35,7 @@ from hpcdl.platform.task_app import (
     write_table,
 )
 from hpcdl.studies.hpo import compute, driver, records, storage
-from hpcdl.studies.hpo.sweep import check_gpu_workers, plan_studies
+from hpcdl.studies.hpo.sweep import check_gpu_workers, check_grid_pool, plan_studies
 
 
 @study_task("hpo")
@@ -109,6 +109,7 @@ def main(argv=None) -> None:
     device = run.device  # resolved once and recorded (start_app has refused cuda without a GPU)
     plans = plan_studies(hpo, BACKEND, device, units)
     try:
+        check_grid_pool(hpo)
         if BACKEND == "local" and device == "cuda":  # under COMPSs its own GPU resources bound the workers
             check_gpu_workers(hpo, device, gpu_pool(), POOL_ENV)
     except ConfigError as exc:

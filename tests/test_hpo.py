@@ -101,6 +101,19 @@ def test_plan_of_default_config(repo):
     assert base in names and pruned in names and pruned.endswith("-" + cfg["hpo"]["pruner"])
 
 
+def test_the_grid_pool_may_shrink_the_searches_pool_but_never_grow_it(test_config):
+    hpo = copy.deepcopy(test_config["hpo"])  # the searches' pool: 600 images
+    for fine in (None, 400, 600):
+        hpo["grid"]["train_limit"] = fine
+        sweep.check_grid_pool(hpo)
+    hpo["grid"]["train_limit"] = 12000  # the laptop's, as Snakemake's merge would hand it down
+    with pytest.raises(ConfigError, match=r"config key 'hpo.grid.train_limit': 12000 .*at most "
+                                          r"hpo.data.train_limit \(600\)"):
+        sweep.check_grid_pool(hpo)
+    hpo["data"]["train_limit"] = None  # the whole set: any pool is a slice of it
+    sweep.check_grid_pool(hpo)
+
+
 # --------------------------------------------------------------------------- driver (fake runtime)
 class FakeRuntime:
     """Synchronous stand-in for the task runtime: val acc is a fixed function of the params."""

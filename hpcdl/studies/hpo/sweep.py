@@ -83,6 +83,20 @@ def plan_studies(hpo: dict, backend: str = "local", device: str = "cpu", units: 
     return plans
 
 
+def check_grid_pool(hpo: dict) -> None:
+    """hpo.grid.train_limit may shrink the grid's image pool below the searches', never grow it: a
+    ConfigError naming it where it exceeds hpo.data.train_limit (Snakemake merges configs/default.yaml
+    under every config file, so a smaller config can inherit the laptop's 12000)."""
+    from hpcdl.platform import ConfigError
+
+    grid_limit, data_limit = hpo["grid"].get("train_limit"), hpo["data"]["train_limit"]
+    if grid_limit is not None and data_limit is not None and grid_limit > data_limit:
+        raise ConfigError(
+            "hpo.grid.train_limit", grid_limit,
+            f"null or at most hpo.data.train_limit ({data_limit}): the grid's pool is a slice of the "
+            "searches'")
+
+
 def check_gpu_workers(hpo: dict, device: str, pool: list[str], pool_env: str) -> None:
     """On CUDA with the local backend's GPU pool `pool` (set by `pool_env`, else the visible GPUs):
     every grid worker count must have a GPU per worker; a ConfigError naming hpo.grid.workers and the
