@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import replace
 
 import pandas as pd
 
@@ -35,7 +34,7 @@ from hpcdl.platform.task_app import (
     write_table,
 )
 from hpcdl.studies.hpo import compute, driver, records, storage
-from hpcdl.studies.hpo.sweep import check_gpu_workers, check_grid_pool, plan_studies
+from hpcdl.studies.hpo.sweep import check_gpu_workers, check_grid_pool, grid_data, plan_studies
 
 
 @study_task("hpo")
@@ -72,9 +71,9 @@ def _test_best(study, best_path, data, n_test: int) -> None:
 def _run_studies(plans, hpo: dict, store, data, units: int, out, n_test: int) -> list:
     studies = []
     cores = warmed = None
-    grid_data = grid_spec(data, hpo["grid"])
+    grid_pool = grid_data(data, hpo["grid"])
     for plan in plans:
-        plan_data = grid_data if plan.kind == "grid" else data
+        plan_data = grid_pool if plan.kind == "grid" else data
         if plan.workers * units != cores or plan_data != warmed:
             cores, warmed = plan.workers * units, plan_data
             set_local_cores(cores)  # no-op under COMPSs
@@ -87,13 +86,6 @@ def _run_studies(plans, hpo: dict, store, data, units: int, out, n_test: int) ->
             _test_best(study, storage.best_state_path(out, plan.name), plan_data, n_test)
         studies.append(study)
     return studies
-
-
-def grid_spec(data: compute.DataSpec, grid: dict) -> compute.DataSpec:
-    """The data the grid's trials train on: hpo.grid.train_limit images where it is set (a timing grid
-    need not train on the searches' whole slice), else the searches' own."""
-    limit = grid.get("train_limit")
-    return data if limit is None else replace(data, train_limit=int(limit))
 
 
 def _refuse(exc: Exception) -> None:

@@ -42,7 +42,7 @@ def trial_rows(study: optuna.Study) -> list[dict]:
             **{f"param_{k}": params.get(k) for k in PARAM_COLUMNS},
             "epochs_trained": len(epochs),
             # the training images its chunks saw (hpo.grid.train_limit may give the grid fewer)
-            "train_samples": max((e.get("train_samples") or 0 for e in epochs), default=0) or None,
+            "train_samples": epochs[-1].get("train_samples") if epochs else None,
             "start_s": None if start is None or origin is None else start - origin,
             "end_s": None if end is None or origin is None else end - origin,
             "duration_s": None if start is None or end is None else end - start,

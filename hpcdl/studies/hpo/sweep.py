@@ -20,7 +20,7 @@ app cannot see them); grid_scaling's busy_workers then shows the concurrency act
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,13 @@ def check_grid_pool(hpo: dict) -> None:
             "hpo.grid.train_limit", grid_limit,
             f"null or at most hpo.data.train_limit ({data_limit}): the grid's pool is a slice of the "
             "searches'")
+
+
+def grid_data(data, grid: dict):
+    """The data spec (compute.DataSpec) the grid's trials train on: hpo.grid.train_limit images where
+    it is set (a timing grid need not train on the searches' whole pool), else the searches' own."""
+    limit = grid.get("train_limit")
+    return data if limit is None else replace(data, train_limit=int(limit))
 
 
 def check_gpu_workers(hpo: dict, device: str, pool: list[str], pool_env: str) -> None:
