@@ -9,6 +9,8 @@ Order: the float64 exactness check, on CUDA the GPU calibration at the papers' s
 (spatial.gpu_calibration.in_study; raw/gpu_calibration/<gpu>.csv), then the scaling runs' repeats,
 each repeat preceded by one round of the calibration microbenchmarks (calibration.rounds; rounds
 beyond the repeats run at the end).
+A multi-rank spatial strong run measures its no-communication ceiling in the same launch, step by
+step (sweep.expand: the ceiling's point is not launched on its own), and gives back both runs' rows.
 Each task reserves the cores of the largest run (HPCDL_SPATIAL_UNITS) and the main program
 waits for each timed task before submitting the next, so no two timed runs overlap.
 Writes raw/{exactness,calibration,runs,iterations,ranks}.csv (+ provenance). Every result is kept in
@@ -148,21 +150,28 @@ def _scaling_runs(run, points: list[dict], run_block: dict, res_dir: str, calibr
     """Every scaling run, one at a time (a timing taken next to another run would measure the
     contention): (summaries, iterations, ranks) rows."""
     summaries, iters, ranks = [], [], []
-    for i, p in enumerate(points):
+    launched = sweep.launches(points)
+    ceilings = {(p["paired_with"], p["repeat"]): p for p in points if "paired_with" in p}
+    for i, p in enumerate(launched):
         calibration.before_repeat(p["repeat"])
         o = run.one("run", p, lambda p, slot: scaling_run(p, run_block, res_dir, slot),
                     inputs=lambda p: {"point": p, "block": run_block, "resources_dir": res_dir})
-        if not o.ok:
-            label = {k: v for k, v in p.items() if k not in ("layout", "shape")}
-            summaries.append(failed_row(label, o.error))
+        if not o.ok:  # a paired ceiling fails with its launch
+            for q in (p, ceilings.get((p["run"], p["repeat"]))):
+                if q is not None:
+                    summaries.append(failed_row({k: v for k, v in q.items() if k not in ("layout", "shape")},
+                                                o.error))
             _log(f"run {p['run']} FAILED: {o.error.splitlines()[0] if o.error else ''}")
             continue
-        summaries.append(o.result["summary"])
-        iters += o.result["iterations"]
-        ranks += o.result["ranks"]
+        for res in (o.result, o.result.get("ceiling")):
+            if res is not None:
+                summaries.append(res["summary"])
+                iters += res["iterations"]
+                ranks += res["ranks"]
         wall = o.result["summary"]["launch_wall_s"]
         how = f"reused from {run.root}" if o.reused else f"done in {wall:.1f} s"
-        _log(f"run {i + 1}/{len(points)} {p['run']} {how}")
+        also = f" (+ {p['paired_ceiling']}, step by step)" if "paired_ceiling" in p else ""
+        _log(f"run {i + 1}/{len(launched)} {p['run']}{also} {how}")
     return summaries, iters, ranks
 
 

@@ -20,7 +20,6 @@ from hpcdl.studies.spatial.exactness import rel_err, sum_over_layout, world_layo
 from hpcdl.studies.spatial.model import SpatialConv3d
 from hpcdl.studies.spatial.partition import split_sizes
 
-
 # what the launcher imports before forking the ranks (rank_runtime.forked); a module nothing else here
 # imports, so modules_loaded can tell the preload happened
 RANK_PRELOAD = ("xml.dom.minidom",)

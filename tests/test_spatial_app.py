@@ -45,6 +45,13 @@ def test_spatial_app_end_to_end(tmp_path):
     assert iters["cpu_s"].gt(0).all() and iters["machine_busy_s"].ge(0).all()
     ceiling = iters[iters["run"] == "ceiling-d1x2x1"]
     assert (ceiling[["halo_s", "gather_s", "allreduce_s"]] == 0).all(axis=None)  # no communication at all
+    # #59: the ceiling is measured in its strong run's launch, step for step, every iteration of both
+    strong2 = iters[iters["run"] == "strong-d1x2x1"]
+    assert sorted(ceiling["iteration"]) == sorted(strong2["iteration"])
+    assert (strong2[["halo_s", "gather_s"]].sum(axis=1) > 0).all()
+    pair = runs.set_index("run").loc[["strong-d1x2x1", "ceiling-d1x2x1"]]
+    assert list(pair["launch_wall_s"].round(6).unique()) == [round(pair["launch_wall_s"].iloc[0], 6)]
+    assert pair.loc["ceiling-d1x2x1", "paired_with"] == "strong-d1x2x1"
     cal = pd.read_csv(out / "raw" / "calibration.csv")
     assert {"round", "other_cpu_s", "section_s"} <= set(cal.columns)
     assert cal["other_cpu_s"].ge(0).all() and cal["section_s"].gt(0).all()

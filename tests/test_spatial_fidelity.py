@@ -119,7 +119,7 @@ def test_efficiency_pairs_alone_get_their_extra_repeats_in_the_same_rounds_as_th
     import yaml
 
     from hpcdl.platform.kit.config import validate_config
-    from hpcdl.studies.spatial.sweep import expand
+    from hpcdl.studies.spatial.sweep import expand, launches
 
     block = validate_config(yaml.safe_load(open("configs/default.yaml")))["spatial"]
     held = ["weak-d1x1x1"]
@@ -132,11 +132,17 @@ def test_efficiency_pairs_alone_get_their_extra_repeats_in_the_same_rounds_as_th
         + [(n, 3) for n in names if n in pair])
     # the 1-rank strong run is not part of a pair (its time cancels in ceiling time / 2-rank time)
     assert max(p["repeat"] for p in points if p["run"] == "strong-d1x1x1") == 1
-    # #59: each ceiling is launched right after its strong run, in every round, so the pair shares
-    # the host's state of the moment
+    # #59: each ceiling is measured inside its strong run's launch, in every round, so the pair shares
+    # the host's state of the moment step by step; its own point is not launched
     order = [(p["run"], p["repeat"]) for p in points]
     for r in range(4):
         assert order.index(("ceiling-d1x2x1", r)) == order.index(("strong-d1x2x1", r)) + 1
+    launched = launches(points)
+    assert not [p for p in launched if p["kind"] == "ceiling"]
+    assert {(p["run"], p["repeat"], p.get("paired_ceiling")) for p in launched if p["ranks"] == 2
+            and p["kind"] == "strong"} == {("strong-d1x2x1", r, "ceiling-d1x2x1") for r in range(4)}
+    assert all(p["paired_with"] == "strong-d1x2x1" for p in points if p["kind"] == "ceiling")
+    assert "paired_ceiling" not in next(p for p in points if p["run"] == "strong-d1x1x1")
 
 
 def test_calibration_rounds_combine_by_their_mean_unless_the_fastest_is_asked():
@@ -242,3 +248,41 @@ def test_hidden_communication_trains_exactly_like_blocking(tmp_path):
     for h, b in zip(hidden, blocking, strict=True):
         np.testing.assert_allclose([r["loss"] for r in h["records"]], [r["loss"] for r in b["records"]],
                                    rtol=1e-12)
+
+
+def test_a_paired_ceiling_trains_each_model_as_its_own_launch_would(tmp_path):
+    # #59: the ceiling measured inside the 2-rank launch, step by step, computes what it computes alone,
+    # and so does the spatial run beside it: float64 losses equal those of two separate launches
+    data = ensure_dataset(tmp_path, (16, 8, 8), 8, 0, (0.5, 2.0), (-3.0, -1.0))
+    kw = dict(data_dir=str(data), n_data=1, grid=(2, 1), model={"channels": [3, 4], "dense": [8]},
+              batch_size=2, iterations=5, lr=1e-2, seed=0, dtype="float64")
+    paired = run_ranks("hpcdl.studies.spatial.train:train_run", 2,
+                       {**kw, "paired_ceiling": True, "alone_steps": 2}, timeout_s=180)
+    strong = run_ranks("hpcdl.studies.spatial.train:train_run", 2, kw, timeout_s=180)
+    ceiling = run_ranks("hpcdl.studies.spatial.train:train_run", 2, {**kw, "communicate": False},
+                        timeout_s=180)
+    for p, s, c in zip(paired, strong, ceiling, strict=True):
+        assert [r["iteration"] for r in p["ceiling_records"]] == list(range(5))
+        np.testing.assert_allclose([r["loss"] for r in p["records"]], [r["loss"] for r in s["records"]],
+                                   rtol=1e-12)
+        np.testing.assert_allclose([r["loss"] for r in p["ceiling_records"]],
+                                   [r["loss"] for r in c["records"]], rtol=1e-12)
+        assert all(r["halo_s"] == 0 and r["allreduce_s"] == 0 for r in p["ceiling_records"])
+        assert "ceiling_records" not in s
+        assert p["ceiling_peak_rss_mb"] >= p["peak_rss_mb"]
+
+
+def test_a_ceiling_point_is_not_launched_on_its_own(tmp_path):
+    from hpcdl.studies.spatial.compute import run_point
+
+    point = {"run": "ceiling-d1x2x1", "kind": "ceiling", "paired_with": "strong-d1x2x1", "repeat": 0}
+    with pytest.raises(ValueError, match="ceiling-d1x2x1 is measured in strong-d1x2x1's launch"):
+        run_point(point, {}, str(tmp_path))
+
+
+def test_a_paired_ceiling_needs_a_communicating_spatial_run(tmp_path):
+    data = ensure_dataset(tmp_path, (16, 8, 8), 8, 0, (0.5, 2.0), (-3.0, -1.0))
+    kw = dict(data_dir=str(data), n_data=1, grid=(2, 1), model={"channels": [3, 4], "dense": [8]},
+              batch_size=2, iterations=2, lr=1e-2, seed=0, communicate=False, paired_ceiling=True)
+    with pytest.raises(Exception, match="a paired ceiling belongs to a communicating spatial-only run"):
+        run_ranks("hpcdl.studies.spatial.train:train_run", 2, kw, timeout_s=120)

@@ -148,8 +148,9 @@ def _claim_speedup(hpo: dict, scaling: pd.DataFrame) -> dict:
     if left_out and len(pairs) < min(2, repeats):
         parts = [f"{len(disturbed)} of {repeats} repeats were disturbed by other load above {limit} cores "
                  "(hpo.grid.disturbed_load_cores)"] if disturbed else []
-        parts += [f"{len(slow)} of {repeats} repeats had a grid whose trials trained slower than the same "
-                  f"trials' median by more than {tolerance:.0%} (hpo.grid.slow_trials_tolerance)"] if slow else []
+        parts += [f"{len(slow)} of {repeats} repeats had a grid whose trials trained slower than the "
+                  f"same trials' median by more than {tolerance:.0%} (hpo.grid.slow_trials_tolerance)"
+                  ] if slow else []
         why = "; ".join(parts) + f", leaving {len(pairs)}: an interval needs 2 repeats left in"
         return not_measured(cid, statement, why, **evidence,
                             speedup={k: round(s, 3) for k, s in zip(keys, speedups, strict=True)})

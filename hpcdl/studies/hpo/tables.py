@@ -171,7 +171,7 @@ def write(cfg: dict, study_dir: Path) -> None:
     write_table(read_table(run.raw_table("intermediate")), run.table("intermediate"), cfg, started)
     write_table(best_so_far(trials), run.table("best_so_far"), cfg, started)
     grid = cfg["hpo"]["grid"]
-    write_table(grid_scaling(studies, trials, grid.get("disturbed_load_cores"), grid.get("slow_trials_tolerance")),
-                run.table("grid_scaling"), cfg, started)
+    write_table(grid_scaling(studies, trials, grid.get("disturbed_load_cores"),
+                             grid.get("slow_trials_tolerance")), run.table("grid_scaling"), cfg, started)
     write_table(best_config(studies), run.table("best_config"), cfg, started)
     write_table(pruning_table(cfg["hpo"], studies), run.table("pruning"), cfg, started)

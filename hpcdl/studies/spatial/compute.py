@@ -39,30 +39,49 @@ def _placed(block: dict) -> dict:
 
 
 def run_point(point: dict, block: dict, resources_dir: str) -> dict:
-    """Launch one scaling run; returns {"summary": row, "iterations": rows, "ranks": per-rank rows}."""
+    """Launch one scaling run; returns {"summary": row, "iterations": rows, "ranks": per-rank rows},
+    and where the point measures its ceiling in the same launch (sweep.expand: `paired_ceiling`)
+    the ceiling's three under "ceiling"."""
+    if "paired_with" in point:
+        raise ValueError(f"spatial: {point['run']} is measured in {point['paired_with']}'s launch")
     _env(block)
     data_dir = dataset_for(block, resources_dir, point["shape"])
     d, pd, ph = point["layout"]
+    paired = point.get("paired_ceiling")
     t0 = time.time()
     results = run_ranks(TRAIN, point["ranks"], {
         "data_dir": str(data_dir), "n_data": d, "grid": (pd, ph), "model": block["model"],
         "batch_size": point["batch_size"], "iterations": point["iterations"], "lr": block["lr"],
         "seed": block["seed"], "dtype": block["dtype"], "allow_uneven": block["allow_uneven"],
         "overlap": block["overlap"], "bucket_kb": block["bucket_kb"],
-        "communicate": point["kind"] != "ceiling"},
+        "paired_ceiling": bool(paired),
+        "alone_steps": block["warmup"]},
         timeout_s=block["run_timeout_s"], threads_per_rank=block["threads_per_rank"], **_placed(block))
     wall = time.time() - t0
+    out = _rows(point, results, wall, "records", "peak_rss_mb")
+    if paired:
+        ceiling = {k: v for k, v in point.items() if k != "paired_ceiling"}
+        ceiling.update(run=paired, kind="ceiling", paired_with=point["run"])
+        out["ceiling"] = _rows(ceiling, results, wall, "ceiling_records", "ceiling_peak_rss_mb")
+    return out
+
+
+def _rows(point: dict, results: list[dict], wall: float, records: str, peak: str) -> dict:
+    """One run's summary, iteration and rank rows from its launch's per-rank results."""
+    d, pd, ph = point["layout"]
     iters, ranks = [], []
     for res in results:
-        for rec in res["records"]:
+        for rec in res[records]:
             iters.append({"run": point["run"], "repeat": point["repeat"], "rank": res["rank"], **rec})
         ranks.append({"run": point["run"], "repeat": point["repeat"], "rank": res["rank"],
                       "data_index": res["data_index"],
                       "slab_depth": res["slab_depth"], "slab_height": res["slab_height"],
-                      "peak_rss_mb": res["peak_rss_mb"], "base_rss_mb": res["base_rss_mb"],
-                      "peak_delta_mb": res["peak_rss_mb"] - res["base_rss_mb"], "n_params": res["n_params"],
+                      "peak_rss_mb": res[peak], "base_rss_mb": res["base_rss_mb"],
+                      "peak_delta_mb": res[peak] - res["base_rss_mb"], "n_params": res["n_params"],
                       "placement": res["placement"],
-                      **({"gpu_peak_mb": res["gpu_peak_mb"]} if "gpu_peak_mb" in res else {})})
+                      # the GPU peak is read before a paired ceiling's model exists: the strong run's
+                      **({"gpu_peak_mb": res["gpu_peak_mb"]} if "gpu_peak_mb" in res and records == "records"
+                         else {})})
     summary = {**{k: v for k, v in point.items() if k not in ("layout", "shape")},
                "data": d, "depth_ranks": pd, "height_ranks": ph,
                "depth": point["shape"][0], "height": point["shape"][1], "width": point["shape"][2],

@@ -37,15 +37,19 @@ def expand(block: dict) -> list[dict]:
                            "iterations": block["iterations"]})
     if block.get("ceiling", True):
         # the machine's own ceiling for each multi-rank strong layout: the same per-rank compute as
-        # independent processes, all at once, with no communication (train_run(communicate=False)),
-        # launched right after its strong run: the efficiency is their ratio, and on the laptop VM
-        # the same 2-rank step ran 0.21 s in one round and 0.23 s in another (#59), so the pair
-        # should share the host's state of the moment
+        # independent processes, all at once, with no communication. It is measured in its strong
+        # run's launch, step by step (train_run(paired_ceiling=True)): the efficiency is their ratio,
+        # and on the laptop VM a slow spell of the host lasting seconds moved one launch and not the
+        # next (#59), so the pair shares the host's state of the moment. Its point names the launch
+        # it is measured in (`paired_with`) and is not launched itself.
         paired = []
         for p in points:
-            paired.append(p)
             if p["kind"] == "strong" and p["ranks"] > 1 and p["layout"][0] == 1:
-                paired.append({**p, "run": p["run"].replace("strong", "ceiling"), "kind": "ceiling"})
+                ceiling = p["run"].replace("strong", "ceiling")
+                paired += [{**p, "paired_ceiling": ceiling},
+                           {**p, "run": ceiling, "kind": "ceiling", "paired_with": p["run"]}]
+            else:
+                paired.append(p)
         points = paired
     t = block["train"]
     d, pd, ph = t["layout"]
@@ -66,12 +70,18 @@ def expand(block: dict) -> list[dict]:
 
 # What each unit of work reads from the `spatial:` block. Its task receives only that part, and
 # the point store keys the unit's stored result by it (hpcdl.platform.kit.points): editing a sweep list,
-# `repeats`, `warmup`, the extrapolation or the machine recomputes no stored result, and a unit
-# that starts reading another key fails with a KeyError instead of reusing a stale result.
+# `repeats`, the extrapolation or the machine recomputes no stored result, and a unit that starts
+# reading another key fails with a KeyError instead of reusing a stale result. A run reads `warmup`:
+# a paired ceiling starts alternating with its strong run when the timed steps begin.
 def run_block(block: dict) -> dict:
     return {k: block[k] for k in ("seed", "dtype", "n_samples", "grf", "model", "lr", "allow_uneven",
                                   "threads_per_rank", "run_timeout_s", "halo_timeout_s", "overlap",
-                                  "bucket_kb")}
+                                  "bucket_kb", "warmup")}
+
+
+def launches(points: list[dict]) -> list[dict]:
+    """The points that are launched: a ceiling is measured inside its strong run's launch."""
+    return [p for p in points if "paired_with" not in p]
 
 
 def calibration_block(block: dict) -> dict:

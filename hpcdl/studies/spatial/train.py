@@ -96,10 +96,11 @@ def _build(data_dir: str, n_data: int, grid: tuple[int, int], model: dict, lr: f
                  n_data, slab_net, full_depth)
 
 
-def _iteration(r: _Rank, it: int, idx: np.ndarray, probe: PhaseLoad) -> dict:
-    """One timed training step on the samples `idx`: its record (loss, phase times, CPU load)."""
+def _iteration(r: _Rank, it: int, idx: np.ndarray, probe: PhaseLoad, together: bool = False) -> dict:
+    """One timed training step on the samples `idx`: its record (loss, phase times, CPU load).
+    Every rank starts a communicating step at once; a ceiling step too where `together`."""
     dev, hy, n_data = r.dev, r.hy, r.n_data
-    if dist.get_world_size() > 1 and r.communicate:
+    if dist.get_world_size() > 1 and (r.communicate or together):
         dist.barrier()
     TIMERS.reset()
     probe.start()
@@ -141,7 +142,7 @@ def _iteration(r: _Rank, it: int, idx: np.ndarray, probe: PhaseLoad) -> dict:
 def train_run(data_dir: str, n_data: int, grid: tuple[int, int], model: dict, batch_size: int,
               iterations: int, lr: float, seed: int, dtype: str = "float32",
               allow_uneven: bool = True, overlap: bool = True, bucket_kb: float = 64.0,
-              communicate: bool = True) -> dict:
+              communicate: bool = True, paired_ceiling: bool = False, alone_steps: int = 1) -> dict:
     """Train for `iterations` steps; returns this rank's per-iteration records and memory.
 
     `overlap`: halo exchanges hidden behind the slab's convs, gradient all-reduce in buckets
@@ -150,6 +151,13 @@ def train_run(data_dir: str, n_data: int, grid: tuple[int, int], model: dict, ba
     `communicate` False is the ceiling run: every rank does its share of the spatial run's
     compute (its slab's convs, the replicated head, the optimizer) as an independent process,
     with no exchange, gather or all-reduce at all.
+    `paired_ceiling` also measures that ceiling in this launch, step by step, so that a slow spell
+    of the host lands on both sides of the efficiency's ratio (docs/studies/spatial.md): the spatial
+    run takes `alone_steps` steps alone (its warm-up; its peak memory is read then, before the
+    ceiling's model exists), the ceiling as many alone (its warm-up), then the two alternate, which
+    goes first swapping every iteration, each step begun by every rank at once. The ceiling's
+    records come back as `ceiling_records`, its peak memory (the spatial model's included) as
+    `ceiling_peak_rss_mb`.
     Every record carries this rank's CPU seconds and the machine's busy/stolen CPU seconds over
     the iteration (hpcdl.studies.spatial.load), so the analysis can tell a disturbed phase.
     """
@@ -157,26 +165,41 @@ def train_run(data_dir: str, n_data: int, grid: tuple[int, int], model: dict, ba
     place = current_placement()
     if batch_size % n_data:
         raise ValueError(f"spatial: global batch {batch_size} is not divisible by {n_data} data groups")
+    if paired_ceiling and (not communicate or n_data != 1):
+        raise ValueError("spatial: a paired ceiling belongs to a communicating spatial-only run "
+                         f"(communicate={communicate}, {n_data} data groups)")
     r = _build(data_dir, n_data, grid, model, lr, seed, allow_uneven, overlap, bucket_kb, communicate)
     order = np.random.default_rng(seed).permutation(len(r.reader))
     local = batch_size // n_data
+
+    def batch(it: int) -> np.ndarray:
+        start = (it * batch_size) % len(r.reader)
+        idx = np.take(order, range(start, start + batch_size), mode="wrap")
+        return idx[r.hy.data_index * local:(r.hy.data_index + 1) * local]
+
     base = rss_mb()
-    records = []
     probe = PhaseLoad()
     if dist.get_world_size() > 1:
         dist.barrier()
-    for it in range(iterations):
-        start = (it * batch_size) % len(r.reader)
-        idx = np.take(order, range(start, start + batch_size), mode="wrap")
-        idx = idx[r.hy.data_index * local:(r.hy.data_index + 1) * local]
-        records.append(_iteration(r, it, idx, probe))
-    ds, hs = r.slab
+    alone = min(max(alone_steps, 1), iterations) if paired_ceiling else iterations
+    records = [_iteration(r, it, batch(it), probe) for it in range(alone)]
+    peak = rss_mb()
     gpu = {"gpu_peak_mb": torch.cuda.max_memory_allocated(r.dev) / 2 ** 20} if r.dev.type == "cuda" else {}
+    ceiling = {}
+    if paired_ceiling:
+        c = _build(data_dir, n_data, grid, model, lr, seed, allow_uneven, overlap, bucket_kb, False)
+        ceiling_records = [_iteration(c, it, batch(it), probe, together=True) for it in range(alone)]
+        for it in range(alone, iterations):
+            pair = ((r, records), (c, ceiling_records))
+            for run, out in pair if it % 2 == 0 else pair[::-1]:
+                out.append(_iteration(run, it, batch(it), probe, together=True))
+        ceiling = {"ceiling_records": ceiling_records, "ceiling_peak_rss_mb": rss_mb()}
+    ds, hs = r.slab
     return {"rank": dist.get_rank(), "data_index": r.hy.data_index, "spatial_coords": r.hy.layout.coords,
             "slab_depth": ds.stop - ds.start, "slab_height": hs.stop - hs.start,
-            "peak_rss_mb": rss_mb(), "base_rss_mb": base, "records": records,
+            "peak_rss_mb": peak, "base_rss_mb": base, "records": records,
             "n_params": sum(p.numel() for p in r.net.parameters()), **where(place),
-            "run_placement": run_label(place), "backend": str(dist.get_backend()), **gpu}
+            "run_placement": run_label(place), "backend": str(dist.get_backend()), **gpu, **ceiling}
 
 
 def _allreduce(tensors: list[torch.Tensor], group, size: int, scale: float) -> None:

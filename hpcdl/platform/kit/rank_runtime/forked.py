@@ -113,8 +113,8 @@ def fork_ranks(nprocs: int, target: str, workdir: str, env: dict[str, str] | Non
         rank = children.pop(pid)
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
-            message = (f"[hpcdl] rank {rank} of {target} ended with {describe_exit(code)}; stopping the other "
-                       f"{len(children)} rank(s)")
+            message = (f"[hpcdl] rank {rank} of {target} ended with {describe_exit(code)}; "
+                       f"stopping the other {len(children)} rank(s)")
             _stop(children)
             return 1, message
     return 0, ""

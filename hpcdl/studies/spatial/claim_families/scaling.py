@@ -12,7 +12,7 @@ from hpcdl.studies.spatial.claim_families.runs import all_disturbed, load_eviden
 def _repeat_efficiencies(rep_times: pd.DataFrame, run: str, ceiling: str) -> pd.Series:
     """Per repeat kept in both runs: the ceiling's iteration time over the 2-rank run's, which is the
     speedup over 1 rank divided by the ceiling's speedup (the 1-rank time cancels), paired by repeat:
-    the two ran in the same round."""
+    the two ran in one launch, step by step (sweep.expand)."""
     if not {"run", "repeat", "time_per_iter_s"} <= set(rep_times):
         return pd.Series(dtype=float)
     t = rep_times.pivot_table(index="repeat", columns="run", values="time_per_iter_s", aggfunc="first")
@@ -27,9 +27,10 @@ def claim_efficiency(block: dict, df: pd.DataFrame, raw: pd.DataFrame, timed: di
     statement = (f"2-rank strong scaling on the {block['strong']['grid']}^3 input reaches >= {need:.0%} "
                  "of this machine's own ceiling: speedup over 1 rank / ceiling speedup, where the ceiling "
                  "is the same per-rank compute run as independent processes at once with no "
-                 "communication, measured in the same run; one thread per rank, every 2-rank strong layout; "
+                 "communication, measured in the 2-rank run's own launch, their steps alternating; one "
+                 "thread per rank, every 2-rank strong layout; "
                  f"judged on the {CONFIDENCE:.0%} interval of the per-repeat efficiencies (ceiling time / "
-                 "2-rank time of the same round) where 2 or more repeats were kept (straddles where it "
+                 "2-rank time of the same launch) where 2 or more repeats were kept (straddles where it "
                  "crosses the line), else on the run's efficiency")
     names = {tuple(lay): "strong-d{}x{}x{}".format(*lay) for lay in block["strong"]["layouts"]}
     base = [n for lay, n in names.items() if lay == (1, 1, 1)]
