@@ -130,8 +130,22 @@ def test_hpo_speedup_leaves_a_repeat_with_slow_trials_out_and_names_it(tmp_path)
     two_slow = _find(_run("hpo", _with_slow_trials([1.85, 1.80, 1.86], {(1, 0): 1.2, (2, 2): 1.3}),
                           tmp_path / "two"), "hpo.grid_speedup")
     assert two_slow["status"] == "not_measured"
-    assert "2 of 3 repeats had a grid whose trials trained slower than the same trials' median by more " \
-           "than 10% (hpo.grid.slow_trials_tolerance), leaving 1" in two_slow["reason"]
+    assert "2 of 3 repeats had one grid whose trials trained slower than the other's, each against the " \
+           "same trials' median, by more than 10% (hpo.grid.slow_trials_tolerance), leaving 1" \
+           in two_slow["reason"]
+
+
+def test_hpo_speedup_keeps_a_repeat_whose_grids_were_slowed_alike(tmp_path):
+    # #59: a slow spell of the host over both grids of repeat 0 (1.20 and 1.15: 4 % apart) cancels in
+    # their ratio, so the pair is kept and named; repeat 2's grids, 1.06 and 1.20 (13 % apart), are not
+    c = _find(_run("hpo", _with_slow_trials([1.85, 1.80, 2.40, 1.86],
+                                            {(1, 0): 1.2, (2, 0): 1.15, (1, 2): 1.06, (2, 2): 1.2}),
+                   tmp_path), "hpo.grid_speedup")
+    assert set(c["measured"]["speedup"]["per_pair"]) == {"repeat 0", "repeat 1", "repeat 3"}
+    assert c["measured"]["slow_trial_repeats_kept"] == {"repeat 0": {"1 workers": 1.2, "2 workers": 1.15}}
+    assert c["measured"]["slow_trial_repeats_left_out"] == {"repeat 2": {"1 workers": 1.06,
+                                                                         "2 workers": 1.2}}
+    assert c["status"] == "passed"
 
 
 def _with_load(speedups, loads: dict[tuple[int, int], float]):

@@ -123,7 +123,8 @@ def _claim_speedup(hpo: dict, scaling: pd.DataFrame) -> dict:
                   f"above {need:.2f}" if repeats > 1 else " (one repeat: a point comparison, no interval)")
     elapsed, missing = _elapsed(scaling, (lo, hi), repeats, n_grid)
     disturbed = _disturbed(scaling, (lo, hi))
-    slow = _marked(scaling, (lo, hi), "slow_trials", "trial_slowdown")
+    tolerance = hpo["grid"].get("slow_trials_tolerance")
+    slow, slow_kept = _uneven(scaling, (lo, hi), tolerance)
     pairs = [r for r in range(repeats) if r in elapsed[lo] and r in elapsed[hi]
              and r not in disturbed and r not in slow]
     speedups = [elapsed[lo][r] / elapsed[hi][r] for r in pairs]
@@ -137,10 +138,12 @@ def _claim_speedup(hpo: dict, scaling: pd.DataFrame) -> dict:
     if disturbed:
         evidence.update(disturbed_load_cores=limit,
                         disturbed_repeats_left_out={f"repeat {r}": d for r, d in sorted(disturbed.items())})
-    tolerance = hpo["grid"].get("slow_trials_tolerance")
+    if slow or slow_kept:
+        evidence.update(slow_trials_tolerance=tolerance)
     if slow:
-        evidence.update(slow_trials_tolerance=tolerance,
-                        slow_trial_repeats_left_out={f"repeat {r}": d for r, d in sorted(slow.items())})
+        evidence.update(slow_trial_repeats_left_out={f"repeat {r}": d for r, d in sorted(slow.items())})
+    if slow_kept:  # a slowdown both grids of a pair share cancels in their ratio
+        evidence.update(slow_trial_repeats_kept={f"repeat {r}": d for r, d in sorted(slow_kept.items())})
     if missing:  # every configured repeat is wanted: an interval over the survivors would hide the loss
         return not_measured(cid, statement, missing, **evidence,
                             speedup={k: round(s, 3) for k, s in zip(keys, speedups, strict=True)})
@@ -148,9 +151,9 @@ def _claim_speedup(hpo: dict, scaling: pd.DataFrame) -> dict:
     if left_out and len(pairs) < min(2, repeats):
         parts = [f"{len(disturbed)} of {repeats} repeats were disturbed by other load above {limit} cores "
                  "(hpo.grid.disturbed_load_cores)"] if disturbed else []
-        parts += [f"{len(slow)} of {repeats} repeats had a grid whose trials trained slower than the "
-                  f"same trials' median by more than {tolerance:.0%} (hpo.grid.slow_trials_tolerance)"
-                  ] if slow else []
+        parts += [f"{len(slow)} of {repeats} repeats had one grid whose trials trained slower than the "
+                  f"other's, each against the same trials' median, by more than {tolerance:.0%} "
+                  "(hpo.grid.slow_trials_tolerance)"] if slow else []
         why = "; ".join(parts) + f", leaving {len(pairs)}: an interval needs 2 repeats left in"
         return not_measured(cid, statement, why, **evidence,
                             speedup={k: round(s, 3) for k, s in zip(keys, speedups, strict=True)})
@@ -175,6 +178,31 @@ def _marked(scaling: pd.DataFrame, workers: tuple[int, int], mark: str,
         out[int(r)] = {f"{int(w)} workers": round(float(x), 3)
                        for w, x in zip(rows["workers"], rows[value], strict=True)}
     return out
+
+
+def _uneven(scaling: pd.DataFrame, workers: tuple[int, int], tolerance: float | None
+            ) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
+    """The repeats whose two grids' trial slowdowns (grid_scaling's `trial_slowdown`: the host's speed
+    while each ran, against the same trials in the other repeats) differ by a factor above
+    1 + `tolerance`: a slow spell that hit one grid of the pair and not the other moved its speedup
+    (#59). Second, the repeats with a grid marked `slow_trials` whose pair was even, kept: a slowdown
+    both grids share cancels in their ratio. {repeat: {"<w> workers": slowdown}} each."""
+    if tolerance is None or "trial_slowdown" not in scaling:
+        return {}, {}
+    rep = repeat_of(scaling)
+    marked = set(_marked(scaling, workers, "slow_trials", "trial_slowdown"))
+    uneven, kept = {}, {}
+    for r in sorted(set(rep)):
+        rows = scaling[(rep == r) & scaling["workers"].isin(workers)]
+        x = pd.to_numeric(rows["trial_slowdown"], errors="coerce")
+        if len(rows) < 2 or x.isna().any():
+            continue
+        named = {f"{int(w)} workers": round(float(v), 3) for w, v in zip(rows["workers"], x, strict=True)}
+        if x.max() / x.min() > 1 + tolerance:
+            uneven[int(r)] = named
+        elif int(r) in marked:
+            kept[int(r)] = named
+    return uneven, kept
 
 
 def _disturbed(scaling: pd.DataFrame, workers: tuple[int, int]) -> dict[int, dict[str, float]]:

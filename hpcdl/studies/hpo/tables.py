@@ -53,7 +53,8 @@ def grid_scaling(studies: pd.DataFrame, trials: pd.DataFrame,
 
     `trial_slowdown` is how much slower this grid's trials trained than the same trials in the other
     repeats at the same worker count (trial_slowdown); `slow_trials` marks one above 1 +
-    `slow_trials_tolerance` (hpo.grid.slow_trials_tolerance), whose repeat the claim leaves out too."""
+    `slow_trials_tolerance` (hpo.grid.slow_trials_tolerance). The claim leaves a repeat out where its
+    two grids' slowdowns are apart by more than that, not for one mark alone (claims._uneven)."""
     g = studies[studies["kind"].eq("grid") & studies["pruner"].eq("none")]
     g = g.assign(repeat=repeat_of(g)).sort_values(["workers", "repeat"])
     cols = ["study", "device", "workers", "repeat", "cores_per_worker", "n_trials", "elapsed_s",
