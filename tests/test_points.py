@@ -187,7 +187,11 @@ def test_spatial_units_are_keyed_by_what_they_read_only(write_config):
     changed = {**block, "strong": {**block["strong"], "layouts": [[1, 1, 1]]}, "repeats": 3, "warmup": 2,
                "extrapolate": {}, "exactness": {**block["exactness"], "layouts": []}}
     for unit in (spatial_sweep.run_block, spatial_sweep.calibration_block, spatial_sweep.exactness_block):
+        assert unit({**changed, "warmup": block["warmup"]}) == unit(block), unit.__name__
+    for unit in (spatial_sweep.calibration_block, spatial_sweep.exactness_block):
         assert unit(changed) == unit(block), unit.__name__
     assert spatial_sweep.run_block({**block, "lr": 0.5}) != spatial_sweep.run_block(block)
+    # a run reads the warm-up: a paired ceiling starts alternating with its strong run after it (#59)
+    assert spatial_sweep.run_block({**block, "warmup": 2}) != spatial_sweep.run_block(block)
     assert spatial_sweep.calibration_block({**block, "weak": {"grid": 4, "layouts": []}}) != \
         spatial_sweep.calibration_block(block)
