@@ -151,16 +151,14 @@ def _scaling_runs(run, points: list[dict], run_block: dict, res_dir: str, calibr
     contention): (summaries, iterations, ranks) rows."""
     summaries, iters, ranks = [], [], []
     launched = sweep.launches(points)
-    ceilings = {(p["paired_with"], p["repeat"]): p for p in points if "paired_with" in p}
     for i, p in enumerate(launched):
         calibration.before_repeat(p["repeat"])
         o = run.one("run", p, lambda p, slot: scaling_run(p, run_block, res_dir, slot),
                     inputs=lambda p: {"point": p, "block": run_block, "resources_dir": res_dir})
         if not o.ok:  # a paired ceiling fails with its launch
-            for q in (p, ceilings.get((p["run"], p["repeat"]))):
-                if q is not None:
-                    summaries.append(failed_row({k: v for k, v in q.items() if k not in ("layout", "shape")},
-                                                o.error))
+            for q in (p, sweep.ceiling_point(p)) if "paired_ceiling" in p else (p,):
+                summaries.append(failed_row({k: v for k, v in q.items() if k not in ("layout", "shape")},
+                                            o.error))
             _log(f"run {p['run']} FAILED: {o.error.splitlines()[0] if o.error else ''}")
             continue
         for res in (o.result, o.result.get("ceiling")):

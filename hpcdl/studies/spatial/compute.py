@@ -18,7 +18,7 @@ from pathlib import Path
 from hpcdl.common.layers import build_spec
 from hpcdl.platform import run_ranks
 from hpcdl.studies.spatial.data import ensure_dataset
-from hpcdl.studies.spatial.sweep import run_shape
+from hpcdl.studies.spatial.sweep import ceiling_point, run_shape
 
 TRAIN = "hpcdl.studies.spatial.train:train_run"
 
@@ -58,16 +58,17 @@ def run_point(point: dict, block: dict, resources_dir: str) -> dict:
         "alone_steps": block["warmup"]},
         timeout_s=block["run_timeout_s"], threads_per_rank=block["threads_per_rank"], **_placed(block))
     wall = time.time() - t0
-    out = _rows(point, results, wall, "records", "peak_rss_mb")
+    out = _rows(point, results, wall, "records", "peak_rss_mb", gpu_peak=True)
     if paired:
-        ceiling = {k: v for k, v in point.items() if k != "paired_ceiling"}
-        ceiling.update(run=paired, kind="ceiling", paired_with=point["run"])
-        out["ceiling"] = _rows(ceiling, results, wall, "ceiling_records", "ceiling_peak_rss_mb")
+        # the GPU peak is read before the ceiling's model exists: the strong run's, not the ceiling's
+        out["ceiling"] = _rows(ceiling_point(point), results, wall, "ceiling_records", "ceiling_peak_rss_mb",
+                               gpu_peak=False)
     return out
 
 
-def _rows(point: dict, results: list[dict], wall: float, records: str, peak: str) -> dict:
-    """One run's summary, iteration and rank rows from its launch's per-rank results."""
+def _rows(point: dict, results: list[dict], wall: float, records: str, peak: str, gpu_peak: bool) -> dict:
+    """One run's summary, iteration and rank rows from its launch's per-rank results (`records` and
+    `peak` name the run's keys there; `gpu_peak`: whether the GPU's peak memory is this run's)."""
     d, pd, ph = point["layout"]
     iters, ranks = [], []
     for res in results:
@@ -79,9 +80,7 @@ def _rows(point: dict, results: list[dict], wall: float, records: str, peak: str
                       "peak_rss_mb": res[peak], "base_rss_mb": res["base_rss_mb"],
                       "peak_delta_mb": res[peak] - res["base_rss_mb"], "n_params": res["n_params"],
                       "placement": res["placement"],
-                      # the GPU peak is read before a paired ceiling's model exists: the strong run's
-                      **({"gpu_peak_mb": res["gpu_peak_mb"]} if "gpu_peak_mb" in res and records == "records"
-                         else {})})
+                      **({"gpu_peak_mb": res["gpu_peak_mb"]} if gpu_peak and "gpu_peak_mb" in res else {})})
     summary = {**{k: v for k, v in point.items() if k not in ("layout", "shape")},
                "data": d, "depth_ranks": pd, "height_ranks": ph,
                "depth": point["shape"][0], "height": point["shape"][1], "width": point["shape"][2],

@@ -45,9 +45,8 @@ def expand(block: dict) -> list[dict]:
         paired = []
         for p in points:
             if p["kind"] == "strong" and p["ranks"] > 1 and p["layout"][0] == 1:
-                ceiling = p["run"].replace("strong", "ceiling")
-                paired += [{**p, "paired_ceiling": ceiling},
-                           {**p, "run": ceiling, "kind": "ceiling", "paired_with": p["run"]}]
+                strong = {**p, "paired_ceiling": p["run"].replace("strong", "ceiling")}
+                paired += [strong, ceiling_point(strong)]
             else:
                 paired.append(p)
         points = paired
@@ -77,6 +76,12 @@ def run_block(block: dict) -> dict:
     return {k: block[k] for k in ("seed", "dtype", "n_samples", "grf", "model", "lr", "allow_uneven",
                                   "threads_per_rank", "run_timeout_s", "halo_timeout_s", "overlap",
                                   "bucket_kb", "warmup")}
+
+
+def ceiling_point(strong: dict) -> dict:
+    """The ceiling point a strong point measures in its launch (its `paired_ceiling`), same repeat."""
+    ceiling = {k: v for k, v in strong.items() if k != "paired_ceiling"}
+    return {**ceiling, "run": strong["paired_ceiling"], "kind": "ceiling", "paired_with": strong["run"]}
 
 
 def launches(points: list[dict]) -> list[dict]:
