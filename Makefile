@@ -72,11 +72,12 @@ report: $(STAMP)
 	snakemake --cores 1 --configfile $(CONFIG) --report $(REPORT) --report-stylesheet $(REPORT_CSS)
 
 # Two pytest-xdist workers, a test file each at a time (--dist loadfile): the Slurm tests share one
-# cluster, so their file stays on one worker; each worker makes its own test-scale workflow run
+# cluster, so their file stays on one worker. The files that read the test-scale workflow run are
+# one unit, run first (--no-loadscope-reorder) on one worker, which makes that run once
 # (tests/workflow_run.py), so no test reads a run another worker is changing.
 TEST_WORKERS ?= 2
 test: $(STAMP) data browser tools
-	pytest -m "" -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
+	pytest -m "" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests
 
 test-fast: $(STAMP) data
 	pytest -m "not slow and not slurm" tests
