@@ -6,6 +6,7 @@ that needs it skips only where it is absent outside CI, and fails in CI (CI set)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import psutil
 import pytest
 
 from hpcdl.platform.kit.config import ConfigError, validate_config
@@ -106,17 +108,9 @@ def test_a_sync_point_divides_by_the_faster_fio_moment_around_its_saves(tmp_path
     assert not any(tmp_path.iterdir())
 
 
-def _processes_naming(text: str) -> list[int]:
-    """The pids of the live processes whose command line holds `text`."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if text.encode() in (proc / "cmdline").read_bytes():
-                    found.append(int(proc.name))
-            except OSError:  # gone meanwhile
-                pass
-    return found
+def _processes_naming(text: str) -> list[psutil.Process]:
+    """The live processes whose command line holds `text`."""
+    return [p for p in psutil.process_iter(["cmdline"]) if text in " ".join(p.info["cmdline"] or ())]
 
 
 @needs_fio
@@ -124,14 +118,12 @@ def test_a_killed_app_leaves_no_fio_behind(tmp_path):
     # An app measuring ceilings in a loop, SIGKILLed with its process group at 12 moments, as `kill -9`
     # or Ctrl-C stops it. A forked fio job escaped the group (its own session) 11 times in 30 such kills
     # and slept forever; fio.run's job is a thread of fio's one process now, which dies with the group.
-    loop = ("import importlib.util, sys; from pathlib import Path\n"  # fio.py alone: no torch to import
-            "spec = importlib.util.spec_from_file_location('fio', sys.argv[2])\n"
-            "fio = sys.modules['fio'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(fio)\n"
+    loop = ("import sys; from pathlib import Path; from hpcdl.studies.checkpoint import fio\n"
             "while True: fio.run(Path(sys.argv[1]), 16 << 20)")
     marker = f"--directory={tmp_path}"
     try:
         for i in range(12):
-            app = subprocess.Popen([sys.executable, "-c", loop, str(tmp_path), fio.__file__],
+            app = subprocess.Popen([sys.executable, "-c", loop, str(tmp_path)],
                                    start_new_session=True)
             deadline = time.monotonic() + 30
             while not _processes_naming(marker):  # its first fio has started
@@ -141,11 +133,12 @@ def test_a_killed_app_leaves_no_fio_behind(tmp_path):
             os.killpg(app.pid, signal.SIGKILL)
             app.wait(10)
         time.sleep(1.0)
-        left = _processes_naming(marker)
+        left = [p.pid for p in _processes_naming(marker)]
         assert not left, f"fio processes outlived the killed app: {left}"
     finally:
-        for pid in _processes_naming(marker):
-            os.kill(pid, signal.SIGKILL)
+        for proc in _processes_naming(marker):
+            with contextlib.suppress(psutil.NoSuchProcess):  # gone since it was listed
+                proc.kill()
 
 
 def test_fio_runs_where_checkpoint_ceiling_sizes_says(test_config):
