@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         above,
         all_of,
         any_of,
+        at_best_straddles,
         below,
         interval_for,
         mean_interval,
@@ -81,8 +82,8 @@ FACE: dict[str, dict[str, tuple[str, ...]]] = {
         "stages": ("FAILURE_COLUMNS", "failed_because", "failures_table", "last_error_line", "ok_rows",
                    "pyplot", "read_or_empty", "read_tables", "started_at", "why_point_missing"),
         "claims": ("claim", "every", "not_measured"),
-        "intervals": ("CONFIDENCE", "above", "all_of", "any_of", "below", "interval_for", "mean_interval",
-                      "paired", "proportion_interval"),
+        "intervals": ("CONFIDENCE", "above", "all_of", "any_of", "at_best_straddles", "below", "interval_for",
+                      "mean_interval", "paired", "proportion_interval"),
         "atomic": ("atomic_write_bytes", "atomic_write_json", "atomic_write_text"),
     },
     "what a run uses": {

@@ -164,6 +164,12 @@ def all_of(verdicts: Iterable[str]) -> str:
     return FAILS if FAILS in verdicts else STRADDLES if STRADDLES in verdicts else HOLDS
 
 
+def at_best_straddles(verdict: str) -> str:
+    """A verdict the measurement cannot resolve: a hold becomes straddles, a fail stays a fail (an
+    interval wholly on the wrong side of the line is a finding whatever the resolution)."""
+    return STRADDLES if verdict == HOLDS else verdict
+
+
 def any_of(verdicts: Iterable[str | bool]) -> str:
     """A disjunction: holds if any part holds, straddles if none holds and one straddles, else fails
     (an empty one fails: nothing was shown). A bool part is a verdict without an interval."""
