@@ -267,9 +267,9 @@ def _claim_kakurenbo(block: dict, final: pd.DataFrame, pts: _Points) -> dict:
                      "compute_saved_timed": round(float(row["compute_saved"]), 4),
                      "in_regime": bool(row["in_regime"]),
                      "wall_time_resolves": round(resolves, 4), "account_resolved": resolved}
-        time_check = above(t, 0.0)
-        if not resolved and time_check != at_best_straddles(time_check):
-            time_check = at_best_straddles(time_check)
+        measured = above(t, 0.0)
+        time_check = measured if resolved else at_best_straddles(measured)
+        if time_check != measured:
             unresolved[key] = (f"the method accounts for a net saving of {net.mean:.1%} (at most "
                                f"{net.high:.1%}), and its {len(g)} rounds resolve the wall time to "
                                f"+-{resolves:.1%}: the measured {t.mean:.1%} [{t.low:.1%}, {t.high:.1%}] is "
