@@ -148,6 +148,39 @@ def test_hpo_speedup_keeps_a_repeat_whose_grids_were_slowed_alike(tmp_path):
     assert c["status"] == "passed"
 
 
+def test_hpo_speedup_takes_each_grid_at_the_hosts_median_speed(tmp_path):
+    # #59: repeat 0's 2-worker grid ran in a slow spell (its trials at 1.25x the same trials in the
+    # other repeats): its wall speedup, 1.45, is the host's; at the median speed it is 1.81
+    slowed = {(2, 0): 1.25}
+    mutate = _with_marks([1.45, 1.85, 1.90, 1.80], slowed, column="trial_slowdown", mark="slow_trials",
+                         setting=("slow_trials_tolerance", None), line=1.1, usual=1.0)
+    c = _find(_run("hpo", mutate, tmp_path), "hpo.grid_speedup")
+    assert c["status"] == "passed"
+    assert c["measured"]["speedup"]["per_pair"]["repeat 0"] == pytest.approx(1.8125, abs=1e-3)
+    assert c["measured"]["wall_speedup"]["repeat 0"] == pytest.approx(1.45, abs=1e-3)
+    assert c["measured"]["trial_slowdown"][2]["repeat 0"] == 1.25
+    assert "slow_trial_repeats_left_out" not in c["measured"]
+    assert "at the host's median speed" in c["statement"]
+    # the same wall times with no slowdowns to go by (a table before the column): the spell straddles
+    raw = _find(_run("hpo", _grid_repeats([1.45, 1.85, 1.90, 1.80]), tmp_path / "raw"), "hpo.grid_speedup")
+    assert raw["status"] == "straddles" and "host's median speed" not in raw["statement"]
+
+
+def test_trial_slowdown_keeps_what_differs_between_worker_counts():
+    # two trials sharing the machine train 1.25x slower in every 2-worker grid: that is the speedup's
+    # own cost, and the slowdown (against the same worker count's repeats) leaves it in; a spell over
+    # one grid is what it measures
+    studies = _studies({(w, r): 0.02 for w in (1, 2) for r in range(3)})
+    trials = pd.DataFrame([{"study": s, "trial": i, "param_batch_size": 32 * (i + 1),
+                            "train_time_s": (1.0 + i) * (1.25 if "2w" in s else 1.0)
+                            * (1.3 if s == "grid-2w-r2" else 1.0)}
+                           for s in studies["study"] for i in range(3)])
+    t = grid_scaling(studies, trials, 0.3, None).set_index(["workers", "repeat"])
+    assert t["trial_slowdown"].to_dict() == pytest.approx({(1, 0): 1.0, (1, 1): 1.0, (1, 2): 1.0,
+                                                           (2, 0): 1.0, (2, 1): 1.0, (2, 2): 1.3})
+    assert not t["slow_trials"].any()  # null tolerance: nothing is marked
+
+
 def _with_load(speedups, loads: dict[tuple[int, int], float]):
     return _with_marks(speedups, loads, column="other_load_cores", mark="disturbed",
                        setting=("disturbed_load_cores", 0.3), line=0.3, usual=0.02)
