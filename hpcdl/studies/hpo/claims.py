@@ -90,7 +90,8 @@ def _elapsed(scaling: pd.DataFrame, workers: tuple[int, int], repeats: int, n_gr
     return elapsed, missing
 
 
-def _host_speeds(scaling: pd.DataFrame, workers: tuple[int, int], repeats: int) -> dict[int, dict[int, float]]:
+def _host_speeds(scaling: pd.DataFrame, workers: tuple[int, int],
+                 repeats: int) -> dict[int, dict[int, float]]:
     """{workers: {repeat: trial_slowdown}} of every grid, or {} where any grid of the pairs lacks one
     (one repeat, or a table from before the column): then the claim judges wall times as they are."""
     if "trial_slowdown" not in scaling:
