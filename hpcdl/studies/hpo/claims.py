@@ -163,8 +163,7 @@ def _claim_speedup(hpo: dict, scaling: pd.DataFrame) -> dict:
                                                                            "other_load_cores")
                        if col in scaling})
     if speed:
-        evidence.update(trial_slowdown={w: {f"repeat {r}": round(x, 3) for r, x in d.items()}
-                                        for w, d in speed.items()},
+        evidence.update(trial_slowdown=_by_workers(scaling, "trial_slowdown", repeats),
                         wall_speedup={k: round(s, 3) for k, s in zip(keys, wall, strict=True)})
     if disturbed:
         evidence.update(disturbed_load_cores=limit,
